@@ -1,0 +1,149 @@
+"""The analysis engine: collect → triage → investigate → analysis.json + summary.html.
+
+Each step is a plain function so the pipeline stages (and the CLI) can call them one by one;
+`analyze` runs them all for one session and writes the four artifacts.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import mldiag
+from mldiag.analysis.collect import ProgressFn, collect, write_json
+from mldiag.analysis.followups import MAX_FOLLOW_UPS, FollowUps
+from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.investigator import RuleBasedInvestigator
+from mldiag.analysis.profile_input import ProfileSession, resolve_session
+from mldiag.analysis.triage import OPTIMAL, Triage, triage
+from mldiag.ports import Investigator
+
+ANALYSIS_SCHEMA_VERSION = "1.0"
+ARTIFACTS = ("health_snapshot.json", "investigation.json", "analysis.json", "summary.html")
+_PRIORITY_ORDER = {"P0": 0, "P1": 1, "P2": 2}
+
+
+@dataclass(frozen=True)
+class AnalysisResult:
+    """Where the artifacts of one analysis were written, and the analysis itself."""
+
+    out_dir: Path
+    analysis: dict[str, Any]
+
+    @property
+    def summary_html(self) -> Path:
+        return self.out_dir / "summary.html"
+
+
+def session_from_snapshot(snapshot: Mapping[str, Any]) -> ProfileSession:
+    """Re-open the session a snapshot was collected from (for follow-up calls)."""
+    return resolve_session(str(snapshot["session"]["path"]))
+
+
+def investigate(
+    snapshot: Mapping[str, Any], result: Triage, investigator: Investigator | None = None
+) -> dict[str, Any]:
+    """Run the investigator; healthy profiles short-circuit with no follow-up calls."""
+    investigator = investigator or RuleBasedInvestigator()
+    budget = 0 if result.status == OPTIMAL else MAX_FOLLOW_UPS
+    with FollowUps(session_from_snapshot(snapshot), max_calls=budget) as follow_ups:
+        out = investigator.investigate(snapshot, result, follow_ups)
+    if result.status == OPTIMAL:
+        out["short_circuit"] = "triage verdict OPTIMAL: no follow-up calls made"
+    return out
+
+
+def build_analysis(
+    snapshot: Mapping[str, Any], result: Triage, investigation: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The analysis.json document (DESIGN.md contract; field names are fixed)."""
+    findings = sorted(
+        investigation.get("findings", []),
+        key=lambda f: (_PRIORITY_ORDER.get(f["priority"], 3),
+                       -(f.get("impact", {}).get("value") or 0.0)),
+    )
+    tools = [
+        {k: v for k, v in t.items() if k in ("name", "status", "elapsed_ms", "error")}
+        | ({"reason": t["data"].get("reason")} if t.get("status") == "NO_DATA"
+           and isinstance(t.get("data"), Mapping) and t["data"].get("reason") else {})
+        for t in snapshot.get("tools", {}).values()
+    ]
+    follow_ups = [
+        {**f, "data": _bounded(f.get("data"))} | {"result_summary": _summarize_result(f)}
+        for f in investigation.get("follow_ups", [])
+    ][:MAX_FOLLOW_UPS]
+    return {
+        "schema_version": ANALYSIS_SCHEMA_VERSION,
+        "session": {**snapshot.get("session", {}),
+                    "analyzed_at": datetime.now(UTC).isoformat(timespec="seconds")},
+        "status": result.status,
+        "summary": investigation.get("summary", ""),
+        "metrics": result.metrics,
+        "findings": findings,
+        "checks": result.checks,
+        "not_judged": result.not_judged,
+        "tools": tools,
+        "follow_ups": follow_ups,
+        "investigator": investigation.get("investigator", "rule-based"),
+        "xprof_version": snapshot.get("xprof_version"),
+        "mldiag_version": mldiag.__version__,
+    }
+
+
+def _bounded(value: Any) -> Any:
+    """A copy small enough for analysis.json: long lists and strings are cut."""
+    if isinstance(value, Mapping):
+        return {k: _bounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bounded(v) for v in value[:20]]
+    if isinstance(value, str) and len(value) > 4000:
+        return value[:4000] + " [truncated]"
+    return value
+
+
+def _summarize_result(record: Mapping[str, Any]) -> str:
+    if record.get("status") != "DATA":
+        data = record.get("data")
+        reason = data.get("reason") if isinstance(data, Mapping) else None
+        return str(record.get("error") or reason or record.get("status"))
+    data = record.get("data")
+    if not isinstance(data, Mapping):
+        return str(data)[:300]
+    if "text" in data:
+        return " | ".join(ln.strip() for ln in str(data["text"]).splitlines()[:4])[:400]
+    if "aggregates" in data:
+        rows = data["aggregates"][:5]
+        return "; ".join(f"{r.get('event')}: {r.get('count')}x, avg "
+                         f"{float(r.get('avg_duration_ps', 0)) / 1e9:.2f} ms" for r in rows)
+    return ", ".join(f"{k}={str(v)[:60]}" for k, v in list(data.items())[:6])
+
+
+def analyze(
+    path: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str] | None = None,
+    *,
+    investigator: Investigator | None = None,
+    progress: ProgressFn | None = None,
+) -> AnalysisResult:
+    """Analyse the profile at `path` and write the four artifacts.
+
+    `out_dir` defaults to `<session>/analysis/`. Raises ProfileUnreadable for bad input.
+    """
+    session = resolve_session(path)
+    target = Path(out_dir) if out_dir is not None else session.path / "analysis"
+    snapshot = collect(session, progress=progress)
+    write_json(snapshot, target / "health_snapshot.json")
+    result = triage(snapshot)
+    investigation = investigate(snapshot, result, investigator)
+    write_json({**investigation, "triage": result.to_dict()}, target / "investigation.json")
+    analysis = build_analysis(snapshot, result, investigation)
+    write_json(analysis, target / "analysis.json")
+    html = render_summary_html(analysis, snapshot)
+    tmp = target / ".summary.html.tmp"
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(target / "summary.html")
+    return AnalysisResult(out_dir=target, analysis=analysis)

@@ -1,0 +1,1315 @@
+from __future__ import annotations
+
+import html
+import json
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+_GB_PER_GIB = 1.073741824
+_PRIORITY_RANK = {"P0": 0, "P1": 1, "P2": 2}
+_DETECTORS = (
+    ("detect_layout_mismatch_copies", "Layout-mismatch copies"),
+    ("detect_unfused_reshapes", "Unfused reshapes"),
+    ("detect_unnecessary_convert_reduce", "Unnecessary convert → reduce"),
+)
+_BACKTICK = re.compile(r"`([^`\n]+)`")
+
+_CSS = """
+:root{--fg:#1f2328;--muted:#59636e;--line:#d1d9e0;--bg:#f6f8fa;--card:#fff;--accent:#0969da;
+--ok:#1a7f37;--warn:#bc4c00;--bad:#cf222e;--mono:ui-monospace,SFMono-Regular,Menlo,Consolas,
+"Liberation Mono",monospace}
+*{box-sizing:border-box}
+body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,
+sans-serif;color:var(--fg);background:var(--bg)}
+header.top{background:#fff;border-bottom:1px solid var(--line);padding:14px 24px 10px}
+header.top h1{font-size:20px;margin:0 0 4px;display:flex;gap:12px;align-items:center;
+flex-wrap:wrap}
+.meta{color:var(--muted);font-size:12.5px}.meta span{margin-right:14px}
+nav.toc{position:sticky;top:0;z-index:5;background:#24292f;padding:6px 24px;display:flex;
+gap:4px 18px;flex-wrap:wrap;font-size:13px}
+nav.toc a{color:#e6edf3;text-decoration:none}nav.toc a:hover{text-decoration:underline}
+nav.toc a.sub{color:#9aa4ae}
+main{max-width:1200px;margin:0 auto;padding:8px 24px 40px}
+section{margin-top:22px}
+h2{font-size:18px;border-bottom:2px solid var(--line);padding-bottom:4px;margin:0 0 12px}
+h3{font-size:15px;margin:18px 0 8px}
+h4{font-size:12px;margin:0 0 6px;text-transform:uppercase;letter-spacing:.04em;
+color:var(--muted)}
+p{margin:6px 0}
+code,.mono{font-family:var(--mono);font-size:12.5px}
+code{background:#eff2f5;border-radius:4px;padding:1px 4px}
+.badge{display:inline-block;border-radius:999px;padding:3px 12px;font-size:13px;font-weight:700;
+color:#fff;letter-spacing:.03em}
+.b-OPTIMAL{background:var(--ok)}.b-NEEDS_ATTENTION{background:var(--warn)}
+.b-FAILED{background:var(--bad)}.b-unknown{background:#6e7781}
+.summary{font-size:15px;max-width:95ch;background:#fff;border:1px solid var(--line);
+border-radius:8px;padding:10px 14px}
+.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(190px,1fr));gap:10px;
+margin:12px 0}
+.card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 12px}
+.metric .label{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
+.metric .value{font:600 22px/1.3 var(--mono)}
+.metric .note{font-size:12px;color:var(--muted)}
+.na{color:#8c959f;font-style:italic}
+.risk-LOW{color:var(--ok)}.risk-MEDIUM{color:var(--warn)}.risk-HIGH{color:var(--bad)}
+.minibar{height:6px;background:#eaeef2;border-radius:3px;margin-top:6px;overflow:hidden}
+.minibar div{height:6px;background:var(--accent)}
+.notjudged{background:#fff8c5;border:1px solid #d4a72c66;border-radius:8px;padding:8px 14px}
+.notjudged ul{margin:4px 0;padding-left:20px}
+.finding{background:#fff;border:1px solid var(--line);border-left:6px solid #6e7781;
+border-radius:8px;padding:10px 14px;margin-bottom:12px}
+.finding.P0{border-left-color:var(--bad)}.finding.P1{border-left-color:var(--warn)}
+.finding.P2{border-left-color:#bf8700}
+.finding h3{margin:0 0 8px;display:flex;gap:8px;align-items:baseline;flex-wrap:wrap}
+.prio{font:700 12px var(--mono);color:#fff;border-radius:4px;padding:1px 6px;background:#6e7781}
+.prio.P0{background:var(--bad)}.prio.P1{background:var(--warn)}.prio.P2{background:#bf8700}
+.chip{font:12px var(--mono);color:var(--muted);border:1px solid var(--line);border-radius:4px;
+padding:0 5px}
+.fgrid{display:grid;grid-template-columns:1fr 1.6fr 1fr;gap:14px}
+@media (max-width:900px){.fgrid{grid-template-columns:1fr}}
+.impact{font:700 16px var(--mono);color:var(--bad)}
+table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
+th,td{border-bottom:1px solid #eaeef2;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f3f6;font-weight:600;font-size:12px;white-space:nowrap}
+td.num{text-align:right;font-family:var(--mono);white-space:nowrap}th.num{text-align:right}
+td.op{min-width:22ch}td.nw{white-space:nowrap}
+td.mono{font-family:var(--mono);font-size:12.5px;overflow-wrap:anywhere}
+tbody tr:nth-child(even){background:#fafbfc}
+.tool{background:#fff;border:1px solid var(--line);border-radius:8px;padding:10px 14px;
+margin-bottom:14px}
+.tool h3{margin-top:0}
+.why{color:var(--muted);font-style:italic}
+.chartrow{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
+.chartrow>svg{flex:0 0 auto;max-width:100%}.chartrow>div{flex:1 1 320px;min-width:0}
+svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#424a53}
+svg text.mono{font-family:var(--mono)}
+details{margin-top:8px}summary{cursor:pointer;color:var(--accent);font-size:13px}
+.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:13px}
+.kv dt{color:var(--muted)}.kv dd{margin:0;font-family:var(--mono);overflow-wrap:anywhere}
+.facts{display:flex;flex-wrap:wrap;gap:8px}.facts div{border:1px solid #eaeef2;border-radius:6px;
+padding:4px 10px;min-width:130px}.facts span{display:block;font-size:11.5px;color:var(--muted)}
+.facts b{font:600 14px var(--mono)}
+.st{font:700 11px var(--mono);border-radius:4px;padding:1px 5px;color:#fff}
+.st-DATA{background:var(--ok)}.st-NO_DATA{background:#8c959f}.st-ERROR{background:var(--bad)}
+.st-other{background:#6e7781}
+.err{color:var(--bad);font-family:var(--mono);font-size:12px;word-break:break-all}
+.legend{font-size:12px;color:var(--muted)}
+.dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin:0 4px 0 10px}
+footer{color:var(--muted);font-size:12px;margin-top:30px;text-align:center}
+"""
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def _e(value: object) -> str:
+    if value is None:
+        return ""
+    return html.escape(str(value), quote=True)
+
+
+def _prose(value: object) -> str:
+    # Escape first, then turn `code` spans into <code>: backticks survive escaping,
+    # so the markup we add can only wrap already-escaped text.
+    return _BACKTICK.sub(r"<code>\1</code>", _e(value))
+
+
+def _map(value: object) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def _list(value: object) -> list[Any]:
+    return list(value) if isinstance(value, list | tuple) else []
+
+
+def _str(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _measured(value: object) -> float | None:
+    """A non-negative finite number, or None when absent or XProf's -1 "unknown"."""
+    if isinstance(value, bool):
+        return None
+    number: float | None = None
+    if isinstance(value, int | float):
+        number = float(value)
+    elif isinstance(value, str):
+        text = value.strip().rstrip("%").replace(",", "")
+        try:
+            number = float(text)
+        except ValueError:
+            return None
+    if number is None or not math.isfinite(number) or number < 0:
+        return None
+    return number
+
+
+def _na(note: str = "") -> str:
+    title = f' title="{_e(note)}"' if note else ""
+    return f'<span class="na"{title}>n/a</span>'
+
+
+def _group(number: float, decimals: int) -> str:
+    return f"{number:,.{decimals}f}"
+
+
+def _ms_text(number: float) -> str:
+    return f"{_group(number, 1 if number >= 100 else 2)} ms"
+
+
+def _fmt_ms(value: object) -> str:
+    number = _measured(value)
+    return _na("not measured") if number is None else _ms_text(number)
+
+
+def _fmt_pct(value: object) -> str:
+    number = _measured(value)
+    if number is None:
+        return _na("not measured")
+    # Two decimals below 10% so small shares and the summary's own figures still match.
+    return f"{number:.2f}%" if number < 10 else f"{number:.1f}%"
+
+
+def _fmt_gib(value: object) -> str:
+    number = _measured(value)
+    return _na("not measured") if number is None else f"{number:,.2f} GiB"
+
+
+def _fmt_mib(value: object) -> str:
+    number = _measured(value)
+    if number is None:
+        return _na("not measured")
+    if number >= 1024:
+        return f"{_group(number, 1)} MiB ({number / 1024:.2f} GiB)"
+    return f"{number:,.3g} MiB" if number < 1 else f"{_group(number, 1)} MiB"
+
+
+def _fmt_si(value: object, unit: str = "") -> str:
+    number = _measured(value)
+    if number is None:
+        return _na("not measured")
+    for factor, suffix in ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if number >= factor:
+            return f"{number / factor:.2f} {suffix}{unit}"
+    return f"{number:.4g} {unit}".rstrip()
+
+
+def _fmt_plain(value: object, decimals: int = 2) -> str:
+    number = _measured(value)
+    if number is None:
+        return _na("not measured")
+    if number != 0 and number < 10 ** (-decimals):
+        return f"{number:.2g}"
+    return _group(number, decimals)
+
+
+def _with_unit(value: object, unit: str, decimals: int = 2) -> str:
+    number = _measured(value)
+    return _na("not measured") if number is None else f"{_fmt_plain(number, decimals)} {unit}"
+
+
+def _raw(value: object) -> str:
+    """Verbatim rendering of a tool value, so evidence stays traceable to tool output."""
+    if isinstance(value, str):
+        return _e(value)
+    return _e(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
+
+
+def _tool(snapshot: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    return _map(_map(snapshot.get("tools")).get(name))
+
+
+def _data(entry: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    if entry.get("status") != "DATA":
+        return None
+    data = entry.get("data")
+    return data if isinstance(data, Mapping) else None
+
+
+def _status_chip(status: object) -> str:
+    text = _str(status) or "?"
+    css = text if text in ("DATA", "NO_DATA", "ERROR") else "other"
+    return f'<span class="st st-{css}">{_e(text)}</span>'
+
+
+def _table(
+    headers: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]], *, collapse_after: int = 0
+) -> str:
+    """Rows hold ready-made (escaped) cell HTML; header tuples are (label, css class)."""
+    head = "".join(
+        f'<th class="{"num" if css == "num" else ""}">{_e(label)}</th>' for label, css in headers
+    )
+    body = [
+        "<tr>"
+        + "".join(
+            f'<td class="{css}">{cell}</td>' for (_, css), cell in zip(headers, row, strict=True)
+        )
+        + "</tr>"
+        for row in rows
+    ]
+    if not body:
+        return '<p class="why">No rows.</p>'
+
+    def render(chunk: list[str]) -> str:
+        return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(chunk)}</tbody></table>"
+
+    if collapse_after and len(body) > collapse_after:
+        rest = body[collapse_after:]
+        return (
+            render(body[:collapse_after])
+            + f"<details><summary>Show {len(rest)} more rows</summary>{render(rest)}</details>"
+        )
+    return render(body)
+
+
+def _device_type(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    candidates = [
+        _map(analysis.get("session")).get("device_type"),
+        _map(_data(_tool(snapshot, "get_device_information"))).get("device_type"),
+        _map(_map(_data(_tool(snapshot, "get_xprof_overview"))).get("run_environment")).get(
+            "device_type"
+        ),
+    ]
+    return next((c for c in candidates if isinstance(c, str) and c.strip()), "")
+
+
+def _is_cpu(device_type: str) -> bool:
+    return "cpu" in device_type.lower()
+
+
+def _why_absent(name: str, entry: Mapping[str, Any], device_type: str, cpu_reason: str) -> str:
+    status = entry.get("status")
+    if not entry:
+        text = f"{name} was not collected for this session."
+        if _is_cpu(device_type) and cpu_reason:
+            text = f"{cpu_reason} ({name} was not collected)."
+        return f'<p class="why">{_e(text)}</p>'
+    if status == "ERROR":
+        return (
+            f'<p class="why">{_e(name)} failed, so this could not be analysed:</p>'
+            f'<p class="err">{_e(entry.get("error") or "no error text recorded")}</p>'
+        )
+    if _is_cpu(device_type) and cpu_reason:
+        return f'<p class="why">{_e(cpu_reason)}</p>'
+    message = _str(_map(entry.get("data")).get("message"))
+    reason = message or "the tool returned no data for this trace."
+    return f'<p class="why">{_e(name)} returned {_e(status or "no status")}: {_e(reason)}</p>'
+
+
+def _section(anchor: str, title: str, body: str) -> str:
+    return f'<section id="{anchor}"><h2>{_e(title)}</h2>{body}</section>'
+
+
+def _tool_block(anchor: str, title: str, body: str) -> str:
+    return f'<div class="tool" id="{anchor}"><h3>{_e(title)}</h3>{body}</div>'
+
+
+# ---------------------------------------------------------------- 1. summary
+
+
+def _metric_card(label: str, value_html: str, note_html: str, extra: str = "") -> str:
+    return (
+        f'<div class="card metric"><div class="label">{_e(label)}</div>'
+        f'<div class="value">{value_html}</div><div class="note">{note_html}</div>{extra}</div>'
+    )
+
+
+def _render_summary(analysis: Mapping[str, Any]) -> str:
+    metrics = _map(analysis.get("metrics"))
+    not_measured = "not measured"
+
+    step = _measured(metrics.get("step_time_ms"))
+    idle = _measured(metrics.get("device_idle_percent"))
+    roof = _measured(metrics.get("roofline_efficiency_percent"))
+    peak = _measured(metrics.get("peak_memory_gib"))
+    cap = _measured(metrics.get("memory_capacity_gib"))
+    risk = _str(metrics.get("oom_risk")).upper()
+
+    mem_note = not_measured
+    mem_bar = ""
+    if peak is not None and cap is not None and cap > 0:
+        share = peak / cap * 100
+        mem_note = f"of {cap:,.2f} GiB capacity ({share:.1f}%)"
+        mem_bar = f'<div class="minibar"><div style="width:{min(share, 100):.1f}%"></div></div>'
+    elif peak is not None:
+        mem_note = "capacity not measured"
+
+    cards = [
+        _metric_card(
+            "Step time",
+            _fmt_ms(step),
+            "average per step" if step is not None else not_measured,
+        ),
+        _metric_card(
+            "Device idle",
+            _fmt_pct(idle),
+            "of device time" if idle is not None else not_measured,
+        ),
+        _metric_card(
+            "Roofline efficiency",
+            _fmt_pct(roof),
+            "achieved vs attainable FLOP rate" if roof is not None else not_measured,
+        ),
+        _metric_card("Peak memory", _fmt_gib(peak), _e(mem_note), mem_bar),
+        _metric_card(
+            "OOM risk",
+            f'<span class="risk-{_e(risk)}">{_e(risk)}</span>' if risk else _na(not_measured),
+            "peak memory vs capacity" if risk else not_measured,
+        ),
+    ]
+
+    summary = _str(analysis.get("summary"))
+    summary_html = (
+        f'<p class="summary">{_prose(summary)}</p>'
+        if summary
+        else '<p class="summary why">No summary was written for this session.</p>'
+    )
+    not_judged = [item for item in _list(analysis.get("not_judged")) if item]
+    if not_judged:
+        items = "".join(f"<li>{_prose(item)}</li>" for item in not_judged)
+        judged = (
+            '<div class="notjudged"><h4>Not judged (missing data is not evidence of health)</h4>'
+            f"<ul>{items}</ul></div>"
+        )
+    else:
+        judged = '<p class="why">Every triage criterion had data; nothing was left unjudged.</p>'
+    return _section(
+        "summary",
+        "Analysis summary",
+        summary_html + f'<div class="cards">{"".join(cards)}</div>' + judged,
+    )
+
+
+# ---------------------------------------------------------------- 2. findings
+
+
+def _finding_key(finding: Mapping[str, Any]) -> tuple[int, float]:
+    rank = _PRIORITY_RANK.get(_str(finding.get("priority")).upper(), len(_PRIORITY_RANK))
+    impact = _measured(_map(finding.get("impact")).get("value"))
+    return rank, -(impact if impact is not None else -1.0)
+
+
+def _render_finding(finding: Mapping[str, Any]) -> str:
+    priority = _str(finding.get("priority")).upper()
+    prio_css = priority if priority in _PRIORITY_RANK else ""
+    evidence_rows = []
+    for item in _list(finding.get("evidence")):
+        ev = _map(item)
+        evidence_rows.append(
+            (
+                f'<span class="mono">{_e(ev.get("tool"))}</span>',
+                _e(ev.get("field")),
+                _raw(ev.get("value")),
+            )
+        )
+    evidence = (
+        _table(
+            [("Tool", "mono nw"), ("Field", "mono"), ("Value", "mono")],
+            evidence_rows,
+            collapse_after=8,
+        )
+        if evidence_rows
+        else '<p class="why">No evidence was attached to this finding.</p>'
+    )
+    impact = _map(finding.get("impact"))
+    impact_value = _measured(impact.get("value"))
+    headline = ""
+    if impact_value is not None:
+        unit = _str(impact.get("unit"))
+        headline = f'<div class="impact">{_e(f"{impact_value:,.2f}".rstrip("0").rstrip("."))}'
+        separator = "" if unit.startswith("%") else " "
+        headline += f"{separator}{_e(unit)}</div>" if unit else "</div>"
+    impact_text = _str(impact.get("text"))
+    fix = _str(finding.get("fix"))
+    what = _str(finding.get("what"))
+    return (
+        f'<article class="finding {prio_css}"><h3>'
+        f'<span class="prio {prio_css}">{_e(priority or "P?")}</span>'
+        f"<span>{_e(finding.get('title') or 'Untitled finding')}</span>"
+        f'<span class="chip">{_e(finding.get("category") or "other")}</span>'
+        f'<span class="chip">{_e(finding.get("id"))}</span></h3>'
+        '<div class="fgrid">'
+        f"<div><h4>What's happening</h4><p>{_prose(what) or _na('not stated')}</p></div>"
+        f"<div><h4>Evidence</h4>{evidence}</div>"
+        f"<div><h4>Expected impact &amp; fix</h4>{headline}"
+        f"<p>{_prose(impact_text)}</p>"
+        f"<p><strong>Fix:</strong> {_prose(fix) or _na('no fix proposed')}</p></div>"
+        "</div></article>"
+    )
+
+
+def _render_findings(analysis: Mapping[str, Any]) -> str:
+    findings = [_map(f) for f in _list(analysis.get("findings")) if isinstance(f, Mapping)]
+    findings.sort(key=_finding_key)
+    if findings:
+        body = "".join(_render_finding(f) for f in findings)
+    elif analysis.get("status") == "OPTIMAL":
+        body = '<p class="why">No bottleneck was found: the triage criteria for OPTIMAL hold.</p>'
+    else:
+        body = '<p class="why">No findings were produced for this session.</p>'
+    return _section("bottlenecks", "Prioritized bottlenecks", body)
+
+
+# ---------------------------------------------------------------- 3a. roofline
+
+
+def _log_ticks(lo: float, hi: float) -> list[float]:
+    return [10.0**k for k in range(round(math.log10(lo)), round(math.log10(hi)) + 1)]
+
+
+def _tick_label(value: float) -> str:
+    for factor, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= factor:
+            return f"{value / factor:g}{suffix}"
+    return f"{value:g}"
+
+
+def _on_chart(point: tuple[float, float]) -> bool:
+    # Bounds far outside any real device keep the log axes finite on corrupt input.
+    return 1e-9 <= point[0] <= 1e9 and 1e-9 <= point[1] <= 1e12
+
+
+def _op_point(op: Mapping[str, Any]) -> tuple[float, float] | None:
+    # The per-op rows carry no measured FLOP rate; achieved = attainable x efficiency.
+    # Efficiencies above 100% come from ops with near-zero time and are not plottable.
+    x = _measured(op.get("bottleneck_operational_intensity_flop_per_byte")) or _measured(
+        op.get("operational_intensity_flop_per_byte")
+    )
+    optimal = _measured(op.get("optimal_flop_rate_gflops"))
+    eff = _measured(op.get("roofline_efficiency_percent"))
+    if not x or not optimal or not eff or eff > 100:
+        return None
+    point = (x, optimal * eff / 100)
+    return point if _on_chart(point) else None
+
+
+def _roofline_svg(
+    peak_gflops: float,
+    bw_gbs: float,
+    program: tuple[float, float] | None,
+    ops: list[tuple[str, str, float, float]],
+) -> str:
+    width, height = 620, 360
+    left, right, top, bottom = 62, 20, 16, 46
+    ridge = peak_gflops / bw_gbs
+    xs = [ridge] + [p[2] for p in ops] + ([program[0]] if program else [])
+    ys = [p[3] for p in ops] + ([program[1]] if program else [])
+    x_lo = 10.0 ** math.floor(math.log10(min(xs) / 3))
+    x_hi = 10.0 ** math.ceil(math.log10(max(xs) * 3))
+    y_lo = 10.0 ** math.floor(math.log10(min(ys + [bw_gbs * x_lo, peak_gflops])))
+    y_hi = 10.0 ** math.ceil(math.log10(peak_gflops * 2))
+
+    def px(x: float) -> float:
+        frac = (math.log10(x) - math.log10(x_lo)) / (math.log10(x_hi) - math.log10(x_lo))
+        return left + frac * (width - left - right)
+
+    def py(y: float) -> float:
+        frac = (math.log10(y) - math.log10(y_lo)) / (math.log10(y_hi) - math.log10(y_lo))
+        return height - bottom - frac * (height - top - bottom)
+
+    parts = [
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="Roofline chart">',
+        f'<rect x="{left}" y="{top}" width="{width - left - right}" '
+        f'height="{height - top - bottom}" fill="#fff" stroke="#d1d9e0"/>',
+    ]
+    for tick in _log_ticks(x_lo, x_hi):
+        x = px(tick)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="{top}" x2="{x:.1f}" y2="{height - bottom}" stroke="#eaeef2"/>'
+            f'<text x="{x:.1f}" y="{height - bottom + 14}" text-anchor="middle">'
+            f"{_e(_tick_label(tick))}</text>"
+        )
+    for tick in _log_ticks(y_lo, y_hi):
+        y = py(tick)
+        parts.append(
+            f'<line x1="{left}" y1="{y:.1f}" x2="{width - right}" y2="{y:.1f}" stroke="#eaeef2"/>'
+            f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{_e(_tick_label(tick))}</text>'
+        )
+    parts.append(
+        f'<text x="{(left + width - right) / 2:.0f}" y="{height - 8}" text-anchor="middle">'
+        "Operational intensity (FLOP/byte)</text>"
+        f'<text transform="translate(14 {(top + height - bottom) / 2:.0f}) rotate(-90)" '
+        'text-anchor="middle">Performance (GFLOP/s)</text>'
+    )
+    roof_start = max(x_lo, y_lo / bw_gbs)
+    parts.append(
+        f'<polyline fill="none" stroke="#24292f" stroke-width="2" points="'
+        f"{px(roof_start):.1f},{py(bw_gbs * roof_start):.1f} {px(ridge):.1f},{py(peak_gflops):.1f} "
+        f'{px(x_hi):.1f},{py(peak_gflops):.1f}"><title>Roofline</title></polyline>'
+        f'<line x1="{px(ridge):.1f}" y1="{py(peak_gflops):.1f}" x2="{px(ridge):.1f}" '
+        f'y2="{height - bottom}" stroke="#8c959f" stroke-dasharray="4 3"/>'
+        f'<text x="{px(ridge) + 4:.1f}" y="{height - bottom - 6}">'
+        f"ridge {_e(f'{ridge:,.1f}')} FLOP/B</text>"
+        f'<text x="{width - right - 4}" y="{py(peak_gflops) - 6:.1f}" text-anchor="end">'
+        f"compute roof {_e(_fmt_si(peak_gflops * 1e9, 'FLOP/s'))}</text>"
+    )
+    slope_x = math.sqrt(roof_start * ridge)
+    angle = -math.degrees(
+        math.atan2(py(bw_gbs * roof_start) - py(peak_gflops), px(ridge) - px(roof_start))
+    )
+    parts.append(
+        f'<text transform="translate({px(slope_x):.1f} {py(bw_gbs * slope_x) - 6:.1f}) '
+        f'rotate({angle:.1f})" text-anchor="middle">'
+        f"HBM {_e(f'{bw_gbs:,.0f}')} GB/s</text>"
+    )
+    labels: dict[tuple[int, int], list[str]] = {}
+    for rank, name, x, y in ops:
+        cx, cy = px(x), py(y)
+        parts.append(
+            f'<circle cx="{cx:.1f}" cy="{cy:.1f}" r="4.5" fill="#0969da" fill-opacity=".75" '
+            f'stroke="#fff"><title>#{_e(rank)} {_e(name)}: {_e(f"{x:.4g}")} FLOP/B, '
+            f"{_e(f'{y:.4g}')} GFLOP/s</title></circle>"
+        )
+        labels.setdefault((round(cx / 6), round(cy / 6)), []).append(rank)
+    for (gx, gy), ranks in labels.items():
+        parts.append(
+            f'<text x="{gx * 6 + 7}" y="{gy * 6 - 5}" class="mono" fill="#0969da">'
+            f"{_e(','.join(ranks))}</text>"
+        )
+    if program:
+        cx, cy = px(program[0]), py(program[1])
+        parts.append(
+            f'<circle class="program-point" cx="{cx:.1f}" cy="{cy:.1f}" r="7" fill="#cf222e" '
+            f'stroke="#fff" stroke-width="2"><title>program: {_e(f"{program[0]:.4g}")} FLOP/B, '
+            f"{_e(f'{program[1]:.4g}')} GFLOP/s</title></circle>"
+            f'<text x="{cx + 10:.1f}" y="{cy + 4:.1f}" fill="#cf222e" font-weight="700">'
+            "program</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _render_roofline(snapshot: Mapping[str, Any], device_type: str) -> str:
+    entry = _tool(snapshot, "get_roofline_model")
+    data = _data(entry)
+    if data is None:
+        return _why_absent(
+            "get_roofline_model", entry, device_type, "CPU profile: XProf has no roofline for CPU."
+        )
+    device = _map(data.get("device_info")) or _map(_data(_tool(snapshot, "get_device_information")))
+    program = _map(data.get("program"))
+    peak = _measured(device.get("peak_flop_rate"))
+    bw_gibs = _measured(device.get("peak_hbm_bw_gibs"))
+
+    program_point: tuple[float, float] | None = None
+    prog_x = _measured(program.get("bottleneck_operational_intensity_flop_per_byte")) or (
+        _measured(program.get("operational_intensity_flop_per_byte"))
+    )
+    prog_y = _measured(program.get("measured_flop_rate_gflops"))
+    if prog_x and prog_y and _on_chart((prog_x, prog_y)):
+        program_point = (prog_x, prog_y)
+
+    op_rows = [_map(op) for op in _list(data.get("top_operations")) if isinstance(op, Mapping)]
+    plotted: list[tuple[str, str, float, float]] = []
+    table_rows = []
+    for index, op in enumerate(op_rows[:12]):
+        rank = str(op.get("rank") or index + 1)
+        point = _op_point(op)
+        if point is not None:
+            plotted.append((rank, _str(op.get("name")), point[0], point[1]))
+        table_rows.append(
+            (
+                _e(rank),
+                _e(op.get("name")),
+                _e(op.get("category")),
+                _fmt_ms(op.get("total_self_time_ms")),
+                _fmt_pct(op.get("total_self_time_percent")),
+                _fmt_plain(op.get("bottleneck_operational_intensity_flop_per_byte"), 3),
+                _fmt_plain(point[1], 2) if point else _na("not plottable"),
+                _fmt_pct(op.get("roofline_efficiency_percent"))
+                if point
+                else _na("not plottable: zero FLOPs or implausible efficiency"),
+                _e(op.get("bound_by")),
+            )
+        )
+
+    if peak and bw_gibs and _on_chart((peak / (bw_gibs * _GB_PER_GIB), peak)):
+        bw_gbs = bw_gibs * _GB_PER_GIB
+        chart = _roofline_svg(peak, bw_gbs, program_point, plotted)
+        legend = (
+            '<p class="legend"><span class="dot" style="background:#cf222e"></span>program'
+            '<span class="dot" style="background:#0969da"></span>top ops (label = rank; '
+            "ops with zero FLOPs cannot sit on a log axis and are listed only in the table)</p>"
+        )
+    else:
+        chart = (
+            '<p class="why">The device peak FLOP rate or HBM bandwidth is unknown, '
+            "so no roofline can be drawn.</p>"
+        )
+        legend = ""
+
+    facts = [
+        ("Bound by", _e(program.get("bound_by") or "unknown")),
+        ("Roofline efficiency", _fmt_pct(program.get("roofline_efficiency_percent"))),
+        ("Measured FLOP rate", _with_unit(program.get("measured_flop_rate_gflops"), "GFLOP/s")),
+        ("Attainable FLOP rate", _with_unit(program.get("optimal_flop_rate_gflops"), "GFLOP/s")),
+        (
+            "Op. intensity (bottleneck / all spaces)",
+            _fmt_plain(program.get("bottleneck_operational_intensity_flop_per_byte"), 4)
+            + " / "
+            + _fmt_plain(program.get("operational_intensity_flop_per_byte"), 4)
+            + " FLOP/B",
+        ),
+        (
+            "Ridge point",
+            _with_unit(program.get("bound_by_ridge_point_flop_per_byte"), "FLOP/B"),
+        ),
+        ("HBM bandwidth used", _with_unit(program.get("hbm_bw_gibs"), "GiB/s")),
+        ("HBM bandwidth peak", _with_unit(bw_gibs, "GiB/s")),
+        ("Peak compute", _fmt_si((peak or 0) * 1e9, "FLOP/s") if peak else _na()),
+        ("Compute efficiency", _fmt_pct(program.get("compute_efficiency_percent"))),
+        ("FLOPs provenance", _e(program.get("flops_provenance") or "unknown")),
+        ("Device", _e(device.get("device_type") or device_type or "unknown")),
+    ]
+    kv = '<dl class="kv">' + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+    table = _table(
+        [
+            ("#", "num"),
+            ("Op", "mono op"),
+            ("Category", ""),
+            ("Self time", "num"),
+            ("% time", "num"),
+            ("Bottleneck OI (FLOP/B)", "num"),
+            ("Achieved GFLOP/s", "num"),
+            ("Roofline eff.", "num"),
+            ("Bound by", ""),
+        ],
+        table_rows,
+        collapse_after=6,
+    )
+    return f'<div class="chartrow">{chart}<div>{kv}</div></div>{legend}<h4>Top ops</h4>{table}'
+
+
+# ---------------------------------------------------------------- 3b. memory
+
+
+def _memory_bar(peak: float, cap: float, stack: float | None, heap: float | None) -> str:
+    width, bar_h, left = 560, 26, 0
+    scale = width / max(cap, peak)
+    parts = [
+        f'<svg width="{width}" height="{bar_h + 24}" viewBox="0 0 {width} {bar_h + 24}" '
+        'role="img" aria-label="Peak memory versus capacity">',
+        f'<rect x="{left}" y="0" width="{cap * scale:.1f}" height="{bar_h}" fill="#eaeef2"/>',
+    ]
+    segments: list[tuple[float, str, str]] = []
+    if stack is not None and heap is not None and abs(stack + heap - peak) < 0.05 * max(peak, 1):
+        segments = [(stack, "#0969da", "stack reservation"), (heap, "#54aeff", "heap")]
+    else:
+        segments = [(peak, "#0969da", "peak usage")]
+    x = float(left)
+    for size, color, label in segments:
+        parts.append(
+            f'<rect x="{x:.1f}" y="0" width="{size * scale:.1f}" height="{bar_h}" fill="{color}">'
+            f"<title>{_e(label)}: {_e(f'{size:.2f}')} GiB</title></rect>"
+        )
+        x += size * scale
+    share = peak / cap * 100 if cap else 0
+    parts.append(
+        f'<line x1="{cap * scale - 1:.1f}" y1="-2" x2="{cap * scale - 1:.1f}" y2="{bar_h + 2}" '
+        'stroke="#cf222e" stroke-width="2"/>'
+        f'<text x="0" y="{bar_h + 16}">peak {_e(f"{peak:.2f}")} GiB ({_e(f"{share:.1f}")}%)</text>'
+        f'<text x="{width - 2}" y="{bar_h + 16}" text-anchor="end">capacity '
+        f"{_e(f'{cap:.2f}')} GiB</text></svg>"
+    )
+    return "".join(parts)
+
+
+def _render_memory(snapshot: Mapping[str, Any], device_type: str) -> str:
+    entry = _tool(snapshot, "get_memory_profile")
+    data = _data(entry)
+    parts: list[str] = []
+    if data is None:
+        parts.append(
+            _why_absent(
+                "get_memory_profile",
+                entry,
+                device_type,
+                "CPU profile: XProf records no device memory profile for CPU.",
+            )
+        )
+    else:
+        details = _map(data.get("peak_usage_details"))
+        peak = _measured(data.get("peak_memory_usage_gib"))
+        cap = _measured(data.get("memory_capacity_gib"))
+        if peak is not None and cap:
+            parts.append(
+                _memory_bar(
+                    peak,
+                    cap,
+                    _measured(details.get("stack_reservation_gib")),
+                    _measured(details.get("heap_allocation_gib")),
+                )
+            )
+        else:
+            parts.append(
+                '<p class="why">Peak usage or capacity is unknown, so no bar is drawn.</p>'
+            )
+        facts = [
+            ("Peak usage", _fmt_gib(peak)),
+            ("Capacity", _fmt_gib(cap)),
+            ("Utilization at peak", _fmt_pct(details.get("utilization_percent"))),
+            ("Stack reservation", _fmt_gib(details.get("stack_reservation_gib"))),
+            ("Heap allocation", _fmt_gib(details.get("heap_allocation_gib"))),
+            ("Free at peak", _fmt_gib(details.get("free_memory_gib"))),
+            ("Fragmentation", _fmt_pct(details.get("fragmentation_percent"))),
+        ]
+        parts.append(
+            '<dl class="kv">' + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
+        )
+
+    alloc_entry = _tool(snapshot, "get_peak_allocations")
+    alloc = _data(alloc_entry)
+    parts.append('<h4 style="margin-top:12px">Top buffers at peak (get_peak_allocations)</h4>')
+    if alloc is None:
+        parts.append(
+            _why_absent(
+                "get_peak_allocations",
+                alloc_entry,
+                device_type,
+                "CPU profile: XProf has no HLO buffer assignment for CPU devices.",
+            )
+        )
+        return "".join(parts)
+    modules = [_map(m) for m in _list(alloc.get("modules")) if isinstance(m, Mapping)]
+    buffers = []
+    for module in modules:
+        for buf in _list(module.get("top_buffers")):
+            b = _map(buf)
+            buffers.append((_measured(b.get("size_mib")) or 0.0, module, b))
+    buffers.sort(key=lambda item: item[0], reverse=True)
+    parts.append(
+        _table(
+            [("Buffer (instruction)", "mono"), ("HLO module", "mono"), ("Size", "num")],
+            (
+                (_e(b.get("instruction")), _e(m.get("module_name")), _fmt_mib(b.get("size_mib")))
+                for _, m, b in buffers
+            ),
+            collapse_after=10,
+        )
+    )
+    if modules:
+        parts.append(
+            f"<details><summary>HBM by module ({len(modules)} modules)</summary>"
+            + _table(
+                [("HLO module", "mono"), ("Total HBM", "num")],
+                ((_e(m.get("module_name")), _fmt_mib(m.get("total_hbm_mib"))) for m in modules),
+            )
+            + "</details>"
+        )
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- 3c. HLO op profile
+
+
+def _category_chart(rows: list[tuple[str, float, float | None]]) -> str:
+    label_w, bar_w, value_w, row_h = 170, 330, 190, 20
+    width = label_w + bar_w + value_w
+    height = row_h * len(rows) + 6
+    top = max((frac for _, frac, _ in rows), default=0.0) or 1.0
+    parts = [
+        f'<svg width="{width}" height="{height}" viewBox="0 0 {width} {height}" role="img" '
+        'aria-label="Time by HLO category">'
+    ]
+    for i, (category, frac, ms) in enumerate(rows):
+        y = i * row_h + 3
+        shown = category if len(category) <= 24 else category[:23] + "…"
+        bar = max(bar_w * frac / top, 1.0 if frac > 0 else 0.0)
+        ms_text = f" · {_ms_text(ms)}" if ms is not None else ""
+        parts.append(
+            f'<text x="{label_w - 6}" y="{y + 13}" text-anchor="end" class="mono">'
+            f"<title>{_e(category)}</title>{_e(shown)}</text>"
+            f'<rect x="{label_w}" y="{y + 2}" width="{bar:.1f}" height="{row_h - 6}" rx="2" '
+            f'fill="{"#8c959f" if category.upper() == "IDLE" else "#0969da"}"/>'
+            f'<text x="{label_w + bar + 6:.1f}" y="{y + 13}" class="mono">'
+            f"{_e(f'{frac * 100:.1f}%')}{_e(ms_text)}</text>"
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _split_op_path(name: str) -> tuple[str, str]:
+    # Grouped names look like by_program/<module>/<category>/.../<op>.
+    segments = name.split("/")
+    module = segments[1] if len(segments) >= 3 and segments[0] == "by_program" else ""
+    return segments[-1], module
+
+
+def _render_hlo_ops(snapshot: Mapping[str, Any], device_type: str) -> str:
+    entry = _tool(snapshot, "get_hlo_op_profile")
+    data = _data(entry)
+    if data is None:
+        return _why_absent(
+            "get_hlo_op_profile",
+            entry,
+            device_type,
+            "CPU profile: XProf builds no HLO op profile for CPU devices.",
+        )
+    total_ms = _measured(data.get("total_profile_time_ms"))
+    cats: list[tuple[str, float, float | None]] = []
+    for item in _list(data.get("category_summary")):
+        cat = _map(item)
+        ms = _measured(cat.get("total_self_time_ms"))
+        frac = _measured(cat.get("fraction_of_total_time"))
+        if frac is None and ms is not None and total_ms:
+            frac = ms / total_ms
+        if frac is None:
+            continue
+        cats.append((_str(cat.get("category")) or "?", frac, ms))
+    cats.sort(key=lambda c: c[1], reverse=True)
+    parts = [f'<p>Total profiled device time: <span class="mono">{_fmt_ms(total_ms)}</span></p>']
+    if len(cats) > 14:
+        rest = cats[13:]
+        rest_ms = [c[2] for c in rest if c[2] is not None]
+        cats = cats[:13] + [
+            (f"{len(rest)} other categories", sum(c[1] for c in rest), sum(rest_ms))
+        ]
+    parts.append(
+        _category_chart(cats)
+        if cats
+        else '<p class="why">category_summary is empty: no per-category times to chart.</p>'
+    )
+
+    ops: list[Mapping[str, Any]] = []
+    for group in _map(data.get("grouped_operations")).values():
+        ops.extend(_map(op) for op in _list(group) if isinstance(op, Mapping))
+    ops.sort(key=lambda op: _measured(op.get("total_self_time_ms")) or 0.0, reverse=True)
+    if ops:
+        rows = []
+        for op in ops[:25]:
+            full = _str(op.get("name"))
+            short, module = _split_op_path(full)
+            ms = _measured(op.get("total_self_time_ms"))
+            source = _str(op.get("source_file"))
+            line = op.get("source_line")
+            src = f"{source.rsplit('/', 1)[-1]}:{line}" if source else ""
+            rows.append(
+                (
+                    f'<span title="{_e(full)}">{_e(short)}</span>',
+                    _e(module),
+                    _e(op.get("category")),
+                    _fmt_ms(ms),
+                    _fmt_pct(ms / total_ms * 100) if ms is not None and total_ms else _na(),
+                    _e(op.get("occurrences")),
+                    _fmt_si(op.get("flops")),
+                    _fmt_si(op.get("bytes_accessed"), "B"),
+                    f'<span title="{_e(source)}">{_e(src)}</span>',
+                )
+            )
+        parts.append("<h4>Top ops by self time</h4>")
+        parts.append(
+            _table(
+                [
+                    ("Op", "mono op"),
+                    ("Module", "mono"),
+                    ("Category", ""),
+                    ("Self time", "num"),
+                    ("% time", "num"),
+                    ("Count", "num"),
+                    ("FLOPs", "num"),
+                    ("Bytes", "num"),
+                    ("Source", "mono"),
+                ],
+                rows,
+                collapse_after=10,
+            )
+        )
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- 3d. kernel stats
+
+
+def _kernel_records(data: object) -> list[Mapping[str, Any]]:
+    # xprof returns a bare list, or an object with kernel_records when include_summary is set.
+    source = data if isinstance(data, list) else _map(data).get("kernel_records")
+    return [_map(r) for r in _list(source) if isinstance(r, Mapping)]
+
+
+def _follow_ups(analysis: Mapping[str, Any], prefix: str) -> list[Mapping[str, Any]]:
+    return [
+        _map(f)
+        for f in _list(analysis.get("follow_ups"))
+        if isinstance(f, Mapping) and _str(f.get("tool")).startswith(prefix)
+    ]
+
+
+def _follow_up_lines(follow_ups: list[Mapping[str, Any]]) -> str:
+    rows = (
+        (
+            f'<span class="mono">{_e(f.get("tool"))}</span>',
+            _status_chip(f.get("status")),
+            _e(f.get("purpose")),
+            _e(f.get("result_summary")),
+        )
+        for f in follow_ups
+    )
+    return _table([("Follow-up", ""), ("Status", ""), ("Purpose", ""), ("Result", "mono")], rows)
+
+
+def _render_kernels(
+    analysis: Mapping[str, Any], snapshot: Mapping[str, Any], device_type: str
+) -> str:
+    entry = _tool(snapshot, "get_kernel_stats")
+    follow = _follow_ups(analysis, "get_kernel_stats")
+    parts: list[str] = []
+    records = _kernel_records(entry.get("data")) if entry.get("status") == "DATA" else []
+    if records:
+        rows = [
+            (
+                f'<span title="{_e(r.get("raw_name") or r.get("kernel_name"))}">'
+                f"{_e(r.get('canonical_name') or r.get('kernel_name'))}</span>",
+                _fmt_plain(r.get("total_duration_us"), 1),
+                _e(r.get("execution_count")),
+                _fmt_plain(r.get("avg_duration_us"), 2),
+            )
+            for r in records
+        ]
+        parts.append(
+            _table(
+                [("Kernel", "mono op"), ("Total µs", "num"), ("Count", "num"), ("Avg µs", "num")],
+                rows,
+                collapse_after=10,
+            )
+        )
+    elif entry:
+        info = _str(_map(entry.get("data")).get("info"))
+        if entry.get("status") == "DATA" and info:
+            parts.append(f'<p class="why">{_e(info)}</p>')
+        else:
+            parts.append(
+                _why_absent("get_kernel_stats", entry, device_type, "CPU profile: no GPU kernels.")
+            )
+    if follow:
+        parts.append(_follow_up_lines(follow))
+    if not parts:
+        reason = (
+            "Not collected: get_kernel_stats is a follow-up tool and the investigator did not "
+            "call it"
+        )
+        if _is_cpu(device_type):
+            reason += "; a CPU profile has no GPU kernels."
+        else:
+            reason += "."
+        parts.append(f'<p class="why">{_e(reason)}</p>')
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- 3e. detectors
+
+
+def _join(value: object) -> str:
+    if isinstance(value, list | tuple):
+        return ", ".join(str(v) for v in value)
+    return "" if value is None else str(value)
+
+
+def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
+    parts: list[str] = []
+    for name, label in _DETECTORS:
+        entry = _tool(snapshot, name)
+        detections = [
+            _map(d)
+            for d in _list(_map(entry.get("data")).get("detections"))
+            if isinstance(d, Mapping)
+        ]
+        header = (
+            f'<h4 style="margin-top:10px">{_e(label)} <span class="mono">({_e(name)})</span> '
+            f"{_status_chip(entry.get('status') or 'not run')}</h4>"
+        )
+        if detections:
+            rows = [
+                (
+                    _e(d.get("module")),
+                    _e(d.get("instruction")),
+                    _e(d.get("opcode")),
+                    _e(_join(d.get("shapes"))),
+                    _e(_join(d.get("layouts"))),
+                    _fmt_ms(d.get("time_ms")),
+                    _fmt_pct(d.get("percent_of_step")),
+                    _prose(d.get("description")),
+                )
+                for d in detections
+            ]
+            body = _table(
+                [
+                    ("Module", "mono"),
+                    ("Instruction", "mono op"),
+                    ("Opcode", "mono"),
+                    ("Shapes", "mono"),
+                    ("Layouts", "mono"),
+                    ("Time", "num"),
+                    ("% step", "num"),
+                    ("Description", ""),
+                ],
+                rows,
+                collapse_after=8,
+            )
+        elif entry.get("status") == "ERROR" or not entry:
+            body = _why_absent(name, entry, device_type, "")
+        elif message := _str(_map(entry.get("data")).get("message")):
+            body = f'<p class="why">{_e(message)}</p>'
+        else:
+            body = '<p class="why">No detections: the HLO has no instance of this pattern.</p>'
+        parts.append(header + body)
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- 3f. custom kernels and LLO
+
+
+def _render_llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any], device_type: str) -> str:
+    parts: list[str] = []
+    roof = _data(_tool(snapshot, "get_roofline_model"))
+    custom = [
+        _map(op)
+        for op in _list(_map(roof).get("top_operations"))
+        if isinstance(op, Mapping)
+        and (
+            "custom" in _str(op.get("category")).lower()
+            or _str(op.get("flops_provenance")) in ("derived_from_shapes", "opaque_custom_call")
+        )
+    ]
+    if custom:
+        parts.append(
+            _table(
+                [("Custom call", "mono"), ("Self time", "num"), ("FLOPs provenance", "mono")],
+                (
+                    (
+                        _e(op.get("name")),
+                        _fmt_ms(op.get("total_self_time_ms")),
+                        _e(op.get("flops_provenance")),
+                    )
+                    for op in custom
+                ),
+            )
+        )
+    elif roof is not None:
+        parts.append(
+            '<p class="why">No custom calls (Pallas/Mosaic or other kernels) among the '
+            "roofline top ops.</p>"
+        )
+    llo_tools = [
+        _map(v)
+        for k, v in _map(snapshot.get("tools")).items()
+        if str(k).startswith("llo_") and isinstance(v, Mapping)
+    ]
+    follow = _follow_ups(analysis, "llo_")
+    for entry in llo_tools:
+        if entry.get("status") == "ERROR":
+            parts.append(_why_absent(_str(entry.get("name")) or "llo", entry, device_type, ""))
+    if follow:
+        parts.append(_follow_up_lines(follow))
+    elif not llo_tools:
+        if "tpu" in device_type.lower():
+            reason = (
+                "No LLO follow-up was run: the investigator did not need instruction-level "
+                "(LLO) data for this session."
+            )
+        else:
+            shown = device_type or "unknown device"
+            reason = f"LLO_DATA_ABSENT: not a TPU trace ({shown}); LLO exists only on TPU."
+        parts.append(f'<p class="why">{_e(reason)}</p>')
+    return "".join(parts)
+
+
+# ---------------------------------------------------------------- 3. overview + assembly
+
+
+_OVERVIEW_FIELDS = (
+    ("device_duty_cycle_percent", "Device duty cycle"),
+    ("device_idle_time_percent", "Device idle time"),
+    ("mxu_utilization_percent", "MXU utilization"),
+    ("flop_rate_utilization_relative_to_roofline", "FLOP rate vs roofline"),
+    ("hbm_bw_utilization_percent", "HBM BW utilization"),
+    ("bound_by", "Bound by"),
+    ("host_idle_time_percent", "Host idle time"),
+)
+
+
+def _render_overview(snapshot: Mapping[str, Any]) -> str:
+    data = _data(_tool(snapshot, "get_xprof_overview"))
+    if data is None:
+        return ""
+    perf = _map(data.get("performance_summary"))
+    env = _map(data.get("run_environment"))
+    facts = [(label, perf.get(key)) for key, label in _OVERVIEW_FIELDS if key in perf]
+    facts += [
+        ("Device cores", env.get("device_core_count")),
+        ("Hosts", env.get("host_count")),
+        ("Training", env.get("is_training")),
+    ]
+    cells = "".join(
+        f"<div><span>{_e(k)}</span><b>{_e(v)}</b></div>" for k, v in facts if v not in (None, "")
+    )
+    return _tool_block(
+        "overview", "XProf overview", f'<div class="facts">{cells}</div>' if cells else ""
+    )
+
+
+def _render_tools(
+    analysis: Mapping[str, Any], snapshot: Mapping[str, Any], device_type: str
+) -> str:
+    body = (
+        _render_overview(snapshot)
+        + _tool_block("roofline", "Roofline", _render_roofline(snapshot, device_type))
+        + _tool_block("memory", "Memory", _render_memory(snapshot, device_type))
+        + _tool_block("hlo-ops", "HLO op profile", _render_hlo_ops(snapshot, device_type))
+        + _tool_block(
+            "kernels", "Kernel statistics", _render_kernels(analysis, snapshot, device_type)
+        )
+        + _tool_block("detectors", "Our detectors", _render_detectors(snapshot, device_type))
+        + _tool_block("llo", "Custom kernels and LLO", _render_llo(analysis, snapshot, device_type))
+    )
+    return _section("tools", "Detailed tool analysis", body)
+
+
+# ---------------------------------------------------------------- 4. provenance
+
+
+def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    snap_tools = _map(snapshot.get("tools"))
+    listed: dict[str, Mapping[str, Any]] = {}
+    for item in _list(analysis.get("tools")):
+        tool = _map(item)
+        if tool.get("name"):
+            listed[str(tool["name"])] = tool
+    for name, item in snap_tools.items():
+        listed.setdefault(str(name), _map(item))
+
+    rows = []
+    for name, tool in listed.items():
+        snap = _map(snap_tools.get(name))
+        error = tool.get("error") or snap.get("error")
+        note = ""
+        if error:
+            note = f'<span class="err">{_e(error)}</span>'
+        elif tool.get("status") == "NO_DATA":
+            note = _e(_map(snap.get("data")).get("message"))
+        rows.append(
+            (
+                f'<span class="mono">{_e(name)}</span>',
+                _status_chip(tool.get("status")),
+                _fmt_ms(tool.get("elapsed_ms")),
+                note,
+            )
+        )
+    tools_table = _table(
+        [("Tool", ""), ("Status", ""), ("Elapsed", "num"), ("Error / note", "")], rows
+    )
+
+    follow_rows = []
+    for item in _list(analysis.get("follow_ups")):
+        f = _map(item)
+        args = f.get("args")
+        follow_rows.append(
+            (
+                f'<span class="mono">{_e(f.get("tool"))}</span>',
+                _raw(args) if args is not None else "",
+                _e(f.get("purpose")),
+                _status_chip(f.get("status")),
+                _fmt_ms(f.get("elapsed_ms")),
+                _e(f.get("result_summary")),
+            )
+        )
+    follow_table = (
+        _table(
+            [
+                ("Tool", ""),
+                ("Args", "mono"),
+                ("Purpose", ""),
+                ("Status", ""),
+                ("Elapsed", "num"),
+                ("Result", "mono"),
+            ],
+            follow_rows,
+        )
+        if follow_rows
+        else '<p class="why">No follow-up tool calls were made.</p>'
+    )
+
+    session = _map(analysis.get("session"))
+    hosts = _list(session.get("hosts"))
+    facts = [
+        ("Investigator", analysis.get("investigator")),
+        ("xprof version", analysis.get("xprof_version") or snapshot.get("xprof_version")),
+        ("mldiag version", analysis.get("mldiag_version")),
+        ("Schema version", analysis.get("schema_version")),
+        ("Analysed at", session.get("analyzed_at")),
+        ("Session path", session.get("path")),
+        ("Hosts", ", ".join(str(h) for h in hosts) if hosts else None),
+        ("Collection wall time", None),
+    ]
+    cells = "".join(
+        f"<dt>{_e(k)}</dt><dd>{_e(v) if v not in (None, '') else _na('not recorded')}</dd>"
+        for k, v in facts[:-1]
+    )
+    cells += f"<dt>Collection wall time</dt><dd>{_fmt_ms(snapshot.get('elapsed_ms'))}</dd>"
+    return _section(
+        "provenance",
+        "Provenance",
+        f'<dl class="kv">{cells}</dl><h3>Collection tools</h3>{tools_table}'
+        f"<h3>Follow-ups</h3>{follow_table}",
+    )
+
+
+# ---------------------------------------------------------------- public
+
+
+def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    """Render the self-contained summary.html for one analysed session.
+
+    ``analysis`` is the analysis.json contract and ``snapshot`` the health_snapshot.json
+    of the same session. The result is one HTML document with inline CSS and SVG only (no
+    scripts, no external URLs), so it opens from ``file://`` and under a CSP of
+    ``default-src 'none'; style-src 'unsafe-inline'``. Every profile-derived string is
+    HTML-escaped; unknown values (null, or XProf's -1) render as "n/a", never as 0.
+    """
+    session = _map(analysis.get("session"))
+    device_type = _device_type(analysis, snapshot)
+    status = _str(analysis.get("status")) or "UNKNOWN"
+    badge_css = status if status in ("OPTIMAL", "NEEDS_ATTENTION", "FAILED") else "unknown"
+    run = _str(session.get("run")) or "unknown run"
+    name = _str(session.get("session")) or "unknown session"
+    hosts = _list(session.get("hosts"))
+    meta = [
+        ("Device", device_type or "unknown"),
+        ("Hosts", str(len(hosts)) if hosts else "unknown"),
+        ("Analysed", _str(session.get("analyzed_at")) or "unknown"),
+        ("Investigator", _str(analysis.get("investigator")) or "unknown"),
+    ]
+    toc = (
+        '<nav class="toc"><a href="#summary">Summary</a><a href="#bottlenecks">Bottlenecks</a>'
+        '<a href="#tools">Tool analysis</a><a class="sub" href="#roofline">Roofline</a>'
+        '<a class="sub" href="#memory">Memory</a><a class="sub" href="#hlo-ops">HLO ops</a>'
+        '<a class="sub" href="#kernels">Kernels</a><a class="sub" href="#detectors">Detectors</a>'
+        '<a class="sub" href="#llo">LLO</a><a href="#provenance">Provenance</a></nav>'
+    )
+    header = (
+        '<header class="top"><h1>'
+        f'<span class="badge b-{badge_css}">{_e(status)}</span>'
+        f'<span class="mono">{_e(run)} / {_e(name)}</span></h1><div class="meta">'
+        + "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in meta)
+        + "</div></header>"
+    )
+    body = (
+        _render_summary(analysis)
+        + _render_findings(analysis)
+        + _render_tools(analysis, snapshot, device_type)
+        + _render_provenance(analysis, snapshot)
+    )
+    footer = (
+        f"<footer>Generated by mldiag {_e(analysis.get('mldiag_version') or '')} from "
+        f"XProf {_e(analysis.get('xprof_version') or snapshot.get('xprof_version') or '')} "
+        "tool outputs (health_snapshot.json and analysis.json of this session).</footer>"
+    )
+    return (
+        '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width,initial-scale=1">'
+        f"<title>mldiag · {_e(run)} / {_e(name)} · {_e(status)}</title>"
+        f"<style>{_CSS}</style></head><body>{header}{toc}<main>{body}{footer}</main>"
+        "</body></html>\n"
+    )

@@ -1,0 +1,409 @@
+"""The rule-based investigator: hypotheses → at most 4 follow-ups → findings with fixes.
+
+It stands behind the `Investigator` port so that a Gemini investigator can replace it. Every
+number it states comes from a tool output and is cited as `{tool, field, value}`.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from mldiag.analysis import evidence as ev
+from mldiag.analysis.followups import FollowUpRefused, FollowUps
+from mldiag.analysis.triage import Hypothesis, Triage
+
+_PS_PER_MS = 1e9
+_RUNTIME_HOST_EVENT = re.compile(
+    r"profiler\.py|stop_trace|start_trace|PjitFunction|PjRt|Execute|ThreadPool|Thunk|"
+    r"block_until_ready|_common\.py|<module>|threading\.py|__exit__|__enter__",
+)
+
+
+class RuleBasedInvestigator:
+    """Deterministic investigator that needs no network; the offline default."""
+
+    name = "rule-based"
+
+    def investigate(
+        self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps
+    ) -> dict[str, Any]:
+        started = time.perf_counter()
+        context = _Context(snapshot, triage)
+        for plan in _plan(snapshot, triage.hypotheses):
+            if follow_ups.remaining <= 0:
+                break
+            tool, purpose, args, key = plan
+            try:
+                context.results[key] = follow_ups.call(tool, purpose, **args)
+            except FollowUpRefused:
+                break
+        findings = []
+        for i, h in enumerate(triage.hypotheses, start=1):
+            finding = _FINDING_BUILDERS.get(h.category, _generic)(h, context)
+            findings.append({"id": f"F{i}", **finding})
+        return {
+            "investigator": self.name,
+            "hypotheses": [h.to_dict() for h in triage.hypotheses],
+            "follow_ups": follow_ups.records,
+            "findings": findings,
+            "summary": summarize(snapshot, triage, findings),
+            "elapsed_ms": round((time.perf_counter() - started) * 1000.0, 1),
+        }
+
+
+class _Context:
+    def __init__(self, snapshot: Mapping[str, Any], triage: Triage) -> None:
+        self.snapshot = snapshot
+        self.triage = triage
+        self.results: dict[str, dict[str, Any]] = {}
+
+    def data(self, key: str) -> Any:
+        rec = self.results.get(key)
+        if rec is None or rec.get("status") != "DATA":
+            return None
+        return rec.get("data")
+
+
+_Plan = tuple[str, str, dict[str, Any], str]
+
+
+def _plan(snapshot: Mapping[str, Any], hyps: list[Hypothesis]) -> list[_Plan]:
+    """Follow-ups worth their cost, strongest hypothesis first, deduplicated."""
+    plans: list[_Plan] = []
+    seen: set[str] = set()
+
+    def add(tool: str, purpose: str, args: dict[str, Any], key: str) -> None:
+        if key not in seen:
+            seen.add(key)
+            plans.append((tool, purpose, args, key))
+
+    for h in hyps:
+        if h.priority == "P2":
+            continue
+        if h.category == "host_bound":
+            add("aggregate_xplane_events",
+                "Find the host-side Python work that keeps the device waiting between steps",
+                {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}, "host_events")
+        elif h.category in ("layout_copy", "unfused_reshape", "convert_reduce"):
+            d = h.details["detection"]
+            add("get_hlo_neighborhood",
+                f"Show producers and consumers of {d['instruction']} to place the fix",
+                {"instruction_name": d["instruction"], "module_name": d["module"], "radius": 1},
+                f"hlo:{d['module']}:{d['instruction']}")
+        elif h.category == "data_transfer" and h.details.get("top_op"):
+            module = _module_of(snapshot, str(h.details["top_op"]))
+            args: dict[str, Any] = {"instruction_name": h.details["top_op"], "radius": 1}
+            if module:
+                args["module_name"] = module
+            add("get_hlo_neighborhood",
+                f"Find what {h.details['top_op']} copies and who waits for it", args,
+                f"hlo:{module}:{h.details['top_op']}")
+    device = str(ev.get(snapshot, "get_xprof_overview", "run_environment.device_type") or "")
+    if "GPU" in device.upper() or ev.get(snapshot, "get_kpi_metrics", "accelerator_info") and (
+        "GPU" in str(ev.get(snapshot, "get_kpi_metrics", "accelerator_info.device_type"))
+    ):
+        add("get_kernel_stats", "Rank GPU kernels by time and occupancy",
+            {"limit": 10}, "kernels")
+    if "TPU" in device.upper():
+        add("llo_load", "Load LLO-level events, if the capture has them", {}, "llo")
+    hosts = snapshot.get("session", {}).get("hosts") or []
+    if len(hosts) > 1:
+        add("get_hosts", "Confirm every host's trace is present", {}, "hosts")
+    return plans
+
+
+def _module_of(snapshot: Mapping[str, Any], op: str) -> str | None:
+    groups = ev.get(snapshot, "get_hlo_op_profile", "grouped_operations", {}) or {}
+    for ops in groups.values():
+        for row in ops:
+            parts = str(row.get("name", "")).split("/")
+            if len(parts) >= 4 and parts[-1] == op:
+                return parts[1]
+    return None
+
+
+def _finding(h: Hypothesis, what: str, fix: str, extra: list[dict[str, Any]] | None = None
+             ) -> dict[str, Any]:
+    return {
+        "category": h.category, "priority": h.priority, "title": h.title, "what": what,
+        "evidence": h.evidence + (extra or []), "impact": h.impact, "fix": fix,
+    }
+
+
+def _host_events(ctx: _Context, step_ms: float) -> list[tuple[int, dict[str, Any]]]:
+    data = ctx.data("host_events")
+    if not isinstance(data, Mapping):
+        return []
+    steps = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed") or 1
+    picked = []
+    for i, row in enumerate(data.get("aggregates", [])):
+        name = str(row.get("event", ""))
+        if _RUNTIME_HOST_EVENT.search(name):
+            continue
+        per_step = float(row.get("total_duration_ps", 0)) / _PS_PER_MS / steps
+        avg = float(row.get("avg_duration_ps", 0)) / _PS_PER_MS
+        # Frames longer than a step enclose the loop itself, not the stall.
+        if avg >= step_ms or per_step < 0.05 * step_ms:
+            continue
+        picked.append((i, row))
+        if len(picked) == 3:
+            break
+    return picked
+
+
+def _host_bound(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    hb = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    step_ms = float(hb.get("step_time_ms_average") or 0.0)
+    busy_ms = float(hb.get("compute_busy_ms_average") or 0.0)
+    culprits = _host_events(ctx, step_ms) if step_ms else []
+    extra = []
+    names = []
+    for i, row in culprits:
+        extra.append(ev.cite_value("aggregate_xplane_events", f"aggregates[{i}].event",
+                                   ctx.data("host_events")))
+        extra.append(ev.cite_value("aggregate_xplane_events", f"aggregates[{i}].avg_duration_ps",
+                                   ctx.data("host_events")))
+        names.append(f"`{row['event'].lstrip('$')}` ({row['avg_duration_ps'] / 1e9:.1f} ms per "
+                     "call)")
+    what = (f"Each step takes {step_ms:.1f} ms of wall time but compiled XLA work runs only "
+            f"{busy_ms:.2f} ms of it; {hb.get('steps_mostly_waiting')} of "
+            f"{hb.get('steps_analyzed')} steps spend over half their time waiting for the host.")
+    if names:
+        what += " The host is busy in " + ", ".join(names) + " between device executions."
+    fix = ("Take host work off the step's critical path: produce batches in a background thread "
+           "or process and prefetch them to the device (e.g. a `queue.Queue` filled by a "
+           "producer thread plus `jax.device_put` of the next batch while the current step runs, "
+           "or `grain`/`tf.data` with `.prefetch`), and avoid a host sync per step "
+           "(`.block_until_ready()`, `float(loss)`, `print(loss)`) so JAX's async dispatch can "
+           "overlap the host with the device.")
+    if names:
+        fix = f"Remove or overlap {names[0]} first: " + fix[0].lower() + fix[1:]
+    return _finding(h, what, fix, extra)
+
+
+def _detector_source(d: Mapping[str, Any]) -> str:
+    src = str(d.get("source") or "")
+    return f" (source: {src})" if src else ""
+
+
+def _neighborhood(ctx: _Context, d: Mapping[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+    key = f"hlo:{d.get('module')}:{d.get('instruction')}"
+    data = ctx.data(key)
+    if not isinstance(data, Mapping) or not data.get("text"):
+        return "", []
+    text = _clean_hlo(str(data["text"]))
+    lines = [ln.strip() for ln in text.splitlines() if "[dist=1]" in ln]
+    if not lines:
+        return "", []
+    return (" Neighbours: " + "; ".join(ln.split("] ", 2)[-1][:160] for ln in lines[:3]) + ".",
+            [{"tool": "get_hlo_neighborhood", "field": "text (backend_config omitted)",
+              "value": text[:800]}])
+
+
+_BACKEND_CONFIG = re.compile(r",\s*(backend_config|metadata|frontend_attributes)=\{.*$")
+
+
+def _clean_hlo(text: str) -> str:
+    """HLO lines without backend_config/metadata blobs, which bury the shapes."""
+    return "\n".join(_BACKEND_CONFIG.sub("", ln) for ln in text.splitlines())
+
+
+def _layout_copy(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    d = h.details["detection"]
+    near, extra = _neighborhood(ctx, d)
+    what = (f"`{d['instruction']}` in module `{d['module']}` rewrites "
+            f"{d['input_shape']} into {d['output_shape']}: same elements, only the layout "
+            f"changes ({d['input_layout']} → {d['output_layout']}){_detector_source(d)}."
+            + near)
+    fix = ("This copy comes from a transpose the consumer does not need materialised "
+           "(`x.T`, `jnp.transpose`, `jnp.swapaxes`, or `x.T @ w`). Express the contraction "
+           "directly with `jnp.einsum('ij,ik->jk', x, w)` or `jax.lax.dot_general` dimension "
+           "numbers so XLA reads the operand in its existing layout, or store the array "
+           "pre-transposed once outside the jitted step instead of transposing it every step.")
+    return _finding(h, what, fix, extra)
+
+
+def _unfused_reshape(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    d = h.details["detection"]
+    near, extra = _neighborhood(ctx, d)
+    what = (f"`{d['instruction']}` in module `{d['module']}` is a standalone data-movement op "
+            f"({d['opcode']}, {d['input_shape']} → {d['output_shape']}) outside any real "
+            f"fusion: {d.get('description', '')}{_detector_source(d)}." + near)
+    fix = ("Collapse the `reshape`/`transpose` chain into the op that consumes it: write the "
+           "contraction as one `jnp.einsum` over the original axes (e.g. "
+           "`jnp.einsum('bhqd,bhkd->bhqk', q, k)` instead of reshaping heads and transposing), "
+           "or pass `dimension_numbers` to `jax.lax.dot_general`; keep tensors in the layout the "
+           "next op wants instead of reshape→transpose→reshape between two matmuls.")
+    return _finding(h, what, fix, extra)
+
+
+def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    d = h.details["detection"]
+    near, extra = _neighborhood(ctx, d)
+    what = (f"`{d['instruction']}` in module `{d['module']}` converts a low-precision tensor "
+            f"({d['input_shape']}) to f32 ({d['output_shape']}) and only then reduces it"
+            f"{_detector_source(d)}, doubling the bytes the reduction reads." + near)
+    fix = ("Accumulate in f32 without materialising an f32 copy: replace "
+           "`x.astype(jnp.float32).sum(axis)` with `jnp.sum(x, axis=axis, dtype=jnp.float32)` "
+           "(likewise `jnp.mean(x, dtype=jnp.float32)`), or use "
+           "`jax.lax.dot_general(..., preferred_element_type=jnp.float32)` when the reduce is a "
+           "contraction.")
+    return _finding(h, what, fix, extra)
+
+
+def _memory_pressure(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    top = ev.get(ctx.snapshot, "get_peak_allocations", "modules[0]", {}) or {}
+    buffers = [b for b in top.get("top_buffers", []) if isinstance(b, Mapping)][:3]
+    listing = ", ".join(f"`{b.get('instruction')}` {float(b.get('size_mib', 0)):.0f} MiB"
+                        for b in buffers)
+    what = (f"Module `{top.get('module_name', '?')}` holds "
+            f"{float(top.get('total_hbm_mib', 0)) / 1024:.2f} GiB at its peak"
+            + (f"; largest buffers: {listing}." if listing else "."))
+    fix = ("Cut live memory at the peak: donate inputs that are overwritten "
+           "(`jax.jit(step, donate_argnums=(0,))` for params/optimizer state), rematerialise "
+           "activations with `jax.checkpoint` (`jax.remat`) around the largest blocks, drop "
+           "references to arrays you no longer need (del, or don't keep per-step outputs in a "
+           "Python list), and shard or shrink the batch if the largest buffers are activations.")
+    return _finding(h, what, fix)
+
+
+def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    op = str(h.details.get("top_op"))
+    module = _module_of(ctx.snapshot, op) or ""
+    data = ctx.data(f"hlo:{module}:{op}")
+    extra = []
+    host_offload = False
+    near = ""
+    if isinstance(data, Mapping) and data.get("text"):
+        text = _clean_hlo(str(data["text"]))
+        extra.append({"tool": "get_hlo_neighborhood", "field": "text (backend_config omitted)",
+              "value": text[:800]})
+        host_offload = "S(5)" in text
+        starts = [ln.split("] ", 2)[-1] for ln in text.splitlines() if "copy-start(" in ln]
+        if starts:
+            near = f" It is produced by `{starts[0][:200]}`."
+    cats = ", ".join(str(c) for c in h.details.get("categories", []))
+    what = (f"Device time is dominated by {cats}: `{op}` and its siblings wait for "
+            f"asynchronous copies to finish." + near)
+    if host_offload:
+        what += (" The copy source lives in memory space S(5) (pinned host memory), so every "
+                 "call streams the tensor from host to HBM.")
+        fix = ("Keep these tensors in device memory: place them once with "
+               "`jax.device_put(x, NamedSharding(mesh, spec, memory_kind='device'))` (or drop the "
+               "`memory_kind='pinned_host'` / host-offload annotation) so the jitted function "
+               "does not copy them from host every call; if they must stay on host, overlap the "
+               "copy with compute by splitting the work so copy-start is issued earlier.")
+    else:
+        fix = ("Keep data device-resident across steps: move `jax.device_put` of inputs out of "
+               "the step, prefetch the next batch while the current one runs, and avoid "
+               "`np.asarray`/`jax.device_get` round-trips inside the loop.")
+    return _finding(h, what, fix, extra)
+
+
+def _memory_bound(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    top = ev.get(ctx.snapshot, "get_roofline_model", "program", {}) or {}
+    what = (f"The program is bound by {h.details.get('bound_by')} bandwidth at "
+            f"{top.get('operational_intensity_flop_per_byte')} FLOP/byte, far below the ridge "
+            f"point of {top.get('bound_by_ridge_point_flop_per_byte')} FLOP/byte; it reaches "
+            f"{top.get('roofline_efficiency_percent')} of the roofline.")
+    fix = ("Raise arithmetic intensity: fuse elementwise work into its producers (avoid "
+           "materialising intermediates, e.g. replace separate `x + b` then `jnp.maximum` calls "
+           "inside Python loops with one jitted expression), use bf16 storage for activations, "
+           "and batch more work per kernel; first remove the larger data-transfer finding if one "
+           "is listed above, since it inflates the bytes moved.")
+    return _finding(h, what, fix)
+
+
+def _compute_bound(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    what = "The program is compute-bound but well below peak FLOP rate."
+    fix = ("Check matmul shapes are multiples of 128 (TPU MXU) or 8/16 (GPU tensor cores), use "
+           "bf16 inputs with `preferred_element_type=jnp.float32`, and increase batch size per "
+           "device.")
+    return _finding(h, what, fix)
+
+
+def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    kernels = ctx.data("kernels")
+    extra = []
+    if isinstance(kernels, Mapping) and kernels.get("kernels"):
+        for f in ("kernel_count", "total_kernel_time_us", "kernels[0].kernel_name",
+                  "kernels[0].total_duration_us", "kernels[0].occurrences"):
+            extra.append(ev.cite_value("get_kernel_stats", f, kernels))
+    what = (f"No device op runs for {h.impact.get('value')}% of the profiled device time: the "
+            "device waits on the host (input pipeline, Python dispatch, synchronisation) or on "
+            "other workers.")
+    fix = ("Look at the trace viewer gaps between steps: overlap input with compute (prefetch "
+           "to device), remove per-step host syncs (`.block_until_ready()`, `.item()`, "
+           "printing losses), and make sure the step is one compiled program (`jax.jit` the whole "
+           "step, not its pieces) so dispatch gaps disappear.")
+    return _finding(h, what, fix, extra)
+
+
+def _communication(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    what = f"Collectives ({', '.join(h.details.get('categories', []))}) take a large share of time."
+    fix = ("Overlap collectives with compute (enable XLA's async collectives / latency-hiding "
+           "scheduler), reduce bytes exchanged (bf16 gradients, `reduce_scatter` + sharded "
+           "optimizer state instead of full all-reduce), and check the mesh maps the collective "
+           "axis onto the fastest interconnect.")
+    return _finding(h, what, fix)
+
+
+def _generic(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    text = str(h.details.get("suggestion") or h.title)
+    return _finding(h, text, "Follow XProf's suggestion above; see the evidence for the metric.")
+
+
+_FINDING_BUILDERS = {
+    "host_bound": _host_bound,
+    "layout_copy": _layout_copy,
+    "unfused_reshape": _unfused_reshape,
+    "convert_reduce": _convert_reduce,
+    "memory_pressure": _memory_pressure,
+    "data_transfer": _data_transfer,
+    "memory_bound": _memory_bound,
+    "compute_bound": _compute_bound,
+    "idle": _idle,
+    "communication": _communication,
+}
+
+
+def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
+    """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
+    m = triage.metrics
+    device = snapshot.get("session", {}).get("device_type") or "unknown device"
+    hosts = len(snapshot.get("session", {}).get("hosts") or [])
+    sentences = []
+    top = [f for f in findings if f["priority"] == "P0"] or findings
+    if triage.status == "OPTIMAL":
+        sentences.append(f"This {device} profile ({hosts} host(s)) looks healthy: every "
+                         "OPTIMAL check passed with measured evidence.")
+    elif top:
+        n0 = sum(1 for f in findings if f["priority"] == "P0")
+        n1 = sum(1 for f in findings if f["priority"] == "P1")
+        sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
+                         f"{n0} P0 and {n1} P1 finding(s).")
+        sentences.append(f"The top issue is {top[0]['title'].rstrip('.')}"
+                         f" ({top[0]['impact'].get('text')}).")
+    else:
+        sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
+                         "but health could not be confirmed from the data available.")
+    parts = []
+    if m.get("step_time_ms") is not None:
+        parts.append(f"step time {m['step_time_ms']:.2f} ms")
+    if m.get("device_idle_percent") is not None:
+        parts.append(f"device idle {m['device_idle_percent']:.1f}%")
+    if m.get("roofline_efficiency_percent") is not None:
+        parts.append(f"roofline efficiency {m['roofline_efficiency_percent']:.2f}%")
+    if m.get("peak_memory_gib") is not None:
+        cap = m.get("memory_capacity_gib")
+        parts.append(f"peak memory {m['peak_memory_gib']:.2f}"
+                     + (f" of {cap:.2f} GiB" if cap else " GiB") + f" (OOM risk {m['oom_risk']})")
+    if parts:
+        sentences.append("Measured: " + ", ".join(parts) + ".")
+    if triage.not_judged:
+        sentences.append("Not judged for lack of data: "
+                         + "; ".join(s.split(":")[0] for s in triage.not_judged) + ".")
+    return " ".join(sentences[:5])

@@ -1,0 +1,459 @@
+"""Triage: headline metrics, the OPTIMAL test, and the hypotheses worth investigating.
+
+OPTIMAL needs positive evidence for every check in DESIGN.md; a check whose data is missing is
+listed under `not_judged` and keeps the verdict at NEEDS_ATTENTION.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from mldiag.analysis import evidence as ev
+
+OPTIMAL, NEEDS_ATTENTION, FAILED = "OPTIMAL", "NEEDS_ATTENTION", "FAILED"
+
+CATEGORIES = (
+    "host_bound", "idle", "layout_copy", "unfused_reshape", "convert_reduce", "memory_pressure",
+    "memory_bound", "compute_bound", "communication", "data_transfer", "other",
+)
+
+# Thresholds, as shares of step (or device) time.
+HIGH_UTILIZATION_PERCENT = 80.0
+LOW_OVERHEAD_PERCENT = 15.0
+HOST_WAIT_P0_PERCENT = 50.0
+HOST_WAIT_P1_PERCENT = 20.0
+IDLE_P0_PERCENT = 30.0
+IDLE_P1_PERCENT = 10.0
+OP_CATEGORY_P0_PERCENT = 30.0
+OP_CATEGORY_P1_PERCENT = 10.0
+DETECTOR_P0_PERCENT = 10.0
+DETECTOR_P1_PERCENT = 3.0
+MATERIAL_DETECTOR_PERCENT = 1.0
+ROOFLINE_LOW_PERCENT = 50.0
+LARGE_MODULE_GIB = 0.25
+
+_TRANSFER_CATEGORIES = ("copy-done", "copy-start", "host-to-device", "device-to-host", "infeed",
+                        "outfeed", "send", "recv", "send-done", "recv-done", "memcpy")
+_COLLECTIVE_CATEGORIES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all",
+                          "collective-permute", "all-reduce-start", "all-reduce-done",
+                          "all-gather-start", "all-gather-done", "collective-permute-done")
+
+DETECTOR_CATEGORY = {
+    "detect_layout_mismatch_copies": "layout_copy",
+    "detect_unfused_reshapes": "unfused_reshape",
+    "detect_unnecessary_convert_reduce": "convert_reduce",
+}
+
+
+@dataclass
+class Hypothesis:
+    """A suspected bottleneck with the evidence that raised it."""
+
+    category: str
+    priority: str
+    title: str
+    evidence: list[dict[str, Any]]
+    impact: dict[str, Any]
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "category": self.category, "priority": self.priority, "title": self.title,
+            "evidence": self.evidence, "impact": self.impact, "details": self.details,
+        }
+
+
+@dataclass
+class Triage:
+    status: str
+    metrics: dict[str, Any]
+    checks: list[dict[str, Any]]
+    not_judged: list[str]
+    hypotheses: list[Hypothesis]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status, "metrics": self.metrics, "checks": self.checks,
+            "not_judged": self.not_judged, "hypotheses": [h.to_dict() for h in self.hypotheses],
+        }
+
+
+def _is_cpu(snapshot: Mapping[str, Any]) -> bool:
+    dtype = ev.get(snapshot, "get_xprof_overview", "run_environment.device_type")
+    return str(dtype or "").upper() == "CPU"
+
+
+def _impact(value: float | None, unit: str, text: str) -> dict[str, Any]:
+    return {"value": round(value, 2) if value is not None else None, "unit": unit, "text": text}
+
+
+def _priority(value: float, p0: float, p1: float) -> str:
+    return "P0" if value >= p0 else "P1" if value >= p1 else "P2"
+
+
+def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
+    """The headline metrics of analysis.json, each read from a tool output (None if absent)."""
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    step = ev.number(ev.get(snapshot, "get_step_trace", "summary.step_time_ms_average"))
+    if not step:
+        step = ev.number(hb.get("step_time_ms_average"))
+    if not step:
+        step = ev.number(ev.get(snapshot, "get_xprof_overview",
+                                "performance_summary.steptime_ms_average")) or None
+    if _is_cpu(snapshot):
+        idle = ev.number(hb.get("host_wait_percent"))
+    else:
+        idle = ev.percent(ev.get(snapshot, "get_xprof_overview",
+                                 "performance_summary.device_idle_time_percent"))
+        if idle is None:
+            idle = ev.number(ev.get(snapshot, "get_step_trace", "summary.idle_percent"))
+    roofline = _roofline_efficiency(snapshot)
+    peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
+    capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
+    if peak is None:
+        mib = ev.number(ev.get(snapshot, "get_peak_allocations",
+                               "summary.top_modules[0].total_hbm_mib"))
+        peak = round(mib / 1024.0, 4) if mib is not None else None
+    if capacity is not None and capacity <= 0:
+        capacity = None
+    return {
+        "step_time_ms": round(step, 3) if step else None,
+        "device_idle_percent": round(idle, 2) if idle is not None else None,
+        "roofline_efficiency_percent": roofline,
+        "peak_memory_gib": peak,
+        "memory_capacity_gib": capacity,
+        "oom_risk": oom_risk(peak, capacity),
+    }
+
+
+def _roofline_efficiency(snapshot: Mapping[str, Any]) -> float | None:
+    """Roofline efficiency, or None when xprof could not place the program on a roofline."""
+    program = ev.get(snapshot, "get_roofline_model", "program")
+    if not isinstance(program, Mapping):
+        return None
+    bound = str(program.get("bound_by") or "").strip().lower()
+    if bound in ("", "unknown") or not ev.number(program.get("measured_flop_rate_gflops")) and \
+            not ev.number(program.get("measured_memory_bw_gibs")):
+        return None
+    return ev.percent(program.get("roofline_efficiency_percent"))
+
+
+def _device_idle_evidence(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if ev.get(snapshot, "get_xprof_overview", "performance_summary.device_idle_time_percent"):
+        return [ev.cite(snapshot, "get_xprof_overview",
+                        "performance_summary.device_idle_time_percent")]
+    return [ev.cite(snapshot, "get_step_trace", "summary.idle_percent"),
+            ev.cite(snapshot, "get_step_trace", "summary.idle_time_ms_average"),
+            ev.cite(snapshot, "get_step_trace", "summary.total_steps")]
+
+
+def oom_risk(peak: float | None, capacity: float | None) -> str:
+    if peak is None or capacity is None or capacity <= 0:
+        return "UNKNOWN"
+    ratio = peak / capacity
+    return "HIGH" if ratio >= 0.9 else "MEDIUM" if ratio >= 0.75 else "LOW"
+
+
+def _category_fraction(
+    snapshot: Mapping[str, Any], names: tuple[str, ...]
+) -> list[Mapping[str, Any]]:
+    rows = ev.get(snapshot, "get_hlo_op_profile", "category_summary", []) or []
+    return [r for r in rows if isinstance(r, Mapping) and str(r.get("category")) in names]
+
+
+def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
+    """Every suspected bottleneck, strongest first."""
+    out: list[Hypothesis] = []
+    out += _host_bound(snapshot)
+    out += _idle(snapshot, metrics)
+    out += _op_categories(snapshot)
+    out += _roofline(snapshot)
+    out += _memory(snapshot, metrics)
+    out += _detectors(snapshot)
+    out += _suggestions(snapshot)
+    order = {"P0": 0, "P1": 1, "P2": 2}
+    out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
+    return out
+
+
+def _host_bound(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis")
+    if not hb or not hb.get("steps_analyzed"):
+        return []
+    wait = ev.number(hb.get("host_wait_percent"))
+    if wait is None or wait < HOST_WAIT_P1_PERCENT:
+        return []
+    tool = "get_step_trace"
+    base = "host_bound_analysis"
+    proof = [ev.cite(snapshot, tool, f"{base}.{k}") for k in (
+        "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average",
+        "steps_mostly_waiting", "steps_analyzed")]
+    wait_ms = ev.number(hb.get("host_wait_ms_average")) or 0.0
+    return [Hypothesis(
+        category="host_bound",
+        priority=_priority(wait, HOST_WAIT_P0_PERCENT, HOST_WAIT_P1_PERCENT),
+        title=f"Host-bound: the device waits {wait:.1f}% of each step for the host",
+        evidence=proof,
+        impact=_impact(wait, "% of step",
+                       f"up to {wait_ms:.1f} ms of each {hb['step_time_ms_average']:.1f} ms step "
+                       f"({wait:.1f}%) is spent outside compiled XLA work"),
+        details={"host_wait_ms": wait_ms},
+    )]
+
+
+def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
+    if _is_cpu(snapshot):
+        return []  # On CPU, the host-bound analysis covers idle time.
+    idle = metrics.get("device_idle_percent")
+    if idle is None or idle < IDLE_P1_PERCENT:
+        return []
+    proof = _device_idle_evidence(snapshot)
+    duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
+    if duty is not None:
+        proof.append(ev.cite(snapshot, "get_xprof_overview",
+                             "performance_summary.device_duty_cycle_percent"))
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hosts = hb.get("per_host") or []
+    if hosts and hosts[0].get("busy_in_active_span_percent") is not None:
+        proof.append(ev.cite(snapshot, "get_step_trace",
+                             "host_bound_analysis.per_host[0].busy_in_active_span_percent"))
+    return [Hypothesis(
+        category="idle",
+        priority=_priority(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT),
+        title=f"Device idle {idle:.1f}% of the profiled time",
+        evidence=proof,
+        impact=_impact(idle, "% of step", f"{idle:.1f}% of device time has no op running"),
+    )]
+
+
+def _op_categories(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    out = []
+    for category, names, label in (
+        ("data_transfer", _TRANSFER_CATEGORIES, "Data transfer"),
+        ("communication", _COLLECTIVE_CATEGORIES, "Collective communication"),
+    ):
+        rows = _category_fraction(snapshot, names)
+        if not rows:
+            continue
+        total = 100.0 * sum(float(r.get("fraction_of_total_time") or 0.0) for r in rows)
+        if total < OP_CATEGORY_P1_PERCENT:
+            continue
+        top = max(rows, key=lambda r: float(r.get("fraction_of_total_time") or 0.0))
+        cat = top["category"]
+        proof = [
+            ev.cite(snapshot, "get_hlo_op_profile",
+                    f"category_summary[category={cat}].fraction_of_total_time"),
+            ev.cite(snapshot, "get_hlo_op_profile",
+                    f"category_summary[category={cat}].total_self_time_ms"),
+            ev.cite(snapshot, "get_hlo_op_profile", f"category_summary[category={cat}].top_op"),
+            ev.cite(snapshot, "get_hlo_op_profile", f"category_summary[category={cat}].op_count"),
+            ev.cite(snapshot, "get_hlo_op_profile", "total_profile_time_ms"),
+        ]
+        out.append(Hypothesis(
+            category=category,
+            priority=_priority(total, OP_CATEGORY_P0_PERCENT, OP_CATEGORY_P1_PERCENT),
+            title=f"{label} ({cat}) takes {total:.1f}% of device time",
+            evidence=proof,
+            impact=_impact(total, "% of step", f"{total:.1f}% of profiled device time is {cat}"),
+            details={"op_category": cat, "top_op": top.get("top_op"),
+                     "categories": [r["category"] for r in rows]},
+        ))
+    return out
+
+
+def _roofline(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    program = ev.get(snapshot, "get_roofline_model", "program")
+    eff = _roofline_efficiency(snapshot)
+    if not isinstance(program, Mapping) or eff is None:
+        return []
+    bound = str(program.get("bound_by") or "")
+    if eff >= ROOFLINE_LOW_PERCENT or not bound:
+        return []
+    fields = ["program.bound_by", "program.roofline_efficiency_percent",
+              "program.operational_intensity_flop_per_byte",
+              "program.bound_by_ridge_point_flop_per_byte"]
+    proof = [ev.cite(snapshot, "get_roofline_model", f) for f in fields
+             if f.split(".", 1)[1] in program]
+    is_compute = bound.lower() in ("compute", "flops", "mxu")
+    category = "compute_bound" if is_compute else "memory_bound"
+    return [Hypothesis(
+        category=category,
+        priority="P1" if eff < 10.0 else "P2",
+        title=(f"{'Compute' if is_compute else bound + '-bandwidth'}-bound at {eff:.2f}% "
+               "roofline efficiency"),
+        evidence=proof,
+        impact=_impact(100.0 - eff, "% of step",
+                       f"upper bound: at its roofline this work would take {eff:.2f}% of its "
+                       f"current device time, so up to {100.0 - eff:.1f}% is headroom (overlaps "
+                       "any data-transfer or idle finding)"),
+        details={"bound_by": bound},
+    )]
+
+
+def _memory(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
+    risk = metrics.get("oom_risk")
+    peak, cap = metrics.get("peak_memory_gib"), metrics.get("memory_capacity_gib")
+    if risk in ("HIGH", "MEDIUM") and peak is not None and cap:
+        proof = [ev.cite(snapshot, "get_memory_profile", "peak_memory_usage_gib"),
+                 ev.cite(snapshot, "get_memory_profile", "memory_capacity_gib")]
+        if ev.get(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]") is not None:
+            proof.append(ev.cite(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]"))
+        return [Hypothesis(
+            category="memory_pressure", priority="P0" if risk == "HIGH" else "P1",
+            title=f"OOM risk {risk}: peak {peak:.2f} of {cap:.2f} GiB",
+            evidence=proof,
+            impact=_impact(peak, "GiB", f"{100.0 * peak / cap:.1f}% of device memory at peak"),
+        )]
+    if cap is None:
+        mib = ev.number(ev.get(snapshot, "get_peak_allocations",
+                               "summary.top_modules[0].total_hbm_mib"))
+        if mib is not None and mib / 1024.0 >= LARGE_MODULE_GIB:
+            gib = mib / 1024.0
+            proof = [ev.cite(snapshot, "get_peak_allocations",
+                             "summary.top_modules[0].module_name"),
+                     ev.cite(snapshot, "get_peak_allocations",
+                             "summary.top_modules[0].total_hbm_mib")]
+            if ev.get(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]") is not None:
+                proof.append(ev.cite(snapshot, "get_peak_allocations",
+                                     "modules[0].top_buffers[0]"))
+            return [Hypothesis(
+                category="memory_pressure", priority="P1",
+                title=f"Large live memory: {gib:.2f} GiB allocated by one compiled program",
+                evidence=proof,
+                impact=_impact(gib, "GiB", f"{gib:.2f} GiB of buffers live at the module's peak; "
+                               "capacity is not in this profile, so OOM risk is unknown"),
+            )]
+    return []
+
+
+def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    out = []
+    for tool, category in DETECTOR_CATEGORY.items():
+        found = ev.get(snapshot, tool, "detections", []) or []
+        for i, d in enumerate(found[:3]):
+            pct = ev.number(d.get("percent_of_step"))
+            if pct is None:
+                priority = "P2"
+            else:
+                if pct < MATERIAL_DETECTOR_PERCENT and i > 0:
+                    continue
+                priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
+            fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
+                      "output_layout", "time_ms", "percent_of_step"]
+            proof = [ev.cite(snapshot, tool, f"detections[{i}].{f}") for f in fields if f in d]
+            share = f"{pct:.1f}% of step" if pct is not None else "time not measured"
+            out.append(Hypothesis(
+                category=category, priority=priority,
+                title=f"{_DETECTOR_TITLES[category]}: {d.get('instruction')} ({share})",
+                evidence=proof,
+                impact=_impact(pct, "% of step",
+                               f"{d.get('time_ms')} ms ({share}) spent in "
+                               f"{d.get('instruction')}" if pct is not None else
+                               "not found on the timeline; impact not measured"),
+                details={"detection": d, "tool": tool, "index": i},
+            ))
+    return out
+
+
+_DETECTOR_TITLES = {
+    "layout_copy": "Layout-changing copy",
+    "unfused_reshape": "Unfused reshape/transpose chain",
+    "convert_reduce": "Low-precision tensor converted to f32 before a reduce",
+}
+
+
+def _suggestions(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    found = ev.get(snapshot, "get_smart_suggestions", "suggestions", []) or []
+    out = []
+    for i, s in enumerate(found[:3]):
+        if not isinstance(s, Mapping):
+            continue
+        text = str(s.get("suggestion") or s.get("text") or s)
+        key = next(iter(s.keys()), None)
+        if key is None:
+            continue
+        out.append(Hypothesis(
+            category="other", priority="P2", title=f"XProf suggestion: {text[:120]}",
+            evidence=[ev.cite(snapshot, "get_smart_suggestions", f"suggestions[{i}].{key}")],
+            impact=_impact(None, "% of step", "not quantified by XProf"),
+            details={"suggestion": text},
+        ))
+    return out
+
+
+def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
+                  found: list[Hypothesis]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The four OPTIMAL checks: each passes, fails, or could not be judged."""
+    checks: list[dict[str, Any]] = []
+    not_judged: list[str] = []
+    cpu = _is_cpu(snapshot)
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+
+    util: float | None = None
+    util_source = ""
+    if cpu:
+        wait = ev.number(hb.get("host_wait_percent"))
+        if wait is not None:
+            util, util_source = 100.0 - wait, "XLA:CPU busy share of step (timeline)"
+    else:
+        util = ev.percent(ev.get(snapshot, "get_xprof_overview",
+                                 "performance_summary.device_duty_cycle_percent"))
+        util_source = "device duty cycle (get_xprof_overview)"
+        if util is None:
+            util = ev.number(ev.get(snapshot, "get_step_trace", "summary.compute_percent"))
+            util_source = "compute share of step (get_step_trace)"
+    checks.append(_check("compute utilization is high", util, util_source,
+                         None if util is None else util >= HIGH_UTILIZATION_PERCENT,
+                         f">= {HIGH_UTILIZATION_PERCENT:g}%"))
+
+    overhead: float | None = None
+    idle = metrics.get("device_idle_percent")
+    comm = 100.0 * sum(float(r.get("fraction_of_total_time") or 0.0)
+                       for r in _category_fraction(snapshot, _COLLECTIVE_CATEGORIES))
+    if idle is not None:
+        overhead = float(idle) + comm
+    checks.append(_check("idle + communication overhead is low", overhead,
+                         "device idle % + collective % of device time",
+                         None if overhead is None else overhead <= LOW_OVERHEAD_PERCENT,
+                         f"<= {LOW_OVERHEAD_PERCENT:g}%"))
+
+    risk = metrics.get("oom_risk")
+    checks.append(_check("OOM risk is LOW", risk, "peak memory / capacity (get_memory_profile)",
+                         None if risk in (None, "UNKNOWN") else risk == "LOW", "LOW"))
+
+    det_tools = [t for t in DETECTOR_CATEGORY if ev.tool_data(snapshot, t) is not None]
+    material = [h for h in found if h.category in DETECTOR_CATEGORY.values()
+                and h.priority in ("P0", "P1")]
+    checks.append(_check("no detector finding has a material impact", len(material),
+                         "HLO detectors with a share of step time",
+                         None if not det_tools else not material, "0 findings >= 3% of step"))
+    for c in checks:
+        if c["passed"] is None:
+            not_judged.append(f"{c['check']}: {c['why_unknown']}")
+    if metrics.get("step_time_ms") is None:
+        not_judged.append("step time: the trace has no step markers (wrap each training step in "
+                          "jax.profiler.StepTraceAnnotation to get per-step figures)")
+    return checks, not_judged
+
+
+def _check(name: str, value: Any, source: str, passed: bool | None, target: str) -> dict[str, Any]:
+    why = ""
+    if passed is None:
+        why = f"no data ({source} unavailable in this profile)"
+    return {"check": name, "value": value, "target": target, "source": source,
+            "passed": passed, "why_unknown": why}
+
+
+def triage(snapshot: Mapping[str, Any]) -> Triage:
+    """Decide OPTIMAL vs NEEDS_ATTENTION and list the hypotheses for the investigator."""
+    metrics = compute_metrics(snapshot)
+    found = hypotheses(snapshot, metrics)
+    checks, not_judged = health_checks(snapshot, metrics, found)
+    healthy = all(c["passed"] is True for c in checks) and not any(
+        h.priority in ("P0", "P1") for h in found)
+    return Triage(
+        status=OPTIMAL if healthy else NEEDS_ATTENTION,
+        metrics=metrics, checks=checks, not_judged=not_judged, hypotheses=found,
+    )

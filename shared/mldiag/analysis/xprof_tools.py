@@ -1,0 +1,187 @@
+"""In-process access to the pinned xprof package's own tool implementations.
+
+xprof 2.24.2 keeps process-global state that we must tame:
+- a disk cache and op_stats "owner" fingerprints under `$TMPDIR/xprof_cli_cache_<user>`;
+- `*op_stats*.pb` files written next to the traces, and whichever op-stats tool runs first
+  decides the step set that every later tool sees.
+
+`XprofWorkspace` therefore gives every analysis a private directory: the session's xplanes are
+symlinked into a private run directory, xprof's cache is pointed at a private cache directory,
+and op_stats are computed once (by the overview tool) before any parallel work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from mldiag.analysis.profile_input import ProfileSession
+
+XPROF_VERSION = "2.24.2"
+
+log = logging.getLogger(__name__)
+
+# xprof's cache location and client are process globals; one workspace owns them at a time.
+_XPROF_GLOBALS = threading.Lock()
+
+_NO_DATA_PATTERNS = re.compile(
+    r"no data|NO_DATA|DATA_ABSENT|not found in profile|no .{0,40} found|has no rows|"
+    r"needs exactly one trace|no hardware performance counter|no memory viewer data",
+    re.IGNORECASE,
+)
+
+
+class NoData(Exception):
+    """A tool ran correctly and found nothing to report (normal on CPU profiles)."""
+
+
+def xprof_installed_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("xprof")
+
+
+class XprofWorkspace:
+    """A private, isolated view of one session for xprof's tools.
+
+    Use as a context manager; tool calls are thread-safe inside it.
+    """
+
+    def __init__(self, session: ProfileSession, keep: bool = False) -> None:
+        self.session = session
+        self._keep = keep
+        self._root: Path | None = None
+        self._tools: dict[str, Callable[..., Any]] = {}
+        self._lock_held = False
+        self._saved_globals: tuple[Any, Any] | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        if self._root is None:
+            raise RuntimeError("XprofWorkspace used outside its context")
+        return self._root / "plugins" / "profile" / self.session.name
+
+    def __enter__(self) -> XprofWorkspace:
+        self._root = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+        self.run_dir.mkdir(parents=True)
+        for xplane in self.session.xplanes:
+            (self.run_dir / xplane.name).symlink_to(xplane.resolve())
+        _XPROF_GLOBALS.acquire()
+        self._lock_held = True
+        from xprof.cli.internal import decorators
+
+        cache_dir = self._root / "xprof_cache"
+        cache_dir.mkdir()
+        self._saved_globals = (decorators.get_cache_dir, decorators._GLOBAL_CACHE)
+        decorators.get_cache_dir = lambda: cache_dir
+        decorators._GLOBAL_CACHE = decorators.Cache(cache_dir)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._lock_held:
+            from xprof.cli.internal import decorators
+
+            assert self._saved_globals is not None
+            cache = decorators._GLOBAL_CACHE
+            decorators.get_cache_dir, decorators._GLOBAL_CACHE = self._saved_globals
+            if cache is not None:
+                cache.close()
+            self._lock_held = False
+            _XPROF_GLOBALS.release()
+        if self._root is not None and not self._keep:
+            shutil.rmtree(self._root, ignore_errors=True)
+        self._root = None
+
+    def _tool(self, name: str) -> Callable[..., Any]:
+        fn = self._tools.get(name)
+        if fn is None:
+            from xprof.cli.xprof_cli import _wrap_with_logdir, cli_main
+
+            fn = _wrap_with_logdir(cli_main()[name])
+            self._tools[name] = fn
+        return fn
+
+    def call(self, name: str, **kwargs: Any) -> dict[str, Any]:
+        """Run xprof CLI tool `name` in-process on this session and return its parsed JSON.
+
+        Raises NoData when the tool reports that the profile has nothing for it.
+        """
+        try:
+            raw = self._tool(name)(str(self.run_dir), **kwargs)
+        except (FileNotFoundError, ValueError) as e:
+            message = self.scrub(str(e))
+            if _NO_DATA_PATTERNS.search(message):
+                raise NoData(message.splitlines()[0]) from e
+            raise
+        except NoData as e:
+            raise NoData(self.scrub(str(e))) from e
+        data = self.scrub(_parse(raw))
+        data.pop("capture", None)
+        data.pop("__cache_age_s__", None)
+        data.pop("__cached__", None)
+        if data.get("status") == "NO_DATA":
+            raise NoData(str(data.get("message") or "no data"))
+        return data
+
+    def fetch_tool_data(self, tb_tool: str) -> dict[str, Any]:
+        """Raw converter output for a TensorBoard-plugin tool such as `smart_suggestion`."""
+        from xprof.cli.internal.oss import xprof_client
+
+        _, raw = xprof_client.get_client().fetch(tb_tool, str(self.run_dir))
+        return self.scrub(_parse(raw))
+
+    def scrub(self, value: Any) -> Any:
+        """Replace the private workspace path with the session's real path, so results do
+        not depend on where this analysis happened to run."""
+        if isinstance(value, str):
+            return value.replace(str(self.run_dir), str(self.session.path))
+        if isinstance(value, dict):
+            return {k: self.scrub(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scrub(v) for v in value]
+        return value
+
+    def precompute_op_stats(self) -> dict[str, Any]:
+        """Build op_stats once, so every later tool sees the same steps; returns the overview."""
+        return self.call("get_overview")
+
+
+def _parse(raw: Any) -> dict[str, Any]:
+    if isinstance(raw, bytes):
+        raw = raw.decode("utf-8", errors="replace")
+    if isinstance(raw, str):
+        if not raw.strip():
+            return {}
+        try:
+            parsed = json.loads(raw)
+        except ValueError:
+            # Some tools (get_hlo_neighborhood in text form) answer in plain text.
+            text = raw.strip()
+            if re.search(r"not found", text.splitlines()[0], re.IGNORECASE):
+                raise NoData(text.splitlines()[0]) from None
+            return {"text": text}
+    else:
+        parsed = raw
+    if isinstance(parsed, list):
+        return {"rows": parsed}
+    if not isinstance(parsed, dict):
+        return {"value": parsed}
+    return parsed
+
+
+@contextmanager
+def workspace(session: ProfileSession) -> Iterator[XprofWorkspace]:
+    with XprofWorkspace(session) as ws:
+        yield ws

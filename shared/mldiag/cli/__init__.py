@@ -1,0 +1,1 @@
+"""The `mldiag` command line."""

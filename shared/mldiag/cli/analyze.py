@@ -1,0 +1,60 @@
+"""`mldiag analyze PATH [--out DIR] [--json]`: analyse one profile offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from mldiag.analysis.engine import analyze
+from mldiag.errors import MldiagError
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "analyze",
+        help="analyse an XProf profile (logdir, session dir or .xplane.pb)",
+        description="Run the 15 collection tools, triage, investigate, and write "
+        "health_snapshot.json, investigation.json, analysis.json and summary.html.",
+    )
+    p.add_argument("path", help="a logdir, run or session directory, or one .xplane.pb file")
+    p.add_argument("--out", help="output directory (default: <session>/analysis)")
+    p.add_argument("--json", action="store_true", help="print analysis.json to stdout")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+
+
+def _progress(name: str, result: dict[str, Any], done: int, total: int) -> None:
+    status = result["status"]
+    line = f"  [{done:2d}/{total}] {name:<36} {status:<7} {result['elapsed_ms']:>8.1f} ms"
+    if status == "ERROR":
+        line += f"  {result.get('error', '')[:80]}"
+    print(line, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    progress = None if args.quiet else _progress
+    if not args.quiet:
+        print(f"mldiag: analysing {args.path}", file=sys.stderr, flush=True)
+    try:
+        result = analyze(args.path, args.out, progress=progress)
+    except PermissionError as e:
+        raise MldiagError(
+            f"cannot write the report to {e.filename}: permission denied (use --out DIR)"
+        ) from e
+    analysis = result.analysis
+    if args.json:
+        print(json.dumps(analysis, indent=2))
+        return 0
+    session = analysis["session"]
+    hosts = len(session.get("hosts") or [])
+    print(f"{analysis['status']}  {session.get('run')}/{session.get('session')}  "
+          f"({session.get('device_type') or 'unknown device'}, {hosts} host(s))")
+    for f in analysis["findings"]:
+        print(f"  {f['priority']} {f['category']:<16} {f['title']}")
+    if not analysis["findings"]:
+        print("  no findings")
+    for item in analysis.get("not_judged", []):
+        print(f"  not judged: {item}")
+    print(f"summary: {result.summary_html}")
+    return 0

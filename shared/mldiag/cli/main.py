@@ -1,0 +1,53 @@
+"""Entry point of the `mldiag` command: one module per command, registered here."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+
+import mldiag
+from mldiag.cli import analyze
+from mldiag.errors import MldiagError, ProfileUnreadable
+
+# Sorted by command name; each module provides register(subparsers) and run(args) -> int.
+COMMANDS = {
+    "analyze": analyze,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mldiag", description="Automatic XProf profile analysis for ML workloads."
+    )
+    parser.add_argument("--version", action="version", version=f"mldiag {mldiag.__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS.values():
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the process exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(COMMANDS[args.command].run(args))
+    except ProfileUnreadable as e:
+        print(f"mldiag: unreadable profile: {e}", file=sys.stderr)
+        return 2
+    except MldiagError as e:
+        print(f"mldiag: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("mldiag: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,12 @@
+"""Errors that callers can act on: each carries a one-line, user-facing reason."""
+
+
+class MldiagError(Exception):
+    """Base class for errors mldiag reports to users as one line."""
+
+
+class ProfileUnreadable(MldiagError):
+    """The input is missing, empty, truncated, too large or not an XSpace.
+
+    A permanent error: retrying the same input cannot succeed.
+    """

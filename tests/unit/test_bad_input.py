@@ -1,0 +1,68 @@
+"""Unreadable input gives a one-line reason and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mldiag.cli.main import main
+from tests.conftest import SHARED_FIXTURES
+
+TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+
+
+def _session(tmp_path: Path, content: bytes) -> Path:
+    d = tmp_path / "logdir" / "plugins" / "profile" / "s1"
+    d.mkdir(parents=True)
+    (d / "host0.xplane.pb").write_bytes(content)
+    return tmp_path / "logdir"
+
+
+def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    code = main(["analyze", "-q", *args])
+    err = capsys.readouterr().err.strip()
+    return code, err
+
+
+def test_missing_path(tmp_path, capsys):
+    code, err = _run(capsys, str(tmp_path / "nope"))
+    assert code == 2
+    assert "no such file or directory" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1
+
+
+def test_empty_xplane(tmp_path, capsys):
+    code, err = _run(capsys, str(_session(tmp_path, b"")))
+    assert code == 2 and "empty file (0 bytes)" in err and len(err.splitlines()) == 1
+
+
+def test_not_an_xspace(tmp_path, capsys):
+    code, err = _run(capsys, str(_session(tmp_path, b'{"this": "is json, not an XSpace"}' * 20)))
+    assert code == 2 and "not" in err and "XSpace" in err and len(err.splitlines()) == 1
+
+
+def test_truncated_xplane(tmp_path, capsys):
+    if not TPU.is_file():
+        pytest.skip(f"{TPU} absent")
+    code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes()[:20000])))
+    assert code == 2 and "truncated or corrupt" in err and len(err.splitlines()) == 1
+
+
+def test_directory_without_profiles(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    code, err = _run(capsys, str(tmp_path / "empty"))
+    assert code == 2 and "no .xplane.pb files found" in err
+
+
+def test_oversized_host_file_fails_with_reason(tmp_path):
+    from mldiag.analysis.profile_input import validate_xplane
+    from mldiag.errors import ProfileUnreadable
+
+    if not TPU.is_file():
+        pytest.skip(f"{TPU} absent")
+    copy = tmp_path / "h.xplane.pb"
+    shutil.copy(TPU, copy)
+    with pytest.raises(ProfileUnreadable, match="exceeds the per-host cap"):
+        validate_xplane(copy, max_bytes=1024)
