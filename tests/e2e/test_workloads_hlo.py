@@ -7,10 +7,7 @@ the HLO text of every module is read back through xprof, as the collection does.
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,8 +23,6 @@ from mldiag.analysis.detectors import (
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[2]
-WORKLOADS = REPO / "scripts" / "workloads"
 DETECTORS: dict[str, Callable[[dict[str, str]], list[Detection]]] = {
     "detect_layout_mismatch_copies": detect_layout_mismatch_copies,
     "detect_unfused_reshapes": detect_unfused_reshapes,
@@ -72,23 +67,8 @@ class _Profile:
 
 
 @pytest.fixture(scope="module")
-def profile(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], _Profile]:
-    cache: dict[str, _Profile] = {}
-
-    def run(workload: str) -> _Profile:
-        if workload not in cache:
-            logdir = tmp_path_factory.mktemp(workload)
-            env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-            subprocess.run(
-                [sys.executable, str(WORKLOADS / f"{workload}.py"), "--logdir", str(logdir)],
-                check=True, env=env, timeout=300, capture_output=True,
-            )
-            (run_dir,) = (logdir / "plugins" / "profile").iterdir()
-            assert list(run_dir.glob("*.xplane.pb")), f"{workload} wrote no xplane"
-            cache[workload] = _Profile(run_dir)
-        return cache[workload]
-
-    return run
+def profile(workload_run_dir: Callable[[str], Path]) -> Callable[[str], _Profile]:
+    return lambda workload: _Profile(workload_run_dir(workload))
 
 
 def _detections(texts: dict[str, str]) -> dict[str, list[Detection]]:

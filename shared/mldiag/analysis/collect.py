@@ -171,6 +171,9 @@ class _Collector:
                 round(100.0 * ms / step_ms, 2) if ms is not None and step_ms else None
             )
             d["time_source"] = time_source if ms is not None else "not found on the timeline"
+            # With op times available, an instruction absent from them never ran while the
+            # profiler was on (e.g. a module compiled and run before the trace started).
+            d["executed_in_profile"] = ms is not None if times else None
         found.sort(key=lambda d: (-(d["time_ms"] or 0.0), d["module"], d["instruction"]))
         return {
             "detections": found,
@@ -181,8 +184,6 @@ class _Collector:
 
     def _op_times(self) -> tuple[dict[tuple[str, str], float], float | None, str]:
         """Per-step time of each executed instruction, and the step time to divide by."""
-        tl = self.timeline.get()
-        step_ms = tl.get("step_time_ms_average")
         try:
             prof = self.op_profile.get()
         except NoData:
@@ -198,11 +199,25 @@ class _Collector:
                         ms = float(op.get("total_self_time_ms", 0.0))
                         # The op profile sums over all steps; scale to the per-step share.
                         times[(module, inst)] = ms
-                        times[("", inst)] = times.get(("", inst), 0.0) + ms
             return times, total or None, "get_hlo_op_profile self time, total over the profile"
-        by_name = tl.get("op_time_ms_by_name", {})
-        times = {("", k): float(v) for k, v in by_name.items()}
+        tl = self.timeline.get()
+        step_ms = tl.get("step_time_ms_average")
+        module_by_program = {_program_of(m): m for m in self.modules.get()}
+        times = {}
+        for program, ops in (tl.get("op_time_ms_by_program") or {}).items():
+            module = module_by_program.get(program, "")
+            for op, ms in ops.items():
+                times[(module, op)] = float(ms)
+                if not program:
+                    times[("", op)] = float(ms)
         return times, step_ms, "timeline events on XLA execution lines, ms per step"
+
+
+def _program_of(module: str) -> str:
+    # xprof names modules "<name>(<program_id>)", e.g. "jit_step(16)".
+    if module.endswith(")") and "(" in module:
+        return module[module.rindex("(") + 1 : -1]
+    return ""
 
 
 def collect(

@@ -211,6 +211,18 @@ def _clean_hlo(text: str) -> str:
     return "\n".join(_BACKEND_CONFIG.sub("", ln) for ln in text.splitlines())
 
 
+def _fed_by_parameter(ctx: _Context, d: Mapping[str, Any]) -> str | None:
+    """The entry parameter that feeds the flagged instruction, if the neighbourhood shows one."""
+    data = ctx.data(f"hlo:{d.get('module')}:{d.get('instruction')}")
+    if not isinstance(data, Mapping):
+        return None
+    for line in str(data.get("text", "")).splitlines():
+        body = line.split("] ", 2)[-1].strip()
+        if "[dist=1]" in line and " parameter(" in body:
+            return body.split(" = ", 1)[0]
+    return None
+
+
 def _layout_copy(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     d = h.details["detection"]
     near, extra = _neighborhood(ctx, d)
@@ -218,20 +230,29 @@ def _layout_copy(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
             f"{d['input_shape']} into {d['output_shape']}: same elements, only the layout "
             f"changes ({d['input_layout']} → {d['output_layout']}){_detector_source(d)}."
             + near)
-    fix = ("This copy comes from a transpose the consumer does not need materialised "
-           "(`x.T`, `jnp.transpose`, `jnp.swapaxes`, or `x.T @ w`). Express the contraction "
-           "directly with `jnp.einsum('ij,ik->jk', x, w)` or `jax.lax.dot_general` dimension "
-           "numbers so XLA reads the operand in its existing layout, or store the array "
-           "pre-transposed once outside the jitted step instead of transposing it every step.")
+    param = _fed_by_parameter(ctx, d)
+    if param:
+        what += (f" Its input is the jitted function's argument `{param}`, which arrives in "
+                 f"layout {d['input_layout']}, so the copy runs on every call.")
+        fix = (f"Hand `{param}` to the jitted step in the layout it consumes: create it "
+               f"row-major once before the loop (e.g. `x = jnp.asarray(np.ascontiguousarray(x))`"
+               " or `x = jax.device_put(x)` instead of passing `x.T` or an array placed with a "
+               "column-major `Format`/`Layout`), or let the compiler choose the argument layout "
+               "with `jax.jit(step, in_shardings=...)` and `Layout(AUTO)` so the transpose is "
+               "paid once, not per step.")
+    else:
+        fix = ("This copy comes from a transpose the consumer does not need materialised "
+               "(`x.T`, `jnp.transpose`, `jnp.swapaxes`, or `x.T @ w`). Express the contraction "
+               "directly with `jnp.einsum('ij,ik->jk', x, w)` or `jax.lax.dot_general` "
+               "dimension numbers so XLA reads the operand in its existing layout, or store the "
+               "array pre-transposed once outside the jitted step.")
     return _finding(h, what, fix, extra)
 
 
 def _unfused_reshape(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     d = h.details["detection"]
     near, extra = _neighborhood(ctx, d)
-    what = (f"`{d['instruction']}` in module `{d['module']}` is a standalone data-movement op "
-            f"({d['opcode']}, {d['input_shape']} → {d['output_shape']}) outside any real "
-            f"fusion: {d.get('description', '')}{_detector_source(d)}." + near)
+    what = f"{d.get('description', '').rstrip('.')}{_detector_source(d)}." + near
     fix = ("Collapse the `reshape`/`transpose` chain into the op that consumes it: write the "
            "contraction as one `jnp.einsum` over the original axes (e.g. "
            "`jnp.einsum('bhqd,bhkd->bhqk', q, k)` instead of reshaping heads and transposing), "
@@ -243,14 +264,21 @@ def _unfused_reshape(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
 def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     d = h.details["detection"]
     near, extra = _neighborhood(ctx, d)
-    what = (f"`{d['instruction']}` in module `{d['module']}` converts a low-precision tensor "
-            f"({d['input_shape']}) to f32 ({d['output_shape']}) and only then reduces it"
-            f"{_detector_source(d)}, doubling the bytes the reduction reads." + near)
-    fix = ("Accumulate in f32 without materialising an f32 copy: replace "
-           "`x.astype(jnp.float32).sum(axis)` with `jnp.sum(x, axis=axis, dtype=jnp.float32)` "
-           "(likewise `jnp.mean(x, dtype=jnp.float32)`), or use "
-           "`jax.lax.dot_general(..., preferred_element_type=jnp.float32)` when the reduce is a "
-           "contraction.")
+    description = str(d.get("description", "")).rstrip(".")
+    what = f"{description}{_detector_source(d)}." + near
+    if "more reduce" in description or "materialis" in description:
+        fix = ("The f32 copy is written to memory because several reductions share it. Compute "
+               "them in one pass with a variadic reduce so XLA fuses the convert into the "
+               "reduction and reads bf16 directly: `xf = x.astype(jnp.float32); s, ss = "
+               "jax.lax.reduce((xf, xf * xf), (jnp.float32(0), jnp.float32(0)), "
+               "lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))`, then derive mean and "
+               "variance from `s` and `ss`. With a single reduction, "
+               "`jnp.sum(x, axis=axis, dtype=jnp.float32)` fuses the convert on its own.")
+    else:
+        fix = ("Accumulate in f32 while reading the low-precision input: use "
+               "`jnp.sum(x, axis=axis, dtype=jnp.float32)` (or `preferred_element_type="
+               "jnp.float32` on `jax.lax.dot_general` when the reduce is a contraction) and do "
+               "not keep the `x.astype(jnp.float32)` result alive for other consumers.")
     return _finding(h, what, fix, extra)
 
 
@@ -385,8 +413,8 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         n1 = sum(1 for f in findings if f["priority"] == "P1")
         sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
                          f"{n0} P0 and {n1} P1 finding(s).")
-        sentences.append(f"The top issue is {top[0]['title'].rstrip('.')}"
-                         f" ({top[0]['impact'].get('text')}).")
+        sentences.append(f"Top issue ({top[0]['priority']}): {top[0]['title'].rstrip('.')}; "
+                         f"{top[0]['impact'].get('text')}.")
     else:
         sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
                          "but health could not be confirmed from the data available.")

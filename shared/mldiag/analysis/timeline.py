@@ -39,8 +39,9 @@ class HostTimeline:
     source: str = ""
     steps: list[tuple[float, float]] = field(default_factory=list)
     busy_per_step_ns: list[float] = field(default_factory=list)
-    op_time_ns: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    op_count: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    # Keyed by (program_id, HLO op name); program_id is "" when the event does not carry one.
+    op_time_ns: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
+    op_count: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     active_span_ns: float = 0.0
     busy_in_span_ns: float = 0.0
 
@@ -56,6 +57,13 @@ def _hlo_name(event_name: str) -> str:
     if event_name.startswith("%") and " = " in event_name:
         return event_name[1:].split(" = ", 1)[0]
     return event_name
+
+
+def _program_id(stats: Any) -> str:
+    for k, v in stats:
+        if k == "program_id":
+            return str(v)
+    return ""
 
 
 def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
@@ -83,10 +91,15 @@ def _step_events(planes: Any) -> list[tuple[float, float]]:
         if not plane.name.startswith("/host:"):
             continue
         for line in plane.lines:
+            # Reading stats costs a native call per event: decide per event name, from its
+            # first occurrence on the line, whether it is a step annotation (has step_num).
+            is_step: dict[str, bool] = {}
             for ev in line.events:
-                if ev.duration_ns <= 0:
-                    continue
-                if any(k == "step_num" for k, _ in ev.stats):
+                name = ev.name
+                flag = is_step.get(name)
+                if flag is None:
+                    flag = is_step[name] = any(k == "step_num" for k, _ in ev.stats)
+                if flag and ev.duration_ns > 0:
                     steps.append((ev.start_ns, ev.start_ns + ev.duration_ns))
     steps.sort()
     # Nested annotations of the same step (e.g. two StepTraceAnnotations) count once.
@@ -137,9 +150,12 @@ def analyze_host(path: Path, host: str) -> HostTimeline:
                 intervals.append((start, start + dur))
                 if _is_runtime_event(name):
                     continue
-                op = _hlo_name(name)
-                result.op_time_ns[op] += dur
-                result.op_count[op] += 1
+                # Device ops are attributed through xprof's op profile; only XLA:CPU events
+                # need their program to tell same-named ops of different modules apart.
+                program = _program_id(ev.stats) if source == "xla_cpu" else ""
+                key = (program, _hlo_name(name))
+                result.op_time_ns[key] += dur
+                result.op_count[key] += 1
     intervals.sort()
     if intervals:
         lo, hi = intervals[0][0], max(e for _, e in intervals)
@@ -158,8 +174,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     per_host = []
     all_steps_ms: list[float] = []
     all_busy_ms: list[float] = []
-    op_time: dict[str, float] = defaultdict(float)
-    op_count: dict[str, int] = defaultdict(int)
+    op_time: dict[tuple[str, str], float] = defaultdict(float)
+    op_count: dict[tuple[str, str], int] = defaultdict(int)
     for h in hosts:
         steps_ms = [(e - s) / 1e6 for s, e in h.steps]
         busy_ms = [b / 1e6 for b in h.busy_per_step_ns]
@@ -217,14 +233,22 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         "op_time_per_step": [
             {
                 "op": name,
+                "program_id": program,
                 "ms_per_step": _round(t / 1e6 / denom, 4),
-                "count": op_count[name],
+                "count": op_count[(program, name)],
                 "percent_of_step": _round(100.0 * t / 1e6 / total_step, 2) if total_step else None,
             }
-            for name, t in top_ops
+            for (program, name), t in top_ops
         ],
-        "op_time_ms_by_name": {k: _round(v / 1e6 / denom, 4) for k, v in sorted(op_time.items())},
+        "op_time_ms_by_program": _by_program(op_time, denom),
     }
+
+
+def _by_program(op_time: dict[tuple[str, str], float], denom: int) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for (program, name), t in sorted(op_time.items()):
+        out[program][name] = _round(t / 1e6 / denom, 4)
+    return dict(out)
 
 
 def analyze(xplanes: list[tuple[Path, str]]) -> dict[str, Any]:

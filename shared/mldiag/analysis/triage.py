@@ -32,7 +32,7 @@ DETECTOR_P0_PERCENT = 10.0
 DETECTOR_P1_PERCENT = 3.0
 MATERIAL_DETECTOR_PERCENT = 1.0
 ROOFLINE_LOW_PERCENT = 50.0
-LARGE_MODULE_GIB = 0.25
+LARGE_MODULE_GIB = 0.5
 
 _TRANSFER_CATEGORIES = ("copy-done", "copy-start", "host-to-device", "device-to-host", "infeed",
                         "outfeed", "send", "recv", "send-done", "recv-done", "memcpy")
@@ -332,12 +332,13 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     out = []
     for tool, category in DETECTOR_CATEGORY.items():
         found = ev.get(snapshot, tool, "detections", []) or []
-        for i, d in enumerate(found[:3]):
+        ran = [(i, d) for i, d in enumerate(found) if d.get("executed_in_profile") is not False]
+        for rank, (i, d) in enumerate(ran[:3]):
             pct = ev.number(d.get("percent_of_step"))
             if pct is None:
                 priority = "P2"
             else:
-                if pct < MATERIAL_DETECTOR_PERCENT and i > 0:
+                if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
                     continue
                 priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
             fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
