@@ -86,6 +86,8 @@ margin-bottom:14px}
 svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#424a53}
 svg text.mono{font-family:var(--mono)}
 details{margin-top:8px}summary{cursor:pointer;color:var(--accent);font-size:13px}
+.evlong pre{white-space:pre-wrap;word-break:break-all;font-size:11px;margin:4px 0 0;max-width:60ch}
+.evlong{margin-top:0}
 .kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:13px}
 .kv dt{color:var(--muted)}.kv dd{margin:0;font-family:var(--mono);overflow-wrap:anywhere}
 .facts{display:flex;flex-wrap:wrap;gap:8px}.facts div{border:1px solid #eaeef2;border-radius:6px;
@@ -215,6 +217,17 @@ def _raw(value: object) -> str:
     if isinstance(value, str):
         return _e(value)
     return _e(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
+
+
+def _evidence_value(value: object) -> str:
+    """Long values (HLO neighbourhoods) fold away so the evidence table stays readable."""
+    text = value if isinstance(value, str) else json.dumps(
+        value, ensure_ascii=False, sort_keys=True, default=str)
+    if len(text) <= 120:
+        return _raw(value)
+    first = text.splitlines()[0][:80]
+    return (f'<details class="evlong"><summary>{_e(first)}…</summary>'
+            f'<pre class="mono">{_e(text)}</pre></details>')
 
 
 def _tool(snapshot: Mapping[str, Any], name: str) -> Mapping[str, Any]:
@@ -401,7 +414,7 @@ def _render_finding(finding: Mapping[str, Any]) -> str:
             (
                 f'<span class="mono">{_e(ev.get("tool"))}</span>',
                 _e(ev.get("field")),
-                _raw(ev.get("value")),
+                _evidence_value(ev.get("value")),
             )
         )
     evidence = (

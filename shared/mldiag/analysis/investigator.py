@@ -125,6 +125,19 @@ def _module_of(snapshot: Mapping[str, Any], op: str) -> str | None:
     return None
 
 
+def _op_source(snapshot: Mapping[str, Any], op: str) -> list[dict[str, Any]]:
+    """Evidence of where `op` comes from in user code, from the op profile's source info."""
+    groups = ev.get(snapshot, "get_hlo_op_profile", "grouped_operations", {}) or {}
+    for category, ops in groups.items():
+        for i, row in enumerate(ops):
+            parts = str(row.get("name", "")).split("/")
+            if parts[-1] == op and row.get("source_file"):
+                base = f"grouped_operations.{category}[{i}]"
+                return [ev.cite(snapshot, "get_hlo_op_profile", f"{base}.source_file"),
+                        ev.cite(snapshot, "get_hlo_op_profile", f"{base}.source_line")]
+    return []
+
+
 def _finding(h: Hypothesis, what: str, fix: str, extra: list[dict[str, Any]] | None = None
              ) -> dict[str, Any]:
     return {
@@ -313,6 +326,14 @@ def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
         starts = [ln.split("] ", 2)[-1] for ln in text.splitlines() if "copy-start(" in ln]
         if starts:
             near = f" It is produced by `{starts[0][:200]}`."
+        consumers = [ln.split("] ", 2)[-1].split(" = ", 1)[0] for ln in text.splitlines()
+                     if "[dist=1]" in ln and f"({op}" in ln and "copy-start(" not in ln]
+        for consumer in consumers[:1]:
+            src = _op_source(ctx.snapshot, consumer)
+            if src:
+                extra += src
+                near += (f" Its consumer `{consumer}` comes from "
+                         f"`{src[0]['value']}:{src[1]['value']}`: that is the line to change.")
     cats = ", ".join(str(c) for c in h.details.get("categories", []))
     what = (f"Device time is dominated by {cats}: `{op}` and its siblings wait for "
             f"asynchronous copies to finish." + near)

@@ -210,6 +210,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     if idle is None or idle < IDLE_P1_PERCENT:
         return []
     proof = _device_idle_evidence(snapshot)
+    per_step = proof[0]["tool"] == "get_step_trace"
     duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
     if duty is not None:
         proof.append(ev.cite(snapshot, "get_xprof_overview",
@@ -222,9 +223,11 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     return [Hypothesis(
         category="idle",
         priority=_priority(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT),
-        title=f"Device idle {idle:.1f}% of the profiled time",
+        title=f"Device idle {idle:.1f}% of {'each step' if per_step else 'the profiled time'}",
         evidence=proof,
-        impact=_impact(idle, "% of step", f"{idle:.1f}% of device time has no op running"),
+        impact=_impact(idle, "% of step" if per_step else "% of device time",
+                       f"{idle:.1f}% of {'step' if per_step else 'device'} time has no op "
+                       "running"),
     )]
 
 
@@ -256,7 +259,8 @@ def _op_categories(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             priority=_priority(total, OP_CATEGORY_P0_PERCENT, OP_CATEGORY_P1_PERCENT),
             title=f"{label} ({cat}) takes {total:.1f}% of device time",
             evidence=proof,
-            impact=_impact(total, "% of step", f"{total:.1f}% of profiled device time is {cat}"),
+            impact=_impact(total, "% of device time",
+                           f"{total:.1f}% of profiled device time is {cat}"),
             details={"op_category": cat, "top_op": top.get("top_op"),
                      "categories": [r["category"] for r in rows]},
         ))
@@ -284,7 +288,7 @@ def _roofline(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
         title=(f"{'Compute' if is_compute else bound + '-bandwidth'}-bound at {eff:.2f}% "
                "roofline efficiency"),
         evidence=proof,
-        impact=_impact(100.0 - eff, "% of step",
+        impact=_impact(100.0 - eff, "% of device time",
                        f"upper bound: at its roofline this work would take {eff:.2f}% of its "
                        f"current device time, so up to {100.0 - eff:.1f}% is headroom (overlaps "
                        "any data-transfer or idle finding)"),
