@@ -100,3 +100,25 @@ def test_cli_prints_verdict_findings_and_report_path(tpu_logdir: Path, tmp_path:
 def test_cli_json_output(tpu_logdir: Path, tmp_path: Path, capsys):
     assert main(["analyze", str(tpu_logdir), "--out", str(tmp_path), "--json", "-q"]) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "NEEDS_ATTENTION"
+
+
+def test_multi_host_session(tpu_logdir: Path, tmp_path: Path):
+    """Two hosts in one session: all tools see both, single-host tools pick per host."""
+    src = next(tpu_logdir.glob("plugins/profile/*/*.xplane.pb"))
+    session = tmp_path / "run" / "plugins" / "profile" / "s1"
+    session.mkdir(parents=True)
+    for host in ("host-a", "host-b"):
+        (session / f"{host}.xplane.pb").write_bytes(src.read_bytes())
+    a = analyze(tmp_path / "run", tmp_path / "out").analysis
+    assert a["session"]["hosts"] == ["host-a", "host-b"]
+    assert a["metrics"]["peak_memory_gib"] == pytest.approx(20.02)
+    assert a["metrics"]["oom_risk"] == "LOW"
+    assert a["findings"][0]["category"] == "data_transfer"
+    assert any(f["tool"] == "get_hosts" for f in a["follow_ups"])
+
+
+def test_tool_timeout_is_recorded_not_fatal(tpu_logdir: Path):
+    snap = collect(tpu_logdir, tool_timeout_s=0.0)
+    assert snap["tools"]["get_xprof_overview"]["status"] == "DATA"
+    timed_out = [t for t in snap["tools"].values() if "timed out" in t.get("error", "")]
+    assert timed_out and all(t["status"] == "ERROR" for t in timed_out)

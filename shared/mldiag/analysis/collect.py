@@ -121,7 +121,7 @@ class _Collector:
             "get_kpi_metrics": lambda: ws.call("get_kpi_metrics"),
             "get_device_information": lambda: ws.call("get_device_information"),
             "get_hosts": lambda: ws.call("get_hosts"),
-            "get_utilization_viewer": lambda: ws.call("get_utilization_viewer"),
+            "get_utilization_viewer": self.utilization_viewer,
             "get_smart_suggestions": lambda: ws.fetch_tool_data("smart_suggestion"),
             "get_roofline_model": lambda: ws.call("get_roofline_model", top_n=15),
             "get_hlo_op_profile": self.op_profile.get,
@@ -149,12 +149,37 @@ class _Collector:
         return data
 
     def memory_profile(self) -> dict[str, Any]:
-        data = self.ws.call("get_memory_profile")
-        # xprof reports -1.0 for every figure when the profile has no memory activity events.
-        if float(data.get("peak_memory_usage_gib", -1.0)) < 0:
-            raise NoData("no memory allocation events in the profile (CPU runtime does not "
+        # xprof's memory profile reads exactly one host: take each host's and report the
+        # host closest to running out of memory, with every host's peak beside it.
+        per_host: dict[str, dict[str, Any]] = {}
+        for host in self.ws.session.hosts:
+            only = host if len(self.ws.session.hosts) > 1 else None
+            data = self.ws.call("get_memory_profile", only_host=only)
+            # xprof reports -1.0 for every figure when there are no memory activity events.
+            if float(data.get("peak_memory_usage_gib", -1.0)) >= 0:
+                per_host[host] = data
+        if not per_host:
+            raise NoData("no memory allocation events in the profile (the CPU runtime does not "
                          "record them)")
-        return data
+        worst = max(per_host, key=lambda h: _usage_ratio(per_host[h]))
+        result = dict(per_host[worst])
+        if len(self.ws.session.hosts) > 1:
+            result["host"] = worst
+            result["per_host_peak_gib"] = {
+                h: d.get("peak_memory_usage_gib") for h, d in sorted(per_host.items())}
+        return result
+
+    def utilization_viewer(self) -> dict[str, Any]:
+        hosts = self.ws.session.hosts
+        if len(hosts) == 1:
+            return self.ws.call("get_utilization_viewer")
+        reasons = []
+        for host in hosts:
+            try:
+                return {**self.ws.call("get_utilization_viewer", only_host=host), "host": host}
+            except NoData as e:
+                reasons.append(f"{host}: {e}")
+        raise NoData("; ".join(reasons))
 
     def detect(self, detector: Callable[[Mapping[str, str]], list[Any]]) -> dict[str, Any]:
         texts = self.hlo.get()
@@ -211,6 +236,12 @@ class _Collector:
                 if not program:
                     times[("", op)] = float(ms)
         return times, step_ms, "timeline events on XLA execution lines, ms per step"
+
+
+def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
+    peak = float(memory_profile.get("peak_memory_usage_gib") or 0.0)
+    capacity = float(memory_profile.get("memory_capacity_gib") or 0.0)
+    return peak / capacity if capacity > 0 else peak
 
 
 def _program_of(module: str) -> str:

@@ -18,7 +18,7 @@ from mldiag.analysis.triage import Hypothesis, Triage
 _PS_PER_MS = 1e9
 _RUNTIME_HOST_EVENT = re.compile(
     r"profiler\.py|stop_trace|start_trace|PjitFunction|PjRt|Execute|ThreadPool|Thunk|"
-    r"block_until_ready|_common\.py|<module>|threading\.py|__exit__|__enter__",
+    r"block_until_ready|try_to_block|<module>|threading\.py|__exit__|__enter__",
 )
 
 
@@ -448,8 +448,15 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         parts.append(f"roofline efficiency {m['roofline_efficiency_percent']:.2f}%")
     if m.get("peak_memory_gib") is not None:
         cap = m.get("memory_capacity_gib")
-        parts.append(f"peak memory {m['peak_memory_gib']:.2f}"
-                     + (f" of {cap:.2f} GiB" if cap else " GiB") + f" (OOM risk {m['oom_risk']})")
+        peak = float(m["peak_memory_gib"])
+        amount = f"{peak:.2f}" + (f" of {cap:.2f} GiB" if cap else " GiB")
+        if not cap and peak < 0.1:
+            amount = f"{peak * 1024:.1f} MiB"
+        if m.get("peak_memory_source") == "get_peak_allocations":
+            parts.append(f"largest compiled-program allocation {amount} (no device memory "
+                         "profile, OOM risk UNKNOWN)")
+        else:
+            parts.append(f"peak memory {amount} (OOM risk {m['oom_risk']})")
     if parts:
         sentences.append("Measured: " + ", ".join(parts) + ".")
     if triage.not_judged:

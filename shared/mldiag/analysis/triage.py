@@ -112,10 +112,12 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     roofline = _roofline_efficiency(snapshot)
     peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
     capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
+    source = "get_memory_profile" if peak is not None else None
     if peak is None:
         mib = ev.number(ev.get(snapshot, "get_peak_allocations",
                                "summary.top_modules[0].total_hbm_mib"))
         peak = round(mib / 1024.0, 4) if mib is not None else None
+        source = "get_peak_allocations" if peak is not None else None
     if capacity is not None and capacity <= 0:
         capacity = None
     return {
@@ -125,6 +127,7 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "peak_memory_gib": peak,
         "memory_capacity_gib": capacity,
         "oom_risk": oom_risk(peak, capacity),
+        "peak_memory_source": source,
     }
 
 

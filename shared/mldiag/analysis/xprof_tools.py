@@ -112,13 +112,18 @@ class XprofWorkspace:
             self._tools[name] = fn
         return fn
 
-    def call(self, name: str, **kwargs: Any) -> dict[str, Any]:
+    def call(self, name: str, *, only_host: str | None = None, **kwargs: Any) -> dict[str, Any]:
         """Run xprof CLI tool `name` in-process on this session and return its parsed JSON.
 
+        `only_host` restricts the tool to that host's trace (for single-host tools).
         Raises NoData when the tool reports that the profile has nothing for it.
         """
+        target = self.run_dir
+        if only_host is not None:
+            target = self.run_dir / next(
+                p.name for p in self.session.xplanes if p.name.startswith(f"{only_host}."))
         try:
-            raw = self._tool(name)(str(self.run_dir), **kwargs)
+            raw = self._tool(name)(str(target), **kwargs)
         except (FileNotFoundError, ValueError) as e:
             message = self.scrub(str(e))
             if _NO_DATA_PATTERNS.search(message):

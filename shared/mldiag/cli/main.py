@@ -32,10 +32,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     args = build_parser().parse_args(argv)
+    # xprof logs recoverable conditions as root warnings; mldiag records them in tool results.
     logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING,
+        level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("mldiag").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
         return int(COMMANDS[args.command].run(args))
     except ProfileUnreadable as e:
