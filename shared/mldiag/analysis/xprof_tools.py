@@ -3,11 +3,12 @@
 xprof 2.24.2 keeps process-global state that we must tame:
 - a disk cache and op_stats "owner" fingerprints under `$TMPDIR/xprof_cli_cache_<user>`;
 - `*op_stats*.pb` files written next to the traces, and whichever op-stats tool runs first
-  decides the step set that every later tool sees.
+  decides the step set that every later tool sees;
+- `<module>.hlo_proto.pb` files written next to the traces by whichever HLO tool runs first.
 
 `XprofWorkspace` therefore gives every analysis a private directory: the session's xplanes are
 symlinked into a private run directory, xprof's cache is pointed at a private cache directory,
-and op_stats are computed once (by the overview tool) before any parallel work starts.
+and op_stats and HLO protos are built once, before any parallel work starts.
 """
 
 from __future__ import annotations
@@ -158,8 +159,17 @@ class XprofWorkspace:
         return value
 
     def precompute_op_stats(self) -> dict[str, Any]:
-        """Build op_stats once, so every later tool sees the same steps; returns the overview."""
-        return self.call("get_overview")
+        """Build the shared inputs once, before tools run in parallel; returns the overview.
+
+        op_stats: so every later tool sees the same steps. HLO protos: xprof writes one
+        `<module>.hlo_proto.pb` per module on first use and skips the step when any exists, so
+        concurrent first uses read half-written sets (seen as a module with 0 MiB of buffers).
+        """
+        overview = self.call("get_overview")
+        from xprof.cli.internal.oss import hlo_tools
+
+        hlo_tools.generate_hlo_protos(str(self.run_dir))
+        return overview
 
 
 def _parse(raw: Any) -> dict[str, Any]:
