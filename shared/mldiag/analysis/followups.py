@@ -115,21 +115,29 @@ class FollowUps:
                          f"(planes: {', '.join(map(str, planes[:6]))}); LLO data exists only "
                          "in TPU captures with LLO tracing")
 
-    def _llo_load(self) -> dict[str, Any]:
-        self._llo_capture_check()
+    def load_events_store(self) -> dict[str, Any]:
+        """Load every trace event into xprof's DuckDB events store (a Parquet file)."""
         ws = self._workspace()
         out = ws.call("create_events_db")
         self._llo_db = str(out.get("path"))
-        counts = ws.call("query_events_db", query=(
-            "SELECT line_name, COUNT(*) AS events FROM Events GROUP BY line_name "
-            "ORDER BY events DESC LIMIT 20"))
-        return {"status": "LOADED", "path": self._llo_db, "lines": _rows(counts)}
+        return {"status": "LOADED", "path": self._llo_db}
+
+    def query_events_store(self, sql: str) -> Any:
+        """Run one SELECT against the `Events` view of the store; returns the result rows."""
+        return _rows(self._workspace().call("query_events_db", query=sql))
+
+    def _llo_load(self) -> dict[str, Any]:
+        self._llo_capture_check()
+        info = self.load_events_store()
+        info["lines"] = self.query_events_store(
+            "SELECT thread_name, COUNT(*) AS events FROM Events GROUP BY thread_name "
+            "ORDER BY events DESC LIMIT 20")
+        return info
 
     def _llo_query(self, sql: str) -> dict[str, Any]:
         if self._llo_db is None:
             self._llo_capture_check()
-        out = self._workspace().call("query_events_db", query=sql)
-        return {"query": sql, "rows": _rows(out)}
+        return {"query": sql, "rows": self.query_events_store(sql)}
 
 
 def _rows(out: dict[str, Any]) -> Any:
