@@ -10,3 +10,15 @@ class ProfileUnreadable(MldiagError):
 
     A permanent error: retrying the same input cannot succeed.
     """
+
+
+class PoisonMessage(MldiagError):
+    """A message that can never be processed (bad JSON, wrong schema, unknown run).
+
+    Dead-lettered with its reason at once; retrying cannot help.
+    """
+
+
+class PermanentFailure(MldiagError):
+    """A stage failed for a reason retrying cannot fix: the session is marked FAILED."""
+

@@ -1,12 +1,129 @@
-"""Ports: the small interfaces the stages depend on. Adapters need not inherit from them."""
+"""Ports: the small interfaces the stages depend on. Adapters need not inherit from them.
+
+Each fits both the embedded adapter (local directory, SQLite, in-process bus) and its Google
+Cloud counterpart (GCS, Firestore, Pub/Sub) without change.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.triage import Triage
+from mldiag.messages import Message
+from mldiag.model import HostRecord, RunRecord, SessionRecord
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """Metadata of one stored object. `generation` changes on every rewrite."""
+
+    name: str
+    size: int
+    generation: str
+    updated: float
+
+
+class Storage(Protocol):
+    """The profile bucket: a local directory or a GCS bucket."""
+
+    bucket: str
+
+    def stat(self, name: str) -> ObjectInfo | None: ...
+
+    def read_bytes(self, name: str) -> bytes: ...
+
+    def write_bytes(
+        self, name: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
+        """Write an object; the write emits an object-finalize event like any other."""
+        ...
+
+    def list(self, prefix: str) -> list[ObjectInfo]: ...
+
+    def uri(self, name: str) -> str:
+        """A location users can open: `file:///...` locally, `gs://bucket/...` on GCP."""
+        ...
+
+    def local_files(self, names: Sequence[str]) -> AbstractContextManager[Path]:
+        """Materialise objects as local files in one directory, for xprof to read.
+
+        The directory keeps the objects' base names; it is removed (or left alone, when it is
+        the storage itself) on exit.
+        """
+        ...
+
+
+class StateStore(Protocol):
+    """Runs, sessions, idempotency claims and dead letters (SQLite or Firestore)."""
+
+    def ensure_run(self, name: str, *, discovered: bool) -> RunRecord: ...
+
+    def get_run(self, name: str) -> RunRecord | None: ...
+
+    def list_runs(self) -> list[RunRecord]: ...
+
+    def register_host(
+        self, run: str, session: str, host: str, record: HostRecord, now: float
+    ) -> tuple[SessionRecord, bool]:
+        """Add a host to a session, creating the session if needed, in one transaction.
+
+        Returns the session and whether the host is new. A new host arriving after the
+        session was reported starts the next analysis version.
+        """
+        ...
+
+    def transition(
+        self,
+        run: str,
+        session: str,
+        to: str,
+        *,
+        expect: Sequence[str] | None = None,
+        version: int | None = None,
+        now: float,
+        **fields: Any,
+    ) -> SessionRecord | None:
+        """Move a session to state `to` if it is in one of `expect` (and at `version`).
+
+        Returns the updated session, or None when the precondition does not hold, so that
+        exactly one of several concurrent deliveries wins.
+        """
+        ...
+
+    def get_session(self, run: str, session: str) -> SessionRecord | None: ...
+
+    def list_sessions(
+        self, run: str | None = None, state: str | None = None
+    ) -> list[SessionRecord]: ...
+
+    def claim(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        """Conditionally create (or take over an expired) claim; False if held or done."""
+        ...
+
+    def release(self, key: str, owner: str) -> None:
+        """Drop a claim after a failure, so a redelivery can take it."""
+        ...
+
+    def complete(self, key: str, owner: str) -> None:
+        """Mark a claim done: later deliveries of the same key are duplicates."""
+        ...
+
+    def record_dead_letter(
+        self, topic: str, payload: str, reason: str, attempts: int, now: float
+    ) -> None: ...
+
+    def list_dead_letters(self) -> list[dict[str, Any]]: ...
+
+
+class Bus(Protocol):
+    """Topics with at-least-once delivery (the in-process bus or Pub/Sub)."""
+
+    def publish(self, message: Message, attributes: Mapping[str, str] | None = None) -> str: ...
 
 
 class Investigator(Protocol):
@@ -21,3 +138,7 @@ class Investigator(Protocol):
     def investigate(
         self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps
     ) -> dict[str, Any]: ...
+
+
+Clock = Callable[[], float]
+Listener = Callable[[SessionRecord], None]

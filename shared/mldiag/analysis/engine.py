@@ -45,12 +45,19 @@ def session_from_snapshot(snapshot: Mapping[str, Any]) -> ProfileSession:
 
 
 def investigate(
-    snapshot: Mapping[str, Any], result: Triage, investigator: Investigator | None = None
+    snapshot: Mapping[str, Any],
+    result: Triage,
+    investigator: Investigator | None = None,
+    session: ProfileSession | None = None,
 ) -> dict[str, Any]:
-    """Run the investigator; healthy profiles short-circuit with no follow-up calls."""
+    """Run the investigator; healthy profiles short-circuit with no follow-up calls.
+
+    Follow-ups read `session` (default: the path recorded in the snapshot).
+    """
     investigator = investigator or RuleBasedInvestigator()
     budget = 0 if result.status == OPTIMAL else MAX_FOLLOW_UPS
-    with FollowUps(session_from_snapshot(snapshot), max_calls=budget) as follow_ups:
+    session = session or session_from_snapshot(snapshot)
+    with FollowUps(session, max_calls=budget) as follow_ups:
         out = investigator.investigate(snapshot, result, follow_ups)
     if result.status == OPTIMAL:
         out["short_circuit"] = "triage verdict OPTIMAL: no follow-up calls made"

@@ -1,0 +1,169 @@
+"""InProcessBus: topics served by worker threads, at-least-once, persisted in SQLite.
+
+Every published message is a row in `state.db` before `publish` returns, so a crash loses
+nothing: on restart, messages that were in flight go back to pending and are delivered again.
+A handler that raises is retried with exponential backoff up to `max_attempts`, then the message
+is dead-lettered with the reason. A `PoisonMessage` is dead-lettered at once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from mldiag.adapters.local.state import SqliteStateStore
+from mldiag.errors import PoisonMessage
+from mldiag.messages import Message, topic_of
+
+log = logging.getLogger(__name__)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS messages (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
+    attributes TEXT NOT NULL DEFAULT '{}', state TEXT NOT NULL DEFAULT 'pending',
+    attempts INTEGER NOT NULL DEFAULT 0, available_at REAL NOT NULL, last_error TEXT,
+    created_at REAL NOT NULL, finished_at REAL);
+CREATE INDEX IF NOT EXISTS messages_ready ON messages (state, available_at);
+"""
+
+Dispatch = Callable[[str, str, Mapping[str, str]], None]
+
+
+class InProcessBus:
+    """The embedded bus. `publish` is durable; `start` runs the delivery workers."""
+
+    def __init__(
+        self,
+        store: SqliteStateStore,
+        *,
+        max_attempts: int = 5,
+        backoff_s: float = 0.5,
+        workers: int = 2,
+        poll_s: float = 0.1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._store = store
+        self.max_attempts = max_attempts
+        self.backoff_s = backoff_s
+        self.workers = workers
+        self.poll_s = poll_s
+        self._clock = clock
+        self._stop = threading.Event()
+        self._wake = threading.Condition()
+        self._threads: list[threading.Thread] = []
+        self._dispatch: Dispatch | None = None
+        store.executescript(_SCHEMA)
+
+    def publish(self, message: Message, attributes: Mapping[str, str] | None = None) -> str:
+        return self.publish_raw(topic_of(message), message.to_json(), attributes)
+
+    def publish_raw(
+        self, topic: str, payload: str, attributes: Mapping[str, str] | None = None
+    ) -> str:
+        """Publish an already-serialised payload (used for messages from outside)."""
+        now = self._clock()
+        with self._store.transaction() as db:
+            cur = db.execute(
+                "INSERT INTO messages (topic, payload, attributes, available_at, created_at) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (topic, payload, json.dumps(dict(attributes or {})), now, now))
+            message_id = str(cur.lastrowid)
+        with self._wake:
+            self._wake.notify()
+        return message_id
+
+    def recover(self) -> int:
+        """Return messages left in flight by a dead process to the queue."""
+        with self._store.transaction() as db:
+            return db.execute(
+                "UPDATE messages SET state = 'pending' WHERE state = 'inflight'").rowcount
+
+    def start(self, dispatch: Dispatch) -> None:
+        self._dispatch = dispatch
+        self._stop.clear()
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"mldiag-bus-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking messages and wait for the ones in progress."""
+        self._stop.set()
+        with self._wake:
+            self._wake.notify_all()
+        for t in self._threads:
+            t.join(timeout)
+        self._threads.clear()
+
+    def _take(self) -> tuple[int, str, str, dict[str, str], int] | None:
+        now = self._clock()
+        with self._store.transaction() as db:
+            row = db.execute(
+                "SELECT id, topic, payload, attributes, attempts FROM messages "
+                "WHERE state = 'pending' AND available_at <= ? ORDER BY available_at, id "
+                "LIMIT 1", (now,)).fetchone()
+            if row is None:
+                return None
+            db.execute("UPDATE messages SET state = 'inflight', attempts = attempts + 1 "
+                       "WHERE id = ?", (row[0],))
+        return row[0], row[1], row[2], json.loads(row[3]), row[4] + 1
+
+    def _work(self) -> None:
+        while not self._stop.is_set():
+            item = self._take()
+            if item is None:
+                with self._wake:
+                    self._wake.wait(self.poll_s)
+                continue
+            self._deliver(*item)
+
+    def _deliver(
+        self, msg_id: int, topic: str, payload: str, attrs: dict[str, str], attempt: int
+    ) -> None:
+        assert self._dispatch is not None
+        try:
+            self._dispatch(topic, payload, attrs)
+        except PoisonMessage as e:
+            self._dead(msg_id, topic, payload, f"poison message: {e}", attempt)
+        except Exception as e:  # noqa: BLE001 - any failure is retried, then dead-lettered
+            reason = f"{type(e).__name__}: {e}".splitlines()[0][:500]
+            log.warning("delivery %s on %s failed (attempt %d/%d): %s", msg_id, topic, attempt,
+                        self.max_attempts, reason)
+            log.debug("%s", traceback.format_exc())
+            if attempt >= self.max_attempts:
+                self._dead(msg_id, topic, payload,
+                           f"failed {attempt} times, last error: {reason}", attempt)
+            else:
+                delay = self.backoff_s * 2 ** (attempt - 1)
+                with self._store.transaction() as db:
+                    db.execute("UPDATE messages SET state = 'pending', available_at = ?, "
+                               "last_error = ? WHERE id = ?",
+                               (self._clock() + delay, reason, msg_id))
+        else:
+            with self._store.transaction() as db:
+                db.execute("UPDATE messages SET state = 'done', finished_at = ? WHERE id = ?",
+                           (self._clock(), msg_id))
+
+    def _dead(self, msg_id: int, topic: str, payload: str, reason: str, attempts: int) -> None:
+        now = self._clock()
+        with self._store.transaction() as db:
+            db.execute("UPDATE messages SET state = 'dead', last_error = ?, finished_at = ? "
+                       "WHERE id = ?", (reason, now, msg_id))
+        self._store.record_dead_letter(topic, payload, reason, attempts, now)
+        log.warning("dead-lettered message %s on %s: %s", msg_id, topic, reason)
+
+    def pending(self) -> int:
+        """Messages not yet delivered (pending or in flight)."""
+        row = self._store.connection().execute(
+            "SELECT COUNT(*) FROM messages WHERE state IN ('pending', 'inflight')").fetchone()
+        return int(row[0])
+
+    def stats(self) -> dict[str, Any]:
+        rows = self._store.connection().execute(
+            "SELECT state, COUNT(*) FROM messages GROUP BY state").fetchall()
+        return {str(k): int(v) for k, v in rows}

@@ -1,0 +1,263 @@
+"""SqliteStateStore: runs, sessions, claims and dead letters in `$MLDIAG_HOME/state.db`.
+
+Read-modify-write operations run in `BEGIN IMMEDIATE` transactions, where Firestore would use
+transactions. The in-process bus keeps its durable queue in the same database file.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from mldiag.model import (
+    CAPTURING,
+    REPORTED,
+    TERMINAL,
+    HostRecord,
+    RunRecord,
+    SessionRecord,
+)
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (name TEXT PRIMARY KEY, data TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS sessions (
+    run TEXT NOT NULL, session TEXT NOT NULL, state TEXT NOT NULL, updated_at REAL NOT NULL,
+    data TEXT NOT NULL, PRIMARY KEY (run, session));
+CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions (state, updated_at);
+CREATE TABLE IF NOT EXISTS claims (
+    key TEXT PRIMARY KEY, owner TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0,
+    expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS dead_letters (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
+    reason TEXT NOT NULL, attempts INTEGER NOT NULL, at REAL NOT NULL);
+"""
+
+
+class SqliteStateStore:
+    """The embedded state store. Safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._local = threading.local()
+        self._listeners: list[Callable[[SessionRecord], None]] = []
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # executescript commits on its own, so the schema is not wrapped in _tx.
+        self.connection().executescript(_SCHEMA)
+
+    def connection(self) -> sqlite3.Connection:
+        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
+                                   check_same_thread=True)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA busy_timeout=30000")
+            self._local.conn = conn
+        return conn
+
+    @contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        db = self.connection()
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            yield db
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+        db.execute("COMMIT")
+
+    def executescript(self, script: str) -> None:
+        """Run DDL on this database (the bus creates its queue table this way)."""
+        self.connection().executescript(script)
+
+    def transaction(self) -> Any:
+        """A write transaction on this database (used by the bus to share the file)."""
+        return self._tx()
+
+    def add_listener(self, listener: Callable[[SessionRecord], None]) -> None:
+        """Call `listener` with the session after every committed change of its state."""
+        self._listeners.append(listener)
+
+    def _notify(self, before: str | None, after: SessionRecord) -> None:
+        if before != after.state:
+            for listener in self._listeners:
+                listener(after)
+
+    # Runs
+
+    def ensure_run(self, name: str, *, discovered: bool, now: float = 0.0) -> RunRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM runs WHERE name = ?", (name,)).fetchone()
+            if row is not None:
+                return RunRecord(**json.loads(row[0]))
+            run = RunRecord(name=name, discovered=discovered, created_at=now)
+            db.execute("INSERT INTO runs (name, data) VALUES (?, ?)",
+                       (name, json.dumps(run.to_dict())))
+            return run
+
+    def get_run(self, name: str) -> RunRecord | None:
+        row = self.connection().execute("SELECT data FROM runs WHERE name = ?",
+                                         (name,)).fetchone()
+        return RunRecord(**json.loads(row[0])) if row else None
+
+    def list_runs(self) -> list[RunRecord]:
+        rows = self.connection().execute("SELECT data FROM runs ORDER BY name").fetchall()
+        return [RunRecord(**json.loads(r[0])) for r in rows]
+
+    # Sessions
+
+    def _load(self, db: sqlite3.Connection, run: str, session: str) -> SessionRecord | None:
+        row = db.execute("SELECT data FROM sessions WHERE run = ? AND session = ?",
+                         (run, session)).fetchone()
+        return SessionRecord.from_dict(json.loads(row[0])) if row else None
+
+    def _save(self, db: sqlite3.Connection, s: SessionRecord) -> None:
+        db.execute(
+            "INSERT INTO sessions (run, session, state, updated_at, data) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT (run, session) DO UPDATE SET state = excluded.state, "
+            "updated_at = excluded.updated_at, data = excluded.data",
+            (s.run, s.session, s.state, s.updated_at, json.dumps(s.to_dict())),
+        )
+
+    def register_host(
+        self, run: str, session: str, host: str, record: HostRecord, now: float
+    ) -> tuple[SessionRecord, bool]:
+        with self._tx() as db:
+            s = self._load(db, run, session)
+            before = s.state if s else None
+            if s is None:
+                s = SessionRecord(run=run, session=session, state=CAPTURING, created_at=now,
+                                  timings={CAPTURING: now})
+            existing = s.hosts.get(host)
+            new = existing is None or existing.generation != record.generation
+            if new:
+                s.hosts[host] = record
+                s.last_arrival_at = now
+                if s.state in TERMINAL:
+                    # A host after the report: the next analysis version covers it.
+                    s.version += 1
+                    s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
+                    s.timings[CAPTURING] = now
+                s.updated_at = now
+                self._save(db, s)
+        if new:
+            self._notify(before, s)
+        return s, new
+
+    def create_session(self, record: SessionRecord) -> SessionRecord:
+        """Insert a session unless it exists; returns the stored one."""
+        with self._tx() as db:
+            s = self._load(db, record.run, record.session)
+            if s is None:
+                self._save(db, record)
+                s = record
+                created = True
+            else:
+                created = False
+        if created:
+            self._notify(None, s)
+        return s
+
+    def transition(
+        self,
+        run: str,
+        session: str,
+        to: str,
+        *,
+        expect: Sequence[str] | None = None,
+        version: int | None = None,
+        now: float,
+        **fields: Any,
+    ) -> SessionRecord | None:
+        with self._tx() as db:
+            s = self._load(db, run, session)
+            if s is None:
+                return None
+            if expect is not None and s.state not in expect:
+                return None
+            if version is not None and s.version != version:
+                return None
+            before = s.state
+            s.state = to
+            for k, v in fields.items():
+                setattr(s, k, v)
+            s.timings[to] = now
+            s.updated_at = now
+            if to == REPORTED:
+                s.reported_version = s.version
+            self._save(db, s)
+        self._notify(before, s)
+        return s
+
+    def get_session(self, run: str, session: str) -> SessionRecord | None:
+        return self._load(self.connection(), run, session)
+
+    def list_sessions(
+        self, run: str | None = None, state: str | None = None
+    ) -> list[SessionRecord]:
+        sql, args = "SELECT data FROM sessions WHERE 1=1", list[str]()
+        if run is not None:
+            sql, args = sql + " AND run = ?", [*args, run]
+        if state is not None:
+            sql, args = sql + " AND state = ?", [*args, state]
+        rows = self.connection().execute(sql + " ORDER BY run, session", args).fetchall()
+        return [SessionRecord.from_dict(json.loads(r[0])) for r in rows]
+
+    # Claims
+
+    def claim(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        with self._tx() as db:
+            row = db.execute("SELECT owner, done, expires_at FROM claims WHERE key = ?",
+                             (key,)).fetchone()
+            if row is not None and (row[1] or row[2] > now):
+                return False
+            db.execute(
+                "INSERT INTO claims (key, owner, done, expires_at) VALUES (?, ?, 0, ?) "
+                "ON CONFLICT (key) DO UPDATE SET owner = excluded.owner, done = 0, "
+                "expires_at = excluded.expires_at", (key, owner, now + lease_s))
+            return True
+
+    def release(self, key: str, owner: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM claims WHERE key = ? AND owner = ? AND done = 0",
+                       (key, owner))
+
+    def complete(self, key: str, owner: str) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE claims SET done = 1 WHERE key = ? AND owner = ?", (key, owner))
+
+    def release_all_held(self) -> int:
+        """Drop every unfinished claim: used when the single local runtime restarts, since
+        whoever held them died with the previous process."""
+        with self._tx() as db:
+            return db.execute("DELETE FROM claims WHERE done = 0").rowcount
+
+    # Dead letters
+
+    def record_dead_letter(
+        self, topic: str, payload: str, reason: str, attempts: int, now: float
+    ) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO dead_letters (topic, payload, reason, attempts, at) "
+                "VALUES (?, ?, ?, ?, ?)", (topic, payload, reason, attempts, now))
+
+    def list_dead_letters(self) -> list[dict[str, Any]]:
+        rows = self.connection().execute(
+            "SELECT id, topic, payload, reason, attempts, at FROM dead_letters ORDER BY id"
+        ).fetchall()
+        keys = ("id", "topic", "payload", "reason", "attempts", "at")
+        return [dict(zip(keys, r, strict=True)) for r in rows]
+
+
+def session_summary(s: SessionRecord) -> dict[str, Any]:
+    """A JSON-friendly view of a session for the CLI."""
+    data = asdict(s)
+    data["hosts"] = {h: asdict(r) for h, r in s.hosts.items()}
+    return data

@@ -1,0 +1,168 @@
+"""LocalDirStorage: the profile bucket as a local directory, and its watcher.
+
+Writes through the port are atomic (temp file + rename) and emit an object-finalize event.
+Files dropped in from outside are turned into the same events by `DirectoryWatcher`, once
+their size and mtime have held still for the stability window, so a file still being copied
+is never analysed half-written.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+from mldiag.model import XPLANE_SUFFIXES
+from mldiag.ports import ObjectInfo
+
+FinalizeFn = Callable[[ObjectInfo], None]
+
+
+def _generation(st: os.stat_result) -> str:
+    return f"{st.st_mtime_ns}-{st.st_size}"
+
+
+def _is_temporary(name: str) -> bool:
+    base = name.rsplit("/", 1)[-1]
+    return base.startswith(".") or base.endswith((".tmp", ".part", ".partial", ".crdownload"))
+
+
+class LocalDirStorage:
+    """The embedded storage adapter over `root` (`$MLDIAG_HOME/bucket`)."""
+
+    def __init__(self, root: Path, on_finalize: FinalizeFn | None = None) -> None:
+        self.root = root.resolve()
+        self.bucket = "local"
+        self.on_finalize = on_finalize
+        self.root.mkdir(parents=True, exist_ok=True)
+        # Generations this process wrote or already reported, so the watcher skips them.
+        self.reported: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    def _path(self, name: str) -> Path:
+        if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+            raise ValueError(f"unsafe object name {name!r}")
+        # Segments were checked above, so the path stays inside the bucket lexically; files
+        # in it may still be symlinks to elsewhere (a user's way of handing a profile over).
+        return self.root / name
+
+    def _info(self, name: str, st: os.stat_result) -> ObjectInfo:
+        return ObjectInfo(name=name, size=st.st_size, generation=_generation(st),
+                          updated=st.st_mtime)
+
+    def stat(self, name: str) -> ObjectInfo | None:
+        try:
+            return self._info(name, self._path(name).stat())
+        except FileNotFoundError:
+            return None
+
+    def read_bytes(self, name: str) -> bytes:
+        return self._path(name).read_bytes()
+
+    def write_bytes(
+        self, name: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectInfo:
+        path = self._path(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        info = self._info(name, path.stat())
+        self.emit(info)
+        return info
+
+    def emit(self, info: ObjectInfo) -> None:
+        """Report a finalized object once per generation."""
+        with self._lock:
+            if self.reported.get(info.name) == info.generation:
+                return
+            self.reported[info.name] = info.generation
+        if self.on_finalize is not None:
+            self.on_finalize(info)
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        out = []
+        for dirpath, _, files in os.walk(self.root):
+            for f in files:
+                path = Path(dirpath) / f
+                name = path.relative_to(self.root).as_posix()
+                if name.startswith(prefix) and not _is_temporary(name):
+                    try:
+                        out.append(self._info(name, path.stat()))
+                    except FileNotFoundError:
+                        continue
+        return sorted(out, key=lambda o: o.name)
+
+    def uri(self, name: str) -> str:
+        return (self.root / name).as_uri()
+
+    @contextmanager
+    def local_files(self, names: Sequence[str]) -> Iterator[Path]:
+        paths = [self._path(n) for n in names]
+        parents = {p.parent for p in paths}
+        if len(parents) != 1:
+            raise ValueError("local_files needs objects of one directory")
+        yield parents.pop()
+
+
+class DirectoryWatcher:
+    """Polls the bucket directory and reports profile files once they stop changing."""
+
+    def __init__(self, storage: LocalDirStorage, stability_s: float = 0.3,
+                 poll_s: float = 0.1) -> None:
+        self.storage = storage
+        self.stability_s = stability_s
+        self.poll_s = poll_s
+        # name -> (generation, first time seen with that generation)
+        self._candidates: dict[str, tuple[str, float]] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def scan(self, now: float | None = None) -> int:
+        """One pass: emit every profile file that has been stable long enough."""
+        now = time.monotonic() if now is None else now
+        emitted = 0
+        seen: set[str] = set()
+        for dirpath, _, files in os.walk(self.storage.root):
+            for f in files:
+                if not f.endswith(XPLANE_SUFFIXES) or _is_temporary(f):
+                    continue
+                path = Path(dirpath) / f
+                name = path.relative_to(self.storage.root).as_posix()
+                try:
+                    st = path.stat()
+                except FileNotFoundError:
+                    continue
+                seen.add(name)
+                gen = _generation(st)
+                if self.storage.reported.get(name) == gen:
+                    continue
+                prev = self._candidates.get(name)
+                if prev is None or prev[0] != gen:
+                    self._candidates[name] = (gen, now)
+                    continue
+                if now - prev[1] >= self.stability_s:
+                    self.storage.emit(ObjectInfo(name=name, size=st.st_size, generation=gen,
+                                                 updated=st.st_mtime))
+                    emitted += 1
+        for gone in set(self._candidates) - seen:
+            del self._candidates[gone]
+        return emitted
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mldiag-watcher", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.scan()
+            self._stop.wait(self.poll_s)

@@ -1,0 +1,129 @@
+"""One bootstrap: build every service from Settings. Nothing connects or opens files at import.
+
+Today it builds the embedded runtime (local directory, SQLite, in-process bus, rule-based
+investigator); the Google Cloud adapters plug in here later, chosen by settings.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from mldiag.adapters.local.bus import InProcessBus
+from mldiag.adapters.local.state import SqliteStateStore
+from mldiag.adapters.local.storage import DirectoryWatcher, LocalDirStorage
+from mldiag.errors import MldiagError
+from mldiag.messages import ProfileObjectFinalized
+from mldiag.model import SessionRecord
+from mldiag.ports import Investigator, ObjectInfo
+from mldiag.settings import Settings
+from mldiag.stages import Services, Sweeper, dispatch
+
+log = logging.getLogger(__name__)
+
+
+class RuntimeBusy(MldiagError):
+    """Another `mldiag up` already owns this MLDIAG_HOME."""
+
+
+class LocalRuntime:
+    """The embedded pipeline: watcher → bus workers → stages, plus the sweeper."""
+
+    def __init__(self, services: Services, bus: InProcessBus, state: SqliteStateStore,
+                 storage: LocalDirStorage) -> None:
+        self.services = services
+        self.bus = bus
+        self.state = state
+        self.storage = storage
+        settings = services.settings
+        self.watcher = DirectoryWatcher(storage, settings.stability_s,
+                                        poll_s=max(settings.poll_s, 0.05))
+        self.sweeper = Sweeper(services, interval_s=min(0.25, settings.settle_s / 4 or 0.25))
+        self._lock_file: IO[str] | None = None
+
+    def _acquire(self) -> None:
+        home = self.services.settings.home
+        home.mkdir(parents=True, exist_ok=True)
+        f = open(home / "runtime.lock", "a+")  # noqa: SIM115 - held for the runtime's life
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as e:
+            f.close()
+            raise RuntimeBusy(f"another `mldiag up` is running on {home}") from e
+        f.seek(0)
+        f.truncate()
+        f.write(str(os.getpid()))
+        f.flush()
+        self._lock_file = f
+
+    def start(self) -> None:
+        """Recover what a previous process left in flight, then start every worker."""
+        self._acquire()
+        released = self.state.release_all_held()
+        recovered = self.bus.recover()
+        if released or recovered:
+            log.info("recovered %d in-flight message(s), released %d claim(s)", recovered,
+                     released)
+        self.bus.start(dispatch(self.services))
+        self.watcher.start()
+        self.sweeper.start()
+
+    def stop(self) -> None:
+        """Stop watching, finish the messages in progress, release the home."""
+        self.watcher.stop()
+        self.sweeper.stop()
+        self.bus.stop()
+        if self._lock_file is not None:
+            fcntl.flock(self._lock_file, fcntl.LOCK_UN)
+            self._lock_file.close()
+            self._lock_file = None
+
+    def wait_idle(self, timeout: float = 60.0) -> bool:
+        """Wait until no message is pending and no session is waiting to settle."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = self.bus.pending() or any(
+                s.state in ("CAPTURING", "CAPTURED", "ANALYZING", "INVESTIGATING")
+                for s in self.state.list_sessions())
+            if not busy:
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def open_state(settings: Settings) -> SqliteStateStore:
+    """The state store alone, for read-only commands (`runs`, `sessions`)."""
+    return SqliteStateStore(settings.state_db)
+
+
+def bootstrap(
+    settings: Settings | None = None,
+    *,
+    investigator: Investigator | None = None,
+    clock: Callable[[], float] = time.time,
+    listener: Callable[[SessionRecord], None] | None = None,
+) -> LocalRuntime:
+    """Build the embedded runtime from settings (default: `Settings.from_env()`)."""
+    settings = settings or Settings.from_env()
+    state = SqliteStateStore(settings.state_db)
+    if listener is not None:
+        state.add_listener(listener)
+    bus = InProcessBus(state, max_attempts=settings.max_attempts,
+                       backoff_s=settings.retry_backoff_s, workers=settings.workers,
+                       poll_s=settings.poll_s, clock=clock)
+    storage = LocalDirStorage(Path(settings.bucket_dir))
+
+    def finalized(info: ObjectInfo) -> None:
+        bus.publish(ProfileObjectFinalized(bucket=storage.bucket, name=info.name,
+                                           generation=info.generation, size=info.size))
+
+    storage.on_finalize = finalized
+    services = Services(settings=settings, storage=storage, state=state, bus=bus, clock=clock)
+    if investigator is not None:
+        services.investigator = investigator
+    return LocalRuntime(services, bus, state, storage)

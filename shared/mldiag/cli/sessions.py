@@ -1,0 +1,71 @@
+"""`mldiag sessions list|describe`: profile sessions, their states, hosts and reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from mldiag.bootstrap import open_state
+from mldiag.errors import MldiagError
+from mldiag.model import STATES
+from mldiag.settings import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("sessions", help="list and describe profile sessions")
+    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("list", help="list sessions")
+    ls.add_argument("--run", help="only this run")
+    ls.add_argument("--state", choices=STATES, help="only sessions in this state")
+    ls.add_argument("--json", action="store_true")
+    d = verbs.add_parser("describe", help="states, hosts, timings, verdict and report path")
+    d.add_argument("session", help="SESSION or RUN/SESSION")
+    d.add_argument("--run", help="the run, when SESSION alone is ambiguous")
+    d.add_argument("--json", action="store_true")
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def run(args: argparse.Namespace) -> int:
+    state = open_state(Settings.from_env(home=args.home))
+    if args.verb == "list":
+        sessions = state.list_sessions(run=args.run, state=args.state)
+        if args.json:
+            print(json.dumps([s.to_dict() for s in sessions], indent=2))
+            return 0
+        print(f"{'RUN/SESSION':<48} {'VER':>3} {'STATE':<14} {'HOSTS':>5} {'VERDICT':<16} UPDATED")
+        for s in sessions:
+            print(f"{s.key:<48} {s.version:>3} {s.state:<14} {len(s.hosts):>5} "
+                  f"{s.verdict or '-':<16} {_stamp(s.updated_at)}")
+        return 0
+    run_name, _, session = args.session.rpartition("/")
+    run_name = run_name or args.run
+    candidates = [s for s in state.list_sessions(run=run_name) if s.session == session]
+    if not candidates:
+        raise MldiagError(f"unknown session {args.session!r}")
+    if len(candidates) > 1:
+        raise MldiagError(f"session {session!r} exists in several runs "
+                          f"({', '.join(s.run for s in candidates)}): pass RUN/SESSION")
+    s = candidates[0]
+    if args.json:
+        print(json.dumps(s.to_dict(), indent=2))
+        return 0
+    print(f"session:  {s.key}  (version {s.version}, kind {s.kind}, trigger {s.trigger})")
+    print(f"state:    {s.state}" + (f"  reason: {s.reason}" if s.reason else ""))
+    print(f"verdict:  {s.verdict or '-'}")
+    print(f"report:   {s.report_path or '-'}")
+    expected = f" of {len(s.expected_hosts)} expected" if s.expected_hosts else ""
+    print(f"hosts:    {len(s.hosts)}{expected}")
+    for host, h in sorted(s.hosts.items()):
+        extra = f"  {h.reason}" if h.reason else ""
+        print(f"  {host:<32} {h.status:<8} {h.size:>12} B  {_stamp(h.arrived_at)}{extra}")
+    print("timings:")
+    start = s.created_at
+    for st, t in sorted(s.timings.items(), key=lambda kv: kv[1]):
+        print(f"  {st:<14} {_stamp(t)}  (+{t - start:.2f} s)")
+    return 0

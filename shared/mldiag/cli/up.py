@@ -1,0 +1,69 @@
+"""`mldiag up`: run the local pipeline in the foreground until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+import time
+from types import FrameType
+from typing import Any
+
+from mldiag.bootstrap import bootstrap
+from mldiag.model import SessionRecord
+from mldiag.settings import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser(
+        "up",
+        help="run the local pipeline: watch the bucket, analyse every profile dropped in it",
+        description="Watch $MLDIAG_HOME/bucket, process events with the embedded adapters "
+        "(SQLite state, in-process bus, rule-based investigator) and print each session's "
+        "state transitions. Ctrl-C stops it cleanly.",
+    )
+    p.add_argument("--home", help="state and bucket directory (default: $MLDIAG_HOME or .mldiag)")
+    p.add_argument("--settle", type=float, help="seconds without a new host before a session "
+                   "with unknown expected hosts is analysed (default 2)")
+
+
+def describe_transition(s: SessionRecord) -> str:
+    detail = ""
+    if s.state == "FAILED":
+        detail = f"  reason: {s.reason}"
+    elif s.state == "REPORTED":
+        detail = f"  verdict: {s.verdict}  report: {s.report_path}"
+    elif s.state == "CAPTURING":
+        detail = f"  hosts: {len(s.hosts)}" + (
+            f"/{len(s.expected_hosts)}" if s.expected_hosts else "")
+    stamp = time.strftime("%H:%M:%S")
+    return f"{stamp} {s.run}/{s.session} v{s.version} {s.state}{detail}"
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = Settings.from_env(home=args.home, settle_s=args.settle)
+
+    def listener(s: SessionRecord) -> None:
+        print(describe_transition(s), flush=True)
+
+    runtime = bootstrap(settings, listener=listener)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    runtime.start()
+    print(f"mldiag up: watching {runtime.storage.root} (state {settings.state_db}); "
+          "Ctrl-C to stop", flush=True)
+    try:
+        while not stop.is_set():
+            stop.wait(0.5)
+    finally:
+        print("mldiag up: stopping (finishing messages in progress)...", file=sys.stderr,
+              flush=True)
+        runtime.stop()
+    print("mldiag up: stopped", flush=True)
+    return 0

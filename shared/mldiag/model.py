@@ -1,0 +1,129 @@
+"""Domain records: runs, sessions and their hosts, and the session state machine."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+REQUESTED, CAPTURING, CAPTURED = "REQUESTED", "CAPTURING", "CAPTURED"
+ANALYZING, INVESTIGATING, REPORTED, FAILED = "ANALYZING", "INVESTIGATING", "REPORTED", "FAILED"
+STATES = (REQUESTED, CAPTURING, CAPTURED, ANALYZING, INVESTIGATING, REPORTED, FAILED)
+# States in which a session waits on a stage; the sweeper re-queues those stuck too long.
+WORKING = (CAPTURED, ANALYZING, INVESTIGATING)
+TERMINAL = (REPORTED, FAILED)
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+=,-]{0,254}$")
+XPLANE_SUFFIXES = (".xplane.pb", ".xplane.riegeli")
+
+
+@dataclass
+class RunRecord:
+    """One ML workload run. `discovered` runs were created by a file dropped in the bucket."""
+
+    name: str
+    run_group: str | None = None
+    configs: dict[str, Any] = field(default_factory=dict)
+    storage_prefix: str = ""
+    on_demand: bool = False
+    discovered: bool = False
+    created_at: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class HostRecord:
+    """One host's xplane in a session."""
+
+    object_name: str
+    generation: str
+    size: int
+    arrived_at: float
+    status: str = "ARRIVED"  # ARRIVED | FAILED
+    reason: str = ""
+
+
+@dataclass
+class SessionRecord:
+    """One profile capture of a run, with its hosts and where it is in the state machine."""
+
+    run: str
+    session: str
+    state: str
+    version: int = 1
+    kind: str = "programmatic"
+    trigger: str = "manual"
+    hosts: dict[str, HostRecord] = field(default_factory=dict)
+    expected_hosts: list[str] = field(default_factory=list)
+    verdict: str | None = None
+    reason: str = ""
+    report_path: str = ""
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    last_arrival_at: float = 0.0
+    # State name -> time it was last entered, for `sessions describe`.
+    timings: dict[str, float] = field(default_factory=dict)
+    reported_version: int = 0
+    # The last stage finished for this version ("collected:<triage status>", "investigated"),
+    # so a redelivered message skips the work and re-publishes what comes next.
+    progress: str = ""
+
+    @property
+    def key(self) -> str:
+        return f"{self.run}/{self.session}"
+
+    def complete(self) -> bool:
+        """All expected hosts arrived (False when none are expected: the settle window decides)."""
+        return bool(self.expected_hosts) and set(self.expected_hosts) <= set(self.hosts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SessionRecord:
+        hosts = {h: HostRecord(**v) for h, v in (data.get("hosts") or {}).items()}
+        return cls(**{**data, "hosts": hosts})
+
+
+@dataclass(frozen=True)
+class ProfileObjectName:
+    """`<prefix>/<run>/plugins/profile/<session>/<host>.xplane.pb`, parsed and validated."""
+
+    prefix: str
+    run: str
+    session: str
+    host: str
+    suffix: str
+
+    @property
+    def session_dir(self) -> str:
+        parts = [p for p in (self.prefix, self.run, "plugins", "profile", self.session) if p]
+        return "/".join(parts)
+
+    @property
+    def analysis_dir(self) -> str:
+        return f"{self.session_dir}/analysis"
+
+
+def parse_object_name(name: str) -> ProfileObjectName | None:
+    """The profile an object name denotes, or None for any other object (artifacts, junk).
+
+    Raises ValueError for names that try path tricks ("..", empty or odd segments).
+    """
+    if not name.endswith(XPLANE_SUFFIXES):
+        return None
+    parts = name.split("/")
+    if len(parts) < 5 or parts[-4:-2] != ["plugins", "profile"]:
+        return None
+    for p in parts:
+        if p in ("", ".", "..") or not _SEGMENT.match(p):
+            raise ValueError(f"unsafe object name {name!r}: bad path segment {p!r}")
+    filename = parts[-1]
+    suffix = next(s for s in XPLANE_SUFFIXES if filename.endswith(s))
+    host = filename[: -len(suffix)]
+    if not host:
+        raise ValueError(f"unsafe object name {name!r}: empty host name")
+    return ProfileObjectName(prefix="/".join(parts[:-5]), run=parts[-5], session=parts[-2],
+                             host=host, suffix=suffix)

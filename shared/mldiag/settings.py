@@ -1,0 +1,62 @@
+"""Settings: one frozen object, built from the environment; explicit arguments win."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything the bootstrap needs to build the services.
+
+    Environment variables (all optional): MLDIAG_HOME, MLDIAG_SETTLE_S, MLDIAG_STABILITY_S,
+    MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S, MLDIAG_STUCK_AFTER_S,
+    MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S.
+    """
+
+    home: Path = Path(".mldiag")
+    # A session without known expected hosts is complete once no host arrived for this long.
+    settle_s: float = 2.0
+    # A dropped file must keep its size and mtime this long before it counts as written.
+    stability_s: float = 0.3
+    max_host_bytes: int = 2 * GIB
+    max_attempts: int = 5
+    retry_backoff_s: float = 0.5
+    # A session in a working state for longer than this is re-queued by the sweeper.
+    stuck_after_s: float = 600.0
+    # How long a stage's claim holds before another delivery may take over.
+    lease_s: float = 300.0
+    workers: int = 2
+    poll_s: float = 0.1
+
+    @property
+    def bucket_dir(self) -> Path:
+        return self.home / "bucket"
+
+    @property
+    def state_db(self) -> Path:
+        return self.home / "state.db"
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Read MLDIAG_* variables; keyword arguments override them."""
+        env = dict(os.environ) if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f"MLDIAG_{f.name.upper()}")
+            if raw is None or raw == "":
+                continue
+            kind = type(getattr(cls, f.name)) if hasattr(cls, f.name) else str
+            try:
+                values[f.name] = Path(raw) if f.name == "home" else kind(raw)
+            except ValueError as e:
+                raise ValueError(f"MLDIAG_{f.name.upper()}={raw!r}: {e}") from e
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if "home" in values:
+            values["home"] = Path(values["home"])
+        return replace(cls(), **values)

@@ -1,0 +1,409 @@
+"""The pipeline stages: plain functions `handle(message, services)`, one registry.
+
+- on_profile_object: a finalized xplane registers its host in its session (creating run and
+  session when the file came from outside); a complete session gets one AnalyzeSession.
+- collect: the 15-tool health snapshot, then triage: OPTIMAL goes straight to the report,
+  anything else to investigation.
+- investigate: the investigator and its follow-up calls.
+- render_report: analysis.json and summary.html; the session is REPORTED.
+
+Every stage is idempotent. Claims keyed by the event (or by session and version) make
+duplicates no-ops; a transient error propagates so the bus redelivers; a permanent one
+(unreadable profile, bad message) marks the session FAILED with its reason and is acknowledged.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+from mldiag.analysis.collect import collect as collect_snapshot
+from mldiag.analysis.engine import build_analysis
+from mldiag.analysis.engine import investigate as run_investigator
+from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.investigator import RuleBasedInvestigator
+from mldiag.analysis.profile_input import ProfileSession, validate_xplane
+from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.errors import PermanentFailure, PoisonMessage, ProfileUnreadable
+from mldiag.messages import (
+    AnalyzeSession,
+    InvestigateSession,
+    Message,
+    ProfileObjectFinalized,
+    RenderReport,
+    parse,
+)
+from mldiag.model import (
+    ANALYZING,
+    CAPTURED,
+    CAPTURING,
+    FAILED,
+    INVESTIGATING,
+    REPORTED,
+    HostRecord,
+    SessionRecord,
+    parse_object_name,
+)
+from mldiag.ports import Bus, Investigator, StateStore, Storage
+from mldiag.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Services:
+    """What the stages need, built once by the bootstrap."""
+
+    settings: Settings
+    storage: Storage
+    state: StateStore
+    bus: Bus
+    investigator: Investigator = field(default_factory=RuleBasedInvestigator)
+    clock: Callable[[], float] = time.time
+    owner: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+def _fail(services: Services, run: str, session: str, reason: str) -> None:
+    log.warning("session %s/%s FAILED: %s", run, session, reason)
+    services.state.transition(run, session, FAILED, now=services.clock(), reason=reason)
+
+
+# on_profile_object
+
+
+def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
+    """Register a finalized xplane in its session; publish the analysis when complete."""
+    try:
+        name = parse_object_name(msg.name)
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
+    if name is None:
+        return  # not a profile: artifacts, notes, anything else in the bucket
+    key = f"object:{msg.event_key}"
+    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
+        return
+    try:
+        now = services.clock()
+        services.state.ensure_run(name.run, discovered=True)
+        status, reason = "ARRIVED", ""
+        if msg.size == 0:
+            status, reason = "FAILED", f"{name.host}: empty file (0 bytes)"
+        elif msg.size > services.settings.max_host_bytes:
+            status, reason = "FAILED", (
+                f"{name.host}: {msg.size / 1024**3:.2f} GiB exceeds the per-host cap of "
+                f"{services.settings.max_host_bytes / 1024**3:.2f} GiB")
+        elif name.suffix == ".xplane.riegeli":
+            status, reason = "FAILED", (
+                f"{name.host}: .xplane.riegeli (continuous-profiling snapshot) is not readable "
+                "by xprof 2.24.2's converters; export it as .xplane.pb")
+        record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
+                            arrived_at=now, status=status, reason=reason)
+        session, new = services.state.register_host(name.run, name.session, name.host, record,
+                                                    now)
+        if status == "FAILED" and new:
+            _fail(services, name.run, name.session, reason)
+        elif session.complete():
+            # Also on a redelivery (not new): the first delivery may have died before this.
+            complete_session(services, session)
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+def complete_session(services: Services, session: SessionRecord) -> bool:
+    """CAPTURING → CAPTURED and one AnalyzeSession per version; False if another won."""
+    moved = services.state.transition(session.run, session.session, CAPTURED,
+                                      expect=[CAPTURING], version=session.version,
+                                      now=services.clock())
+    if moved is None:
+        return False
+    services.bus.publish(AnalyzeSession(run=moved.run, session=moved.session,
+                                        version=moved.version))
+    return True
+
+
+# collect
+
+
+def _stage_claim(services: Services, stage: str, msg: AnalyzeSession | InvestigateSession |
+                 RenderReport) -> str | None:
+    key = f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
+    ok = services.state.claim(key, services.owner, services.settings.lease_s, services.clock())
+    return key if ok else None
+
+
+def _current(services: Services, msg: AnalyzeSession | InvestigateSession | RenderReport,
+             states: tuple[str, ...]) -> SessionRecord | None:
+    """The session if this message is still its current work, else None (a duplicate)."""
+    if services.state.get_run(msg.run) is None:
+        raise PoisonMessage(f"unknown run {msg.run!r}")
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None:
+        raise PoisonMessage(f"unknown session {msg.run}/{msg.session}")
+    if s.version != msg.version or s.state not in states:
+        return None
+    return s
+
+
+def _profile_session(s: SessionRecord, local_dir: Path) -> ProfileSession:
+    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
+    paths = tuple(local_dir / s.hosts[h].object_name.rsplit("/", 1)[1] for h in hosts)
+    return ProfileSession(run=s.run, name=s.session, path=local_dir, xplanes=paths)
+
+
+def _analysis_dir(s: SessionRecord) -> str:
+    any_host = next(iter(s.hosts.values()))
+    return f"{any_host.object_name.rsplit('/', 1)[0]}/analysis"
+
+
+def _write_artifact(services: Services, s: SessionRecord, filename: str, data: bytes,
+                    content_type: str) -> str:
+    base = _analysis_dir(s)
+    # The latest version at analysis/<file>; every version also keeps analysis/v<n>/<file>.
+    services.storage.write_bytes(f"{base}/v{s.version}/{filename}", data,
+                                 content_type=content_type)
+    name = f"{base}/{filename}"
+    services.storage.write_bytes(name, data, content_type=content_type)
+    return name
+
+
+def collect(msg: AnalyzeSession, services: Services) -> None:
+    """Run the collection tools, write health_snapshot.json, triage, route onwards."""
+    s = _current(services, msg, (CAPTURED, ANALYZING))
+    if s is None:
+        return
+    if s.progress.startswith("collected:"):
+        _route_after_collect(services, msg, s.progress.split(":", 1)[1])
+        return
+    key = _stage_claim(services, "collect", msg)
+    if key is None:
+        return
+    try:
+        s = services.state.transition(msg.run, msg.session, ANALYZING,
+                                      expect=[CAPTURED, ANALYZING], version=msg.version,
+                                      now=services.clock())
+        if s is None:
+            services.state.complete(key, services.owner)
+            return
+        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        try:
+            with services.storage.local_files(names) as local:
+                session = _profile_session(s, local)
+                for xplane in session.xplanes:
+                    validate_xplane(xplane, max_bytes=services.settings.max_host_bytes)
+                snapshot = collect_snapshot(session, max_host_bytes=services.settings
+                                            .max_host_bytes)
+        except ProfileUnreadable as e:
+            _fail(services, msg.run, msg.session, str(e))
+            services.state.complete(key, services.owner)
+            return
+        snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
+        snapshot["session"]["version"] = s.version
+        _write_artifact(services, s, "health_snapshot.json",
+                        json.dumps(snapshot, indent=2, default=str).encode(), "application/json")
+        status = triage(snapshot).status
+        services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
+                                  version=msg.version, now=services.clock(),
+                                  progress=f"collected:{status}")
+        _route_after_collect(services, msg, status)
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
+    if status == OPTIMAL:
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
+        return
+    services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[ANALYZING],
+                              version=msg.version, now=services.clock())
+    services.bus.publish(InvestigateSession(run=msg.run, session=msg.session,
+                                            version=msg.version))
+
+
+def _read_json(services: Services, name: str) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(services.storage.read_bytes(name)))
+
+
+def investigate(msg: InvestigateSession, services: Services) -> None:
+    """Run the investigator on the snapshot and write investigation.json."""
+    s = _current(services, msg, (INVESTIGATING,))
+    if s is None:
+        return
+    if s.progress == "investigated":
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
+        return
+    key = _stage_claim(services, "investigate", msg)
+    if key is None:
+        return
+    try:
+        base = _analysis_dir(s)
+        snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
+        result = triage(snapshot)
+        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        with services.storage.local_files(names) as local:
+            investigation = run_investigator(snapshot, result, services.investigator,
+                                             session=_profile_session(s, local))
+        _write_artifact(services, s, "investigation.json",
+                        json.dumps({**investigation, "triage": result.to_dict()}, indent=2,
+                                   default=str).encode(), "application/json")
+        services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[INVESTIGATING],
+                                  version=msg.version, now=services.clock(),
+                                  progress="investigated")
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session,
+                                          version=msg.version))
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+def render_report(msg: RenderReport, services: Services) -> None:
+    """Write analysis.json and summary.html; mark the session REPORTED."""
+    s = _current(services, msg, (ANALYZING, INVESTIGATING))
+    if s is None:
+        return
+    key = _stage_claim(services, "render", msg)
+    if key is None:
+        return
+    try:
+        base = f"{_analysis_dir(s)}/v{s.version}"
+        snapshot = _read_json(services, f"{base}/health_snapshot.json")
+        result = triage(snapshot)
+        if services.storage.stat(f"{base}/investigation.json") is not None:
+            investigation = _read_json(services, f"{base}/investigation.json")
+        else:
+            investigation = run_investigator_offline(snapshot, result, services)
+            _write_artifact(services, s, "investigation.json",
+                            json.dumps({**investigation, "triage": result.to_dict()}, indent=2,
+                                       default=str).encode(), "application/json")
+        analysis = build_analysis(snapshot, result, investigation)
+        analysis["session"]["version"] = s.version
+        _write_artifact(services, s, "analysis.json",
+                        json.dumps(analysis, indent=2, default=str).encode(), "application/json")
+        html_name = _write_artifact(services, s, "summary.html",
+                                    render_summary_html(analysis, snapshot).encode(),
+                                    "text/html; charset=utf-8")
+        services.state.transition(msg.run, msg.session, REPORTED,
+                                  expect=[ANALYZING, INVESTIGATING], version=msg.version,
+                                  now=services.clock(), verdict=analysis["status"],
+                                  report_path=services.storage.uri(html_name))
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+def run_investigator_offline(snapshot: Mapping[str, Any], result: Any,
+                             services: Services) -> dict[str, Any]:
+    """OPTIMAL short-circuit: findings from the hypotheses, no follow-up calls, no files."""
+    from mldiag.analysis.followups import FollowUps
+
+    session = ProfileSession(run="", name="", path=Path("."), xplanes=())
+    with FollowUps(session, max_calls=0) as follow_ups:
+        out = services.investigator.investigate(snapshot, result, follow_ups)
+    out["short_circuit"] = "triage verdict OPTIMAL: no follow-up calls made"
+    return out
+
+
+HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {
+    ProfileObjectFinalized: on_profile_object,
+    AnalyzeSession: collect,
+    InvestigateSession: investigate,
+    RenderReport: render_report,
+}
+
+
+def handle(message: Message, services: Services) -> None:
+    """Route one message to its stage. Permanent failures end as FAILED, not as retries."""
+    handler = HANDLERS[type(message)]
+    try:
+        handler(message, services)
+    except PermanentFailure as e:
+        run, session = getattr(message, "run", None), getattr(message, "session", None)
+        if run and session:
+            _fail(services, run, session, str(e))
+            return
+        raise PoisonMessage(str(e)) from e
+    except PoisonMessage as e:
+        # Record the reason on the session when the message names one that exists.
+        run, session = getattr(message, "run", None), getattr(message, "session", None)
+        if run and session and services.state.get_session(run, session) is not None:
+            _fail(services, run, session, f"poison message: {e}")
+        raise
+
+
+def dispatch(services: Services) -> Callable[[str, str, Mapping[str, str]], None]:
+    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it."""
+
+    def deliver(topic: str, payload: str, attributes: Mapping[str, str]) -> None:
+        handle(parse(payload, topic), services)
+
+    return deliver
+
+
+# Sweeper
+
+
+def sweep(services: Services) -> dict[str, int]:
+    """Complete settled sessions and re-queue stuck ones. Safe to run at any rate."""
+    now = services.clock()
+    settings = services.settings
+    done = {"settled": 0, "requeued": 0}
+    for s in services.state.list_sessions(state=CAPTURING):
+        arrived = [h for h, r in s.hosts.items() if r.status == "ARRIVED"]
+        if not arrived:
+            continue
+        quiet = now - s.last_arrival_at
+        waited_enough = (not s.expected_hosts and quiet >= settings.settle_s) or (
+            s.expected_hosts and quiet >= settings.stuck_after_s)
+        if waited_enough and complete_session(services, s):
+            done["settled"] += 1
+    for state, make in ((CAPTURED, AnalyzeSession), (ANALYZING, AnalyzeSession),
+                        (INVESTIGATING, InvestigateSession)):
+        for s in services.state.list_sessions(state=state):
+            if now - s.updated_at >= settings.stuck_after_s:
+                # Touch the session so it is re-queued once per deadline, not every sweep.
+                services.state.transition(s.run, s.session, s.state, expect=[s.state],
+                                          version=s.version, now=now)
+                services.bus.publish(make(run=s.run, session=s.session, version=s.version))
+                done["requeued"] += 1
+    return done
+
+
+class Sweeper:
+    """Runs `sweep` periodically in a thread (the local stand-in for Cloud Scheduler)."""
+
+    def __init__(self, services: Services, interval_s: float = 0.25) -> None:
+        self.services = services
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="mldiag-sweeper", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                sweep(self.services)
+            except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
+                log.exception("sweep failed; retrying next interval")
+            self._stop.wait(self.interval_s)
