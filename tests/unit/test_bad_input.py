@@ -66,3 +66,20 @@ def test_oversized_host_file_fails_with_reason(tmp_path):
     shutil.copy(TPU, copy)
     with pytest.raises(ProfileUnreadable, match="exceeds the per-host cap"):
         validate_xplane(copy, max_bytes=1024)
+
+
+def test_xspace_without_events(tmp_path, capsys):
+    # A parseable XSpace with one empty plane: nothing was captured.
+    code, err = _run(capsys, str(_session(tmp_path, b"\x0a\x00")))
+    assert code == 2 and "no events" in err and len(err.splitlines()) == 1
+
+
+def test_unwritable_output_is_one_line(tmp_path, capsys):
+    if not TPU.is_file():
+        pytest.skip(f"{TPU} absent")
+    logdir = _session(tmp_path, TPU.read_bytes())
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    code, err = _run(capsys, str(logdir), "--out", str(blocker / "out"))
+    assert code == 1 and "cannot write the report" in err and "Traceback" not in err
+    assert len(err.splitlines()) == 1

@@ -222,7 +222,8 @@ class _Collector:
                     if len(parts) >= 4 and parts[0] == "by_program":
                         module, inst = parts[1], parts[-1]
                         ms = float(op.get("total_self_time_ms", 0.0))
-                        # The op profile sums over all steps; scale to the per-step share.
+                        # Totals over the whole profile, divided by the profile's total time
+                        # below: a share of device time, which equals the share of a step.
                         times[(module, inst)] = ms
             return times, total or None, "get_hlo_op_profile self time, total over the profile"
         tl = self.timeline.get()

@@ -142,10 +142,12 @@ def analyze(
     """
     session = resolve_session(path)
     target = Path(out_dir) if out_dir is not None else session.path / "analysis"
+    # Fail on an unusable output directory before minutes of collection, not after.
+    target.mkdir(parents=True, exist_ok=True)
     snapshot = collect(session, progress=progress)
     write_json(snapshot, target / "health_snapshot.json")
     result = triage(snapshot)
-    investigation = investigate(snapshot, result, investigator)
+    investigation = investigate(snapshot, result, investigator, session=session)
     write_json({**investigation, "triage": result.to_dict()}, target / "investigation.json")
     analysis = build_analysis(snapshot, result, investigation)
     write_json(analysis, target / "analysis.json")

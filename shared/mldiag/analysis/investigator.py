@@ -146,6 +146,10 @@ def _finding(h: Hypothesis, what: str, fix: str, extra: list[dict[str, Any]] | N
     }
 
 
+_JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_params|"
+                           r"lax\.py|numpy/reductions|array_methods")
+
+
 def _host_events(ctx: _Context, step_ms: float) -> list[tuple[int, dict[str, Any]]]:
     data = ctx.data("host_events")
     if not isinstance(data, Mapping):
@@ -192,7 +196,14 @@ def _host_bound(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
            "or `grain`/`tf.data` with `.prefetch`), and avoid a host sync per step "
            "(`.block_until_ready()`, `float(loss)`, `print(loss)`) so JAX's async dispatch can "
            "overlap the host with the device.")
-    if names:
+    jax_internal = [row for _, row in culprits if _JAX_INTERNAL.search(str(row["event"]))]
+    if culprits and len(jax_internal) * 2 >= len(culprits):
+        fix = ("The host time is JAX's own dispatch and tracing (" + ", ".join(
+            f"`{r['event'].lstrip('$')}`" for r in jax_internal[:2]) + "): the step runs as "
+            "many small un-jitted operations. Wrap the whole training step in one `jax.jit` "
+            "(arguments that change shape or are Python values go in `static_argnums` or "
+            "become arrays), so each step is one dispatch of one compiled program.")
+    elif names:
         fix = f"Remove or overlap {names[0]} first: " + fix[0].lower() + fix[1:]
     return _finding(h, what, fix, extra)
 
@@ -247,12 +258,12 @@ def _layout_copy(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     if param:
         what += (f" Its input is the jitted function's argument `{param}`, which arrives in "
                  f"layout {d['input_layout']}, so the copy runs on every call.")
-        fix = (f"Hand `{param}` to the jitted step in the layout it consumes: create it "
-               f"row-major once before the loop (e.g. `x = jnp.asarray(np.ascontiguousarray(x))`"
-               " or `x = jax.device_put(x)` instead of passing `x.T` or an array placed with a "
-               "column-major `Format`/`Layout`), or let the compiler choose the argument layout "
-               "with `jax.jit(step, in_shardings=...)` and `Layout(AUTO)` so the transpose is "
-               "paid once, not per step.")
+        fix = (f"Hand `{param}` to the jitted step in the layout it consumes: drop the "
+               "column-major `Format(Layout(major_to_minor=...))` from its `jax.device_put` / "
+               "`in_shardings` (or stop passing a transposed view), or let XLA choose: "
+               "`step = jax.jit(f, in_shardings=(Format(Layout.AUTO), None))`, then place the "
+               "array once with `jax.device_put(x, step.lower(x, w).compile()"
+               ".input_formats[0][0])` so the relayout is paid once, not every step.")
     else:
         fix = ("This copy comes from a transpose the consumer does not need materialised "
                "(`x.T`, `jnp.transpose`, `jnp.swapaxes`, or `x.T @ w`). Express the contraction "
@@ -460,6 +471,7 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
     if parts:
         sentences.append("Measured: " + ", ".join(parts) + ".")
     if triage.not_judged:
-        sentences.append("Not judged for lack of data: "
-                         + "; ".join(s.split(":")[0] for s in triage.not_judged) + ".")
+        sentences.append("Could not be judged for lack of data: "
+                         + "; ".join(f"whether {s.split(':')[0]}" if "is" in s.split(":")[0]
+                                     else s.split(":")[0] for s in triage.not_judged) + ".")
     return " ".join(sentences[:5])

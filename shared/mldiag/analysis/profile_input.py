@@ -69,7 +69,7 @@ def _run_name(session_dir: Path) -> str:
 
 def find_sessions(path: str | os.PathLike[str]) -> list[ProfileSession]:
     """Return every session under `path`, oldest name first (XProf names sort by time)."""
-    p = Path(path).expanduser()
+    p = Path(path).expanduser().absolute()
     if not p.exists():
         raise ProfileUnreadable(f"{p}: no such file or directory")
     if p.is_file():
@@ -129,6 +129,11 @@ def validate_xplane(path: Path, max_bytes: int = DEFAULT_MAX_HOST_BYTES) -> int:
         ) from e
     with data:
         planes = len(data.planes)
+        lines = sum(len(p.lines) for p in data.planes)
     if planes == 0:
         raise ProfileUnreadable(f"{path.name}: not an XSpace (parsed, but holds no planes)")
+    if lines == 0:
+        raise ProfileUnreadable(
+            f"{path.name}: an XSpace with no events ({planes} plane(s), no timeline lines): "
+            "nothing was captured")
     return planes

@@ -186,11 +186,14 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
             op_count[k] += h.op_count[k]
         host_step = sum(steps_ms) / len(steps_ms) if steps_ms else None
         host_busy = sum(busy_ms) / len(busy_ms) if busy_ms else None
+        host_wait = (100.0 * (host_step - host_busy) / host_step
+                     if host_step and host_busy is not None else None)
         per_host.append(
             {
                 "host": h.host,
                 "compute_source": h.source,
                 "steps": len(steps_ms),
+                "host_wait_percent": _round(host_wait, 2) if host_wait is not None else None,
                 "step_time_ms_average": _round(host_step) if host_step is not None else None,
                 "compute_busy_ms_average": _round(host_busy) if host_busy is not None else None,
                 "active_span_ms": _round(h.active_span_ns / 1e6),

@@ -96,9 +96,11 @@ def _priority(value: float, p0: float, p1: float) -> str:
 def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """The headline metrics of analysis.json, each read from a tool output (None if absent)."""
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
-    step = ev.number(ev.get(snapshot, "get_step_trace", "summary.step_time_ms_average"))
+    # Our timeline's steps are the denominator of every per-step figure in the report, so the
+    # headline step time comes from the same steps (xprof's step trace may drop some).
+    step = ev.number(hb.get("step_time_ms_average")) if hb.get("steps_analyzed") else None
     if not step:
-        step = ev.number(hb.get("step_time_ms_average"))
+        step = ev.number(ev.get(snapshot, "get_step_trace", "summary.step_time_ms_average"))
     if not step:
         step = ev.number(ev.get(snapshot, "get_xprof_overview",
                                 "performance_summary.steptime_ms_average")) or None
@@ -185,23 +187,37 @@ def _host_bound(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis")
     if not hb or not hb.get("steps_analyzed"):
         return []
+    tool, base = "get_step_trace", "host_bound_analysis"
     wait = ev.number(hb.get("host_wait_percent"))
+    hosts = [h for h in hb.get("per_host") or [] if h.get("host_wait_percent") is not None]
+    proof: list[dict[str, Any]] = []
+    if len(hosts) > 1:
+        # An average over hosts hides a straggler: judge and cite the worst host.
+        i, worst = max(enumerate(hosts), key=lambda kv: kv[1]["host_wait_percent"])
+        index = (hb.get("per_host") or []).index(worst)
+        wait = float(worst["host_wait_percent"])
+        proof += [ev.cite(snapshot, tool, f"{base}.per_host[{index}].{k}") for k in (
+            "host", "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average")]
+        step_ms = float(worst["step_time_ms_average"])
+        wait_ms = step_ms - float(worst["compute_busy_ms_average"] or 0.0)
+        who = f"host {worst['host']} waits"
+    else:
+        step_ms = float(hb["step_time_ms_average"])
+        wait_ms = ev.number(hb.get("host_wait_ms_average")) or 0.0
+        who = "the device waits"
     if wait is None or wait < HOST_WAIT_P1_PERCENT:
         return []
-    tool = "get_step_trace"
-    base = "host_bound_analysis"
-    proof = [ev.cite(snapshot, tool, f"{base}.{k}") for k in (
+    proof += [ev.cite(snapshot, tool, f"{base}.{k}") for k in (
         "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average",
         "steps_mostly_waiting", "steps_analyzed")]
-    wait_ms = ev.number(hb.get("host_wait_ms_average")) or 0.0
     return [Hypothesis(
         category="host_bound",
         priority=_priority(wait, HOST_WAIT_P0_PERCENT, HOST_WAIT_P1_PERCENT),
-        title=f"Host-bound: the device waits {wait:.1f}% of each step for the host",
+        title=f"Host-bound: {who} {wait:.1f}% of each step for the host",
         evidence=proof,
         impact=_impact(wait, "% of step",
-                       f"up to {wait_ms:.1f} ms of each {hb['step_time_ms_average']:.1f} ms step "
-                       f"({wait:.1f}%) is spent outside compiled XLA work"),
+                       f"up to {wait_ms:.1f} ms of each {step_ms:.1f} ms step ({wait:.1f}%) is "
+                       "spent outside compiled XLA work"),
         details={"host_wait_ms": wait_ms},
     )]
 
@@ -214,6 +230,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
         return []
     proof = _device_idle_evidence(snapshot)
     per_step = proof[0]["tool"] == "get_step_trace"
+    steps = int(ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")) or 0)
     duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
     if duty is not None:
         proof.append(ev.cite(snapshot, "get_xprof_overview",
@@ -223,10 +240,18 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     if hosts and hosts[0].get("busy_in_active_span_percent") is not None:
         proof.append(ev.cite(snapshot, "get_step_trace",
                              "host_bound_analysis.per_host[0].busy_in_active_span_percent"))
+    priority = _priority(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT)
+    scope = "the profiled time"
+    if per_step:
+        scope = "each step"
+        if steps < 3:
+            # One or two steps are too few to call critical: warm-up or a one-off stall.
+            scope = f"the {steps} captured step{'s' if steps != 1 else ''}"
+            priority = "P1" if priority == "P0" else priority
     return [Hypothesis(
         category="idle",
-        priority=_priority(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT),
-        title=f"Device idle {idle:.1f}% of {'each step' if per_step else 'the profiled time'}",
+        priority=priority,
+        title=f"Device idle {idle:.1f}% of {scope}",
         evidence=proof,
         impact=_impact(idle, "% of step" if per_step else "% of device time",
                        f"{idle:.1f}% of {'step' if per_step else 'device'} time has no op "
@@ -400,15 +425,25 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
 
     util: float | None = None
-    util_source = ""
+    util_source = ("XLA:CPU busy share of step (timeline)" if cpu else
+                   "op time outside IDLE, transfers and collectives (get_hlo_op_profile)")
     if cpu:
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
-            util, util_source = 100.0 - wait, "XLA:CPU busy share of step (timeline)"
+            util = 100.0 - wait
     else:
-        util = ev.percent(ev.get(snapshot, "get_xprof_overview",
-                                 "performance_summary.device_duty_cycle_percent"))
-        util_source = "device duty cycle (get_xprof_overview)"
+        # A busy device is not a computing one: time in copies, collectives and IDLE does not
+        # count (a duty cycle of 86% is mostly copy-done on the TPU fixture).
+        rows = ev.get(snapshot, "get_hlo_op_profile", "category_summary", []) or []
+        if rows:
+            waste = sum(float(r.get("fraction_of_total_time") or 0.0) for r in rows
+                        if str(r.get("category")) in ("IDLE", *_TRANSFER_CATEGORIES,
+                                                      *_COLLECTIVE_CATEGORIES))
+            util = round(100.0 * (1.0 - waste), 2)
+        else:
+            util = ev.percent(ev.get(snapshot, "get_xprof_overview",
+                                     "performance_summary.device_duty_cycle_percent"))
+            util_source = "device duty cycle (get_xprof_overview)"
         if util is None:
             util = ev.number(ev.get(snapshot, "get_step_trace", "summary.compute_percent"))
             util_source = "compute share of step (get_step_trace)"

@@ -40,6 +40,13 @@ _NO_DATA_PATTERNS = re.compile(
 )
 
 
+GLOBALS_WAIT_S = 600.0
+
+
+class XprofBusy(RuntimeError):
+    """xprof's process-global state is held by a tool that has not finished."""
+
+
 class NoData(Exception):
     """A tool ran correctly and found nothing to report (normal on CPU profiles)."""
 
@@ -75,7 +82,12 @@ class XprofWorkspace:
         self.run_dir.mkdir(parents=True)
         for xplane in self.session.xplanes:
             (self.run_dir / xplane.name).symlink_to(xplane.resolve())
-        _XPROF_GLOBALS.acquire()
+        # A tool thread that outlived its timeout still holds xprof's globals; waiting for it
+        # forever would hang this analysis too, so give up with a (transient) error.
+        if not _XPROF_GLOBALS.acquire(timeout=GLOBALS_WAIT_S):
+            shutil.rmtree(self._root, ignore_errors=True)
+            raise XprofBusy(f"xprof is still busy with a timed-out tool after "
+                            f"{GLOBALS_WAIT_S:g} s; retry later")
         self._lock_held = True
         from xprof.cli.internal import decorators
 

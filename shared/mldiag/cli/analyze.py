@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from mldiag.analysis.engine import analyze
+from mldiag.analysis.profile_input import find_sessions
 from mldiag.errors import MldiagError
 
 
@@ -36,12 +37,18 @@ def run(args: argparse.Namespace) -> int:
     progress = None if args.quiet else _progress
     if not args.quiet:
         print(f"mldiag: analysing {args.path}", file=sys.stderr, flush=True)
+    sessions = find_sessions(args.path)
+    if len(sessions) > 1:
+        print(f"mldiag: {len(sessions)} sessions under {args.path}; analysing the newest, "
+              f"{sessions[-1].path} (pass a session directory to choose another)",
+              file=sys.stderr)
     try:
-        result = analyze(args.path, args.out, progress=progress)
-    except PermissionError as e:
-        raise MldiagError(
-            f"cannot write the report to {e.filename}: permission denied (use --out DIR)"
-        ) from e
+        result = analyze(sessions[-1].path if len(sessions) > 1 else args.path, args.out,
+                         progress=progress)
+    except OSError as e:
+        where = e.filename or args.out or "the session directory"
+        raise MldiagError(f"cannot write the report to {where}: {e.strerror or e} "
+                          "(use --out DIR)") from e
     analysis = result.analysis
     if args.json:
         print(json.dumps(analysis, indent=2))

@@ -8,12 +8,13 @@ import sys
 from collections.abc import Sequence
 
 import mldiag
-from mldiag.cli import analyze, runs, sessions, up
+from mldiag.cli import analyze, demo, runs, sessions, up
 from mldiag.errors import MldiagError, ProfileUnreadable
 
 # Sorted by command name; each module provides register(subparsers) and run(args) -> int.
 COMMANDS = {
     "analyze": analyze,
+    "demo": demo,
     "runs": runs,
     "sessions": sessions,
     "up": up,
