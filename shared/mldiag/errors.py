@@ -5,7 +5,11 @@ class MldiagError(Exception):
     """Base class for errors mldiag reports to users as one line."""
 
 
-class ProfileUnreadable(MldiagError):
+class PermanentFailure(MldiagError):
+    """A stage failed for a reason retrying cannot fix: the session is marked FAILED."""
+
+
+class ProfileUnreadable(PermanentFailure):
     """The input is missing, empty, truncated, too large or not an XSpace.
 
     A permanent error: retrying the same input cannot succeed.
@@ -17,8 +21,4 @@ class PoisonMessage(MldiagError):
 
     Dead-lettered with its reason at once; retrying cannot help.
     """
-
-
-class PermanentFailure(MldiagError):
-    """A stage failed for a reason retrying cannot fix: the session is marked FAILED."""
 

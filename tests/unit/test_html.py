@@ -83,7 +83,7 @@ class _TagBalance(HTMLParser):
 
 def _assert_safe_document(page: str) -> None:
     lowered = page.lower()
-    assert "http" not in lowered
+    assert "http" not in lowered.replace('<meta http-equiv="content-security-policy"', "")
     assert "<script" not in lowered
     assert "<img" not in lowered
     assert "<link" not in lowered
@@ -270,7 +270,13 @@ def test_cpu_profile_with_no_data_explains_every_absent_section(analysis, snapsh
     assert "LLO_DATA_ABSENT: not a TPU trace (CPU)" in page
     assert "compute utilization: no roofline on CPU" in page
     assert "program-point" not in page
-    for label in ("Step time", "Device idle", "Roofline efficiency", "Peak memory", "OOM risk"):
+    for label in (
+        "Step time",
+        "Host wait (device idle)",
+        "Roofline efficiency",
+        "Peak memory",
+        "OOM risk",
+    ):
         assert "n/a" in _metric_value(page, label)
 
 
@@ -325,10 +331,13 @@ def test_memory_hlo_detector_kernel_and_llo_sections_show_tool_data(analysis, sn
                     "module": "jit_f",
                     "instruction": "copy.7",
                     "opcode": "copy",
-                    "shapes": ["f32[1024,512]"],
-                    "layouts": ["{1,0}", "{0,1}"],
+                    "input_shape": "f32[1024,512]{1,0}",
+                    "output_shape": "f32[1024,512]{0,1}",
+                    "input_layout": "{1,0}",
+                    "output_layout": "{0,1}",
                     "time_ms": 12.5,
                     "percent_of_step": 3.25,
+                    "executed_in_profile": True,
                     "description": "transpose-only copy between layouts",
                 }
             ]
@@ -365,8 +374,362 @@ def test_memory_hlo_detector_kernel_and_llo_sections_show_tool_data(analysis, sn
     assert "11.0%" in page  # fragmentation
     assert 'aria-label="Time by HLO category"' in page
     assert "83.6%" in page
-    assert "copy.7" in page and "f32[1024,512]" in page and "{1,0}, {0,1}" in page
+    assert "copy.7" in page and "{1,0} → {0,1}" in page
     assert "12.50 ms" in page and "3.25%" in page
     assert "fusion.668" in page and "1,234.5" in page
     llo = page[page.index('id="llo"') :]
     assert "LLO_DATA_ABSENT: no LLO ops in this trace" in llo
+
+
+# ---------------------------------------------------------------- reviewer findings
+
+
+def _section_html(page: str, anchor: str, next_anchor: str) -> str:
+    return page[page.index(f'id="{anchor}"') : page.index(f'id="{next_anchor}"')]
+
+
+def _gpu_inputs(analysis: dict[str, Any], snapshot: dict[str, Any]) -> tuple[dict, dict]:
+    gpu_analysis = copy.deepcopy(analysis)
+    gpu_snapshot = copy.deepcopy(snapshot)
+    gpu_analysis["session"]["device_type"] = "GPU"
+    overview = gpu_snapshot["tools"]["get_xprof_overview"]["data"]
+    overview["run_environment"]["device_type"] = "GPU"
+    overview["run_environment"]["device_core_count"] = "8"
+    overview["performance_summary"]["mxu_utilization_percent"] = "0.0%"
+    gpu_snapshot["tools"]["get_memory_profile"]["data"] = {
+        "memory_capacity_gib": 64.0,
+        "peak_memory_usage_gib": 5.78,
+        "peak_usage_details": {
+            "stack_reservation_gib": 0.0,
+            "heap_allocation_gib": 5.78,
+            "free_memory_gib": 8.63,
+            "fragmentation_percent": 0.1,
+            "utilization_percent": 9.03,
+        },
+    }
+    return gpu_analysis, gpu_snapshot
+
+
+KERNEL_NAME = (
+    "void Eigen::internal::EigenMetaKernel<Eigen::TensorEvaluator<Eigen::TensorAssignOp<"
+    "Eigen::TensorMap<Eigen::Tensor<Eigen::half, 1, 1, long>, 16, Eigen::MakePointer>, "
+    "Eigen::TensorConversionOp<Eigen::half, Eigen::TensorMap<Eigen::Tensor<float const, 1, 1, "
+    "long>, 16, Eigen::MakePointer> const> const> const, Eigen::GpuDevice>, long>(Eigen::"
+    "TensorEvaluator<Eigen::TensorAssignOp<Eigen::half>, Eigen::GpuDevice>, long, long)"
+)
+
+
+def _kernel_follow_up() -> dict[str, Any]:
+    kernel = {
+        "rank": 1.0,
+        "kernel_name": KERNEL_NAME,
+        "registers_per_thread": 38.0,
+        "shmem_bytes": 0.0,
+        "block_dim": "1024,1,1",
+        "grid_dim": "160,1,1",
+        "occupancy_pct": 62.5,
+        "is_op_tensor_core_eligible": True,
+        "is_kernel_using_tensor_core": False,
+        "op_name": "Cast",
+        "occurrences": 194.0,
+        "total_duration_us": 7908.309,
+        "avg_duration_us": 40.764,
+        "min_duration_us": 17.407,
+        "max_duration_us": 76.8,
+    }
+    return {
+        "tool": "get_kernel_stats",
+        "args": {"limit": 10},
+        "purpose": "Rank GPU kernels by time and occupancy",
+        "status": "DATA",
+        "elapsed_ms": 116.0,
+        "data": {"kernel_count": 15, "total_kernel_time_us": 29690.748, "kernels": [kernel]},
+        "result_summary": "kernel_count=15, total_kernel_time_us=29690.748, kernels=[{'rank': 1.0, "
+        "'kernel_name': 'void Eigen::internal::EigenMe",
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "entry", "expected"),
+    [
+        ("NO_DATA", {"data": {"reason": "no HLO modules in the profile"}}, "no HLO modules"),
+        ("ERROR", {"error": "HLO proto <unreadable>"}, "HLO proto &lt;unreadable&gt;"),
+    ],
+)
+def test_detector_without_data_shows_the_tools_reason(analysis, snapshot, status, entry, expected):
+    for name in (
+        "detect_layout_mismatch_copies",
+        "detect_unfused_reshapes",
+        "detect_unnecessary_convert_reduce",
+    ):
+        snapshot["tools"][name] = {"name": name, "status": status, "elapsed_ms": 2.0, **entry}
+
+    page = render_summary_html(analysis, snapshot)
+
+    detectors = _section_html(page, "detectors", "llo")
+    assert "No detections" not in detectors
+    assert "no instance of this pattern" not in detectors
+    assert detectors.count(expected) == 3
+
+
+def test_detector_with_empty_detections_says_the_pattern_is_absent(analysis, snapshot):
+    snapshot["tools"]["detect_unfused_reshapes"] = {
+        "name": "detect_unfused_reshapes",
+        "status": "DATA",
+        "elapsed_ms": 2.0,
+        "data": {"detections": [], "modules_scanned": 9},
+    }
+
+    page = render_summary_html(analysis, snapshot)
+
+    assert "No detections: the HLO has no instance of this pattern (9 HLO modules scanned)." in page
+
+
+def test_detector_table_shows_shapes_layouts_time_and_unexecuted_copies(analysis, snapshot):
+    base = {
+        "detector": "detect_layout_mismatch_copies",
+        "module": "jit_step(16)",
+        "instruction": "wrapped_copy",
+        "inner_instruction": "copy.1",
+        "opcode": "copy",
+        "input_shape": "f32[2048,2048]{0,1}",
+        "output_shape": "f32[2048,2048]{1,0}",
+        "input_layout": "{0,1}",
+        "output_layout": "{1,0}",
+        "bytes": 16777216,
+        "source": "",
+        "description": "copies f32[2048,2048] from layout {0,1} to {1,0}",
+        "time_ms": 5.8607,
+        "percent_of_step": 48.76,
+        "time_source": "timeline events on XLA execution lines, ms per step",
+        "executed_in_profile": True,
+    }
+    idle = dict(
+        base,
+        module="jit__device_put_reshard(10)",
+        time_ms=None,
+        percent_of_step=None,
+        time_source="not found on the timeline",
+        executed_in_profile=False,
+    )
+    snapshot["tools"]["detect_layout_mismatch_copies"] = {
+        "name": "detect_layout_mismatch_copies",
+        "status": "DATA",
+        "elapsed_ms": 3.0,
+        "data": {"detections": [base, idle], "modules_scanned": 9},
+    }
+
+    page = render_summary_html(analysis, snapshot)
+
+    detectors = _section_html(page, "detectors", "llo")
+    assert "f32[2048,<wbr>2048]{0,<wbr>1}<br>→ f32[2048,<wbr>2048]{1,<wbr>0}" in detectors
+    assert "{0,1} → {1,0}" in detectors
+    assert "5.86 ms" in detectors and "48.8%" in detectors
+    assert "16.0 MiB" in detectors
+    assert "via <code>copy.1</code>" in detectors
+    assert "timeline events on XLA execution lines, ms per step" in detectors
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", detectors, re.S)
+    ran = next(r for r in rows if "jit_step(16)" in r)
+    not_ran = next(r for r in rows if "jit__device_put_reshard(10)" in r)
+    assert 'class="noexec"' in not_ran and "did not run while profiling" in not_ran
+    assert "noexec" not in ran and "did not run" not in ran
+    # The greyed style exists in the stylesheet.
+    assert "tr.noexec td{color:" in page
+
+
+def test_finding_grid_cannot_squeeze_the_evidence_column(analysis, snapshot):
+    long_value = "x" * 200
+    analysis["findings"][0]["evidence"].append(
+        {"tool": "get_hlo_neighborhood", "field": "text", "value": long_value}
+    )
+
+    page = render_summary_html(analysis, snapshot)
+
+    css = page[page.index("<style>") : page.index("</style>")]
+    assert (
+        ".fgrid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1.6fr) minmax(0,1fr)"
+        in css
+    )
+    assert re.search(r"\ncode\{[^}]*overflow-wrap:anywhere", css)
+    # Long values stay folded.
+    assert f'<details class="evlong"><summary>{"x" * 80}…</summary>' in page
+
+
+def test_page_has_no_inline_style_attributes_and_declares_a_matching_hash_csp(
+    analysis, snapshot
+):
+    import base64
+    import hashlib
+
+    gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
+    gpu_analysis["follow_ups"].append(_kernel_follow_up())
+    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    pages = [
+        render_summary_html(analysis, snapshot),
+        render_summary_html(gpu_analysis, gpu_snapshot),
+        render_summary_html(cpu_analysis, cpu_snapshot),
+        render_summary_html({}, {}),
+    ]
+    for page in pages:
+        assert " style=" not in page.lower()
+        styles = re.findall(r"<style>(.*?)</style>", page, re.S)
+        assert len(styles) == 1
+        digest = base64.b64encode(hashlib.sha256(styles[0].encode()).digest()).decode()
+        csp = re.search(r'<meta http-equiv="Content-Security-Policy" content="([^"]*)">', page)
+        assert csp
+        assert csp.group(1).startswith(f"default-src 'none'; style-src 'sha256-{digest}'")
+        # The policy must come before the style block it governs.
+        assert page.index("Content-Security-Policy") < page.index("<style>")
+
+    # The memory share (20.02 / 31.25 = 64.1%) is SVG geometry, not CSS.
+    card = pages[0][pages[0].index('<div class="label">Peak memory</div>') :]
+    assert re.search(r'<svg class="minibar"[^>]*>.*?<rect class="fill" width="64\.1"', card)
+
+
+def test_cpu_cards_describe_host_wait_and_compiled_program_allocations(analysis, snapshot):
+    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis["metrics"].update(
+        step_time_ms=25.569,
+        device_idle_percent=88.65,
+        peak_memory_gib=0.0039,
+        memory_capacity_gib=None,
+        oom_risk="UNKNOWN",
+        peak_memory_source="get_peak_allocations",
+    )
+
+    page = render_summary_html(cpu_analysis, cpu_snapshot)
+
+    assert _metric_value(page, "Host wait (device idle)") == "88.7%"
+    assert "of each step, XLA:CPU idle" in page
+    assert '<div class="label">Device idle</div>' not in page
+    assert '<div class="label">Peak memory</div>' not in page
+    assert _metric_value(page, "Largest allocation") == "4.0 MiB"
+    card = page[page.index('<div class="label">Largest allocation</div>') :]
+    card = card[: card.index('<div class="card')] if '<div class="card' in card else card
+    assert "largest compiled-program allocation" in card
+    assert "peak memory" not in card.lower()
+    assert "0.00 GiB" not in page
+
+
+def test_device_overview_is_detected_from_xprof_run_environment(analysis, snapshot):
+    analysis["session"]["device_type"] = ""
+    snapshot["tools"]["get_xprof_overview"]["data"]["run_environment"]["device_type"] = "CPU"
+    analysis["metrics"]["device_idle_percent"] = 3.11
+
+    page = render_summary_html(analysis, snapshot)
+
+    assert _metric_value(page, "Host wait (device idle)") == "3.11%"
+
+
+def test_peak_memory_from_memory_profile_keeps_its_label_and_small_values_use_mib(
+    analysis, snapshot
+):
+    analysis["metrics"]["peak_memory_source"] = "get_memory_profile"
+    analysis["metrics"]["peak_memory_gib"] = 0.0625
+
+    page = render_summary_html(analysis, snapshot)
+
+    assert _metric_value(page, "Peak memory") == "64.0 MiB"
+    assert "largest compiled-program allocation" not in page
+
+
+def test_cpu_overview_shows_only_meaningful_fields(analysis, snapshot):
+    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_snapshot["tools"]["get_xprof_overview"] = {
+        "name": "get_xprof_overview",
+        "status": "DATA",
+        "elapsed_ms": 5.0,
+        "data": {
+            "performance_summary": {
+                "device_duty_cycle_percent": "0.0%",
+                "device_idle_time_percent": "0.0%",
+                "host_idle_time_percent": "0.0%",
+                "mxu_utilization_percent": "0.0%",
+                "flop_rate_utilization_relative_to_roofline": "0.0%",
+                "steptime_ms_average": "25.4",
+            },
+            "run_environment": {
+                "device_core_count": "0",
+                "device_type": "CPU",
+                "host_count": "1",
+                "is_training": "true",
+            },
+        },
+    }
+
+    page = render_summary_html(cpu_analysis, cpu_snapshot)
+
+    overview = _section_html(page, "overview", "roofline")
+    labels = re.findall(r"<div><span>(.*?)</span><b>(.*?)</b></div>", overview)
+    assert labels == [
+        ("Step time (avg)", "25.4 ms"),
+        ("Device type", "CPU"),
+        ("Hosts", "1"),
+        ("Training", "true"),
+    ]
+    assert "XProf's device metrics do not apply to CPU profiles." in overview
+    assert "0.0%" not in overview
+
+
+def test_gpu_overview_hides_mxu_and_tpu_overview_keeps_it(analysis, snapshot):
+    gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
+
+    gpu_page = render_summary_html(gpu_analysis, gpu_snapshot)
+    tpu_page = render_summary_html(analysis, snapshot)
+
+    assert "MXU" not in _section_html(gpu_page, "overview", "roofline")
+    assert "Device cores" in _section_html(gpu_page, "overview", "roofline")
+    assert "MXU utilization" in _section_html(tpu_page, "overview", "roofline")
+
+
+def test_gpu_kernel_follow_up_renders_as_a_table(analysis, snapshot):
+    gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
+    gpu_analysis["follow_ups"].append(_kernel_follow_up())
+
+    page = render_summary_html(gpu_analysis, gpu_snapshot)
+
+    kernels = _section_html(page, "kernels", "detectors")
+    assert "kernel_count=15" not in kernels
+    assert "{&#x27;rank&#x27;" not in kernels
+    assert "<table>" in kernels
+    # Short name in the summary, full name one click away.
+    assert (
+        '<details class="kname"><summary>Eigen::internal::EigenMetaKernel&lt;…&gt;(…)</summary>'
+        in kernels
+    )
+    assert f'<pre class="mono">{KERNEL_NAME.replace("<", "&lt;").replace(">", "&gt;")}</pre>' in (
+        kernels
+    )
+    for text in ("7,908.3", "40.76", "194", "62.5%", "yes / no", "Cast", "160,1,1 / 1024,1,1"):
+        assert text in kernels, text
+    assert "<b>15</b> distinct kernels" in kernels
+    assert "29,690.7 µs" in kernels
+    assert "Rank GPU kernels by time and occupancy" in kernels
+
+
+def test_allocator_free_memory_is_labelled_as_the_allocator_pool(analysis, snapshot):
+    gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
+
+    page = render_summary_html(gpu_analysis, gpu_snapshot)
+
+    memory = _section_html(page, "memory", "hlo-ops")
+    assert "<dt>Allocator free at peak</dt><dd>8.63 GiB" in memory
+    assert "not capacity minus peak" in memory
+    assert "<dt>Free at peak</dt>" not in memory
+    assert "<dt>Headroom (capacity − peak)</dt><dd>58.22 GiB" in memory
+
+
+def test_not_judged_items_render_as_given(analysis, snapshot):
+    items = [
+        "no detector finding has a material impact: no data (HLO detectors with a share of "
+        "step time unavailable in this profile)",
+        "OOM risk is LOW: no data (peak memory / capacity (get_memory_profile) unavailable)",
+    ]
+    analysis["not_judged"] = items
+    analysis["summary"] = "Not judged for lack of data: whether OOM risk is LOW."
+
+    page = render_summary_html(analysis, snapshot)
+
+    for item in items:
+        assert f"<li>{item}</li>" in page
+    assert "Not judged for lack of data: whether OOM risk is LOW." in page

@@ -1,10 +1,12 @@
 from __future__ import annotations
 
+import base64
+import hashlib
 import html
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 _GB_PER_GIB = 1.073741824
@@ -39,7 +41,8 @@ h4{font-size:12px;margin:0 0 6px;text-transform:uppercase;letter-spacing:.04em;
 color:var(--muted)}
 p{margin:6px 0}
 code,.mono{font-family:var(--mono);font-size:12.5px}
-code{background:#eff2f5;border-radius:4px;padding:1px 4px}
+code{background:#eff2f5;border-radius:4px;padding:1px 4px;overflow-wrap:anywhere}
+h4.gap{margin-top:12px}
 .badge{display:inline-block;border-radius:999px;padding:3px 12px;font-size:13px;font-weight:700;
 color:#fff;letter-spacing:.03em}
 .b-OPTIMAL{background:var(--ok)}.b-NEEDS_ATTENTION{background:var(--warn)}
@@ -54,8 +57,7 @@ margin:12px 0}
 .metric .note{font-size:12px;color:var(--muted)}
 .na{color:#8c959f;font-style:italic}
 .risk-LOW{color:var(--ok)}.risk-MEDIUM{color:var(--warn)}.risk-HIGH{color:var(--bad)}
-.minibar{height:6px;background:#eaeef2;border-radius:3px;margin-top:6px;overflow:hidden}
-.minibar div{height:6px;background:var(--accent)}
+.minibar{display:block;width:100%;height:6px;margin-top:6px;border-radius:3px}
 .notjudged{background:#fff8c5;border:1px solid #d4a72c66;border-radius:8px;padding:8px 14px}
 .notjudged ul{margin:4px 0;padding-left:20px}
 .finding{background:#fff;border:1px solid var(--line);border-left:6px solid #6e7781;
@@ -67,18 +69,26 @@ border-radius:8px;padding:10px 14px;margin-bottom:12px}
 .prio.P0{background:var(--bad)}.prio.P1{background:var(--warn)}.prio.P2{background:#bf8700}
 .chip{font:12px var(--mono);color:var(--muted);border:1px solid var(--line);border-radius:4px;
 padding:0 5px}
-.fgrid{display:grid;grid-template-columns:1fr 1.6fr 1fr;gap:14px}
-@media (max-width:900px){.fgrid{grid-template-columns:1fr}}
+.fgrid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1.6fr) minmax(0,1fr);
+gap:14px}
+@media (max-width:900px){.fgrid{grid-template-columns:minmax(0,1fr)}}
+.fgrid>div{min-width:0}.fgrid td{overflow-wrap:anywhere}
 .impact{font:700 16px var(--mono);color:var(--bad)}
 table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
 th,td{border-bottom:1px solid #eaeef2;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f3f6;font-weight:600;font-size:12px;white-space:nowrap}
 td.num{text-align:right;font-family:var(--mono);white-space:nowrap}th.num{text-align:right}
-td.op{min-width:22ch}td.nw{white-space:nowrap}
+td.op{min-width:22ch}td.id{min-width:16ch}td.mono.shape{min-width:16ch;overflow-wrap:normal}td.nw{white-space:nowrap}td.desc{min-width:30ch}
+td.ev{min-width:13ch}
 td.mono{font-family:var(--mono);font-size:12.5px;overflow-wrap:anywhere}
+tr.noexec td{color:#8c959f}tr.noexec code{color:#8c959f}
+.subnote{display:block;font:italic 11.5px system-ui,sans-serif;color:var(--muted);
+white-space:normal}
+.kname{margin:0}.kname summary{color:var(--fg);font-size:12.5px;overflow-wrap:anywhere}
+.kname pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:11px;margin:4px 0 0}
 tbody tr:nth-child(even){background:#fafbfc}
 .tool{background:#fff;border:1px solid var(--line);border-radius:8px;padding:10px 14px;
-margin-bottom:14px}
+margin-bottom:14px;overflow-x:auto}
 .tool h3{margin-top:0}
 .why{color:var(--muted);font-style:italic}
 .chartrow{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
@@ -99,6 +109,7 @@ padding:4px 10px;min-width:130px}.facts span{display:block;font-size:11.5px;colo
 .err{color:var(--bad);font-family:var(--mono);font-size:12px;word-break:break-all}
 .legend{font-size:12px;color:var(--muted)}
 .dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin:0 4px 0 10px}
+.dot.prog{background:#cf222e}.dot.ops{background:#0969da}
 footer{color:var(--muted);font-size:12px;margin-top:30px;text-align:center}
 """
 
@@ -179,6 +190,17 @@ def _fmt_gib(value: object) -> str:
     return _na("not measured") if number is None else f"{number:,.2f} GiB"
 
 
+def _fmt_mem_gib(value: object) -> str:
+    """A size given in GiB; below 0.1 GiB it is shown in MiB so it never reads "0.00 GiB"."""
+    number = _measured(value)
+    if number is None:
+        return _na("not measured")
+    if 0 < number < 0.1:
+        mib = number * 1024
+        return f"{mib:.1f} MiB" if mib >= 0.1 else f"{mib:.3g} MiB"
+    return f"{number:,.2f} GiB"
+
+
 def _fmt_mib(value: object) -> str:
     number = _measured(value)
     if number is None:
@@ -219,6 +241,11 @@ def _raw(value: object) -> str:
     return _e(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
 
 
+def _breakable(value: object) -> str:
+    """Escaped text with line-break opportunities after ``_`` and ``.`` (tool and field names)."""
+    return re.sub(r"([_.])", r"\1<wbr>", _e(value))
+
+
 def _evidence_value(value: object) -> str:
     """Long values (HLO neighbourhoods) fold away so the evidence table stays readable."""
     text = value if isinstance(value, str) else json.dumps(
@@ -248,20 +275,31 @@ def _status_chip(status: object) -> str:
 
 
 def _table(
-    headers: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]], *, collapse_after: int = 0
+    headers: Sequence[tuple[str, str]],
+    rows: Iterable[Sequence[str]],
+    *,
+    collapse_after: int = 0,
+    row_classes: Sequence[str] = (),
 ) -> str:
-    """Rows hold ready-made (escaped) cell HTML; header tuples are (label, css class)."""
+    """Rows hold ready-made (escaped) cell HTML; header tuples are (label, css class).
+
+    ``row_classes`` optionally gives each row a CSS class (by position; "" for none).
+    """
     head = "".join(
         f'<th class="{"num" if css == "num" else ""}">{_e(label)}</th>' for label, css in headers
     )
-    body = [
-        "<tr>"
-        + "".join(
-            f'<td class="{css}">{cell}</td>' for (_, css), cell in zip(headers, row, strict=True)
+    body = []
+    for index, row in enumerate(rows):
+        css_row = row_classes[index] if index < len(row_classes) else ""
+        opening = f'<tr class="{_e(css_row)}">' if css_row else "<tr>"
+        body.append(
+            opening
+            + "".join(
+                f'<td class="{css}">{cell}</td>'
+                for (_, css), cell in zip(headers, row, strict=True)
+            )
+            + "</tr>"
         )
-        + "</tr>"
-        for row in rows
-    ]
     if not body:
         return '<p class="why">No rows.</p>'
 
@@ -292,6 +330,29 @@ def _is_cpu(device_type: str) -> bool:
     return "cpu" in device_type.lower()
 
 
+def _is_gpu(device_type: str) -> bool:
+    return "gpu" in device_type.lower()
+
+
+def _cpu_profile(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> bool:
+    """True when the session or XProf's run environment says the profile is of CPU devices."""
+    env = _map(_map(_data(_tool(snapshot, "get_xprof_overview"))).get("run_environment"))
+    return any(
+        _is_cpu(_str(candidate))
+        for candidate in (_map(analysis.get("session")).get("device_type"), env.get("device_type"))
+    )
+
+
+def _tool_reason(entry: Mapping[str, Any]) -> str:
+    """Why a tool has no data, in its own words (``data.reason``, or older ``message``)."""
+    data = _map(entry.get("data"))
+    for key in ("reason", "message", "info"):
+        text = _str(data.get(key)).strip()
+        if text:
+            return text
+    return ""
+
+
 def _why_absent(name: str, entry: Mapping[str, Any], device_type: str, cpu_reason: str) -> str:
     status = entry.get("status")
     if not entry:
@@ -304,9 +365,10 @@ def _why_absent(name: str, entry: Mapping[str, Any], device_type: str, cpu_reaso
             f'<p class="why">{_e(name)} failed, so this could not be analysed:</p>'
             f'<p class="err">{_e(entry.get("error") or "no error text recorded")}</p>'
         )
+    message = _tool_reason(entry)
     if _is_cpu(device_type) and cpu_reason:
-        return f'<p class="why">{_e(cpu_reason)}</p>'
-    message = _str(_map(entry.get("data")).get("message"))
+        detail = f' <span class="mono">({_e(name)}: {_e(message)})</span>' if message else ""
+        return f'<p class="why">{_e(cpu_reason)}{detail}</p>'
     reason = message or "the tool returned no data for this trace."
     return f'<p class="why">{_e(name)} returned {_e(status or "no status")}: {_e(reason)}</p>'
 
@@ -329,9 +391,21 @@ def _metric_card(label: str, value_html: str, note_html: str, extra: str = "") -
     )
 
 
-def _render_summary(analysis: Mapping[str, Any]) -> str:
+def _share_bar(percent: float, label: str) -> str:
+    """A thin progress bar drawn as SVG geometry: no inline style, so a hash-only CSP keeps it."""
+    width = min(max(percent, 0.0), 100.0)
+    return (
+        '<svg class="minibar" width="100%" height="6" viewBox="0 0 100 6" '
+        f'preserveAspectRatio="none" role="img" aria-label="{_e(label)}">'
+        '<rect width="100" height="6" fill="#eaeef2"/>'
+        f'<rect class="fill" width="{width:.1f}" height="6" fill="#0969da"/></svg>'
+    )
+
+
+def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
     metrics = _map(analysis.get("metrics"))
     not_measured = "not measured"
+    cpu = _cpu_profile(analysis, snapshot)
 
     step = _measured(metrics.get("step_time_ms"))
     idle = _measured(metrics.get("device_idle_percent"))
@@ -339,15 +413,41 @@ def _render_summary(analysis: Mapping[str, Any]) -> str:
     peak = _measured(metrics.get("peak_memory_gib"))
     cap = _measured(metrics.get("memory_capacity_gib"))
     risk = _str(metrics.get("oom_risk")).upper()
+    # get_peak_allocations measures the largest compiled program's buffer assignment, not a
+    # runtime peak; say so rather than calling it "peak memory".
+    from_allocations = _str(metrics.get("peak_memory_source")) == "get_peak_allocations"
 
+    mem_label = "Largest allocation" if from_allocations else "Peak memory"
     mem_note = not_measured
     mem_bar = ""
     if peak is not None and cap is not None and cap > 0:
         share = peak / cap * 100
         mem_note = f"of {cap:,.2f} GiB capacity ({share:.1f}%)"
-        mem_bar = f'<div class="minibar"><div style="width:{min(share, 100):.1f}%"></div></div>'
+        mem_bar = _share_bar(share, f"{share:.1f}% of capacity")
     elif peak is not None:
         mem_note = "capacity not measured"
+    if from_allocations and peak is not None:
+        mem_note = f"largest compiled-program allocation (get_peak_allocations); {mem_note}"
+
+    if cpu:
+        idle_card = _metric_card(
+            "Host wait (device idle)",
+            _fmt_pct(idle),
+            "of each step, XLA:CPU idle" if idle is not None else not_measured,
+        )
+    else:
+        idle_card = _metric_card(
+            "Device idle",
+            _fmt_pct(idle),
+            "of device time" if idle is not None else not_measured,
+        )
+
+    if not risk:
+        risk_note = not_measured
+    elif cap is None:
+        risk_note = "memory capacity not measured"
+    else:
+        risk_note = "peak memory vs capacity"
 
     cards = [
         _metric_card(
@@ -355,21 +455,17 @@ def _render_summary(analysis: Mapping[str, Any]) -> str:
             _fmt_ms(step),
             "average per step" if step is not None else not_measured,
         ),
-        _metric_card(
-            "Device idle",
-            _fmt_pct(idle),
-            "of device time" if idle is not None else not_measured,
-        ),
+        idle_card,
         _metric_card(
             "Roofline efficiency",
             _fmt_pct(roof),
             "achieved vs attainable FLOP rate" if roof is not None else not_measured,
         ),
-        _metric_card("Peak memory", _fmt_gib(peak), _e(mem_note), mem_bar),
+        _metric_card(mem_label, _fmt_mem_gib(peak), _e(mem_note), mem_bar),
         _metric_card(
             "OOM risk",
             f'<span class="risk-{_e(risk)}">{_e(risk)}</span>' if risk else _na(not_measured),
-            "peak memory vs capacity" if risk else not_measured,
+            risk_note,
         ),
     ]
 
@@ -412,14 +508,14 @@ def _render_finding(finding: Mapping[str, Any]) -> str:
         ev = _map(item)
         evidence_rows.append(
             (
-                f'<span class="mono">{_e(ev.get("tool"))}</span>',
-                _e(ev.get("field")),
+                f'<span class="mono">{_breakable(ev.get("tool"))}</span>',
+                _breakable(ev.get("field")),
                 _evidence_value(ev.get("value")),
             )
         )
     evidence = (
         _table(
-            [("Tool", "mono nw"), ("Field", "mono"), ("Value", "mono")],
+            [("Tool", "mono ev"), ("Field", "mono ev"), ("Value", "mono")],
             evidence_rows,
             collapse_after=8,
         )
@@ -643,8 +739,8 @@ def _render_roofline(snapshot: Mapping[str, Any], device_type: str) -> str:
         bw_gbs = bw_gibs * _GB_PER_GIB
         chart = _roofline_svg(peak, bw_gbs, program_point, plotted)
         legend = (
-            '<p class="legend"><span class="dot" style="background:#cf222e"></span>program'
-            '<span class="dot" style="background:#0969da"></span>top ops (label = rank; '
+            '<p class="legend"><span class="dot prog"></span>program'
+            '<span class="dot ops"></span>top ops (label = rank; '
             "ops with zero FLOPs cannot sit on a log axis and are listed only in the table)</p>"
         )
     else:
@@ -766,16 +862,36 @@ def _render_memory(snapshot: Mapping[str, Any], device_type: str) -> str:
             ("Utilization at peak", _fmt_pct(details.get("utilization_percent"))),
             ("Stack reservation", _fmt_gib(details.get("stack_reservation_gib"))),
             ("Heap allocation", _fmt_gib(details.get("heap_allocation_gib"))),
-            ("Free at peak", _fmt_gib(details.get("free_memory_gib"))),
+            (
+                "Allocator free at peak",
+                _fmt_gib(details.get("free_memory_gib"))
+                + '<span class="subnote">memory free inside the allocator\'s reserved pool at '
+                "the peak (XProf <code>peak_usage_details.free_memory_gib</code>), not capacity "
+                "minus peak</span>",
+            ),
             ("Fragmentation", _fmt_pct(details.get("fragmentation_percent"))),
         ]
+        if peak is not None and cap and cap >= peak:
+            facts.insert(
+                2,
+                (
+                    "Headroom (capacity − peak)",
+                    _fmt_gib(cap - peak)
+                    + '<span class="subnote">device memory not in use at the peak</span>',
+                ),
+            )
         parts.append(
             '<dl class="kv">' + "".join(f"<dt>{_e(k)}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"
         )
 
     alloc_entry = _tool(snapshot, "get_peak_allocations")
     alloc = _data(alloc_entry)
-    parts.append('<h4 style="margin-top:12px">Top buffers at peak (get_peak_allocations)</h4>')
+    buffers_title = (
+        "Largest buffers of the compiled programs (get_peak_allocations)"
+        if _is_cpu(device_type)
+        else "Top buffers at peak (get_peak_allocations)"
+    )
+    parts.append(f'<h4 class="gap">{_e(buffers_title)}</h4>')
     if alloc is None:
         parts.append(
             _why_absent(
@@ -805,9 +921,10 @@ def _render_memory(snapshot: Mapping[str, Any], device_type: str) -> str:
     )
     if modules:
         parts.append(
-            f"<details><summary>HBM by module ({len(modules)} modules)</summary>"
+            f"<details><summary>{'Memory' if _is_cpu(device_type) else 'HBM'} by module "
+            f"({len(modules)} modules)</summary>"
             + _table(
-                [("HLO module", "mono"), ("Total HBM", "num")],
+                [("HLO module", "mono"), ("Total" if _is_cpu(device_type) else "Total HBM", "num")],
                 ((_e(m.get("module_name")), _fmt_mib(m.get("total_hbm_mib"))) for m in modules),
             )
             + "</details>"
@@ -937,9 +1054,89 @@ def _render_hlo_ops(snapshot: Mapping[str, Any], device_type: str) -> str:
 
 
 def _kernel_records(data: object) -> list[Mapping[str, Any]]:
-    # xprof returns a bare list, or an object with kernel_records when include_summary is set.
-    source = data if isinstance(data, list) else _map(data).get("kernel_records")
+    # xprof returns a bare list, or an object with kernel_records when include_summary is set;
+    # our get_kernel_stats follow-up returns {"kernel_count", "total_kernel_time_us", "kernels"}.
+    if isinstance(data, list):
+        source: object = data
+    else:
+        mapping = _map(data)
+        source = mapping.get("kernels")
+        if source is None:
+            source = mapping.get("kernel_records")
     return [_map(r) for r in _list(source) if isinstance(r, Mapping)]
+
+
+def _short_kernel_name(name: str) -> str:
+    """``void ns::Kernel<huge template>(args)`` -> ``ns::Kernel<…>(…)``."""
+    text = name.strip()
+    if text.startswith("void "):
+        text = text[5:]
+    out: list[str] = []
+    depth = 0
+    for char in text:
+        if char in "<(":
+            if depth == 0:
+                out.append(char + "…" + (">" if char == "<" else ")"))
+            depth += 1
+        elif char in ">)":
+            depth = max(depth - 1, 0)
+        elif depth == 0:
+            out.append(char)
+    short = "".join(out).strip()
+    return short if len(short) <= 90 else short[:89] + "…"
+
+
+def _kernel_name_cell(record: Mapping[str, Any]) -> str:
+    full = _str(record.get("kernel_name")) or _str(record.get("raw_name"))
+    shown = _str(record.get("canonical_name")) or _short_kernel_name(full) or "?"
+    op_name = _str(record.get("op_name"))
+    op = f'<span class="subnote">op: <code>{_e(op_name)}</code></span>' if op_name else ""
+    if not full or full == shown:
+        return f"{_e(shown)}{op}"
+    return (
+        f'<details class="kname"><summary>{_e(shown)}</summary>'
+        f'<pre class="mono">{_e(full)}</pre></details>{op}'
+    )
+
+
+def _yes_no(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return _na("not recorded")
+
+
+def _kernel_table(records: list[Mapping[str, Any]]) -> str:
+    rows = []
+    for index, r in enumerate(records):
+        rank = _measured(r.get("rank"))
+        occurrences = r.get("occurrences", r.get("execution_count"))
+        rows.append(
+            (
+                _e(f"{rank:g}" if rank is not None else index + 1),
+                _kernel_name_cell(r),
+                _fmt_plain(r.get("total_duration_us"), 1),
+                _fmt_plain(r.get("avg_duration_us"), 2),
+                _fmt_plain(occurrences, 0),
+                _fmt_pct(r.get("occupancy_pct")) if "occupancy_pct" in r else _na("not recorded"),
+                f'{_yes_no(r.get("is_op_tensor_core_eligible"))} / '
+                f'{_yes_no(r.get("is_kernel_using_tensor_core"))}',
+                _e(" / ".join(_str(r.get(k)) for k in ("grid_dim", "block_dim") if r.get(k))),
+            )
+        )
+    return _table(
+        [
+            ("#", "num"),
+            ("Kernel", "mono op"),
+            ("Total µs", "num"),
+            ("Avg µs", "num"),
+            ("Occurrences", "num"),
+            ("Occupancy", "num"),
+            ("TensorCore eligible / used", ""),
+            ("Grid / block", "mono nw"),
+        ],
+        rows,
+        collapse_after=10,
+    )
 
 
 def _follow_ups(analysis: Mapping[str, Any], prefix: str) -> list[Mapping[str, Any]]:
@@ -950,17 +1147,31 @@ def _follow_ups(analysis: Mapping[str, Any], prefix: str) -> list[Mapping[str, A
     ]
 
 
-def _follow_up_lines(follow_ups: list[Mapping[str, Any]]) -> str:
+def _follow_up_lines(
+    follow_ups: list[Mapping[str, Any]],
+    shown_above: Callable[[Mapping[str, Any]], bool] | None = None,
+) -> str:
+    def result(f: Mapping[str, Any]) -> str:
+        # A follow-up whose data is already rendered as a table would only repeat it here
+        # as a truncated one-line dict.
+        if shown_above is not None and shown_above(f):
+            return '<span class="why">shown in the table above</span>'
+        return _e(f.get("result_summary"))
+
     rows = (
         (
             f'<span class="mono">{_e(f.get("tool"))}</span>',
             _status_chip(f.get("status")),
             _e(f.get("purpose")),
-            _e(f.get("result_summary")),
+            result(f),
         )
         for f in follow_ups
     )
     return _table([("Follow-up", ""), ("Status", ""), ("Purpose", ""), ("Result", "mono")], rows)
+
+
+def _has_kernels(follow_up: Mapping[str, Any]) -> bool:
+    return follow_up.get("status") == "DATA" and bool(_kernel_records(follow_up.get("data")))
 
 
 def _render_kernels(
@@ -970,24 +1181,23 @@ def _render_kernels(
     follow = _follow_ups(analysis, "get_kernel_stats")
     parts: list[str] = []
     records = _kernel_records(entry.get("data")) if entry.get("status") == "DATA" else []
+    follow_data = next((_map(f.get("data")) for f in follow if _has_kernels(f)), None)
     if records:
-        rows = [
-            (
-                f'<span title="{_e(r.get("raw_name") or r.get("kernel_name"))}">'
-                f"{_e(r.get('canonical_name') or r.get('kernel_name'))}</span>",
-                _fmt_plain(r.get("total_duration_us"), 1),
-                _e(r.get("execution_count")),
-                _fmt_plain(r.get("avg_duration_us"), 2),
-            )
-            for r in records
-        ]
-        parts.append(
-            _table(
-                [("Kernel", "mono op"), ("Total µs", "num"), ("Count", "num"), ("Avg µs", "num")],
-                rows,
-                collapse_after=10,
-            )
-        )
+        parts.append(_kernel_table(records))
+    elif follow_data is not None:
+        count = _measured(follow_data.get("kernel_count"))
+        total = _measured(follow_data.get("total_kernel_time_us"))
+        shown = _kernel_records(follow_data)
+        facts = []
+        if count is not None:
+            facts.append(f"<b>{_e(f'{count:,.0f}')}</b> distinct kernels")
+        if total is not None:
+            facts.append(f"<b>{_e(f'{total:,.1f}')} µs</b> total kernel time")
+        if count is not None and count > len(shown):
+            facts.append(f"top {len(shown)} by total time shown")
+        if facts:
+            parts.append(f"<p>{', '.join(facts)}.</p>")
+        parts.append(_kernel_table(shown))
     elif entry:
         info = _str(_map(entry.get("data")).get("info"))
         if entry.get("status") == "DATA" and info:
@@ -997,7 +1207,8 @@ def _render_kernels(
                 _why_absent("get_kernel_stats", entry, device_type, "CPU profile: no GPU kernels.")
             )
     if follow:
-        parts.append(_follow_up_lines(follow))
+        rendered = follow_data is not None and not records
+        parts.append(_follow_up_lines(follow, _has_kernels if rendered else None))
     if not parts:
         reason = (
             "Not collected: get_kernel_stats is a follow-up tool and the investigator did not "
@@ -1020,53 +1231,92 @@ def _join(value: object) -> str:
     return "" if value is None else str(value)
 
 
+def _transition(detection: Mapping[str, Any], field: str, gap: str = " ") -> str:
+    """``input_<field> → output_<field>``; older detections carry a ``<field>s`` list."""
+    before, after = detection.get(f"input_{field}"), detection.get(f"output_{field}")
+    if before is None and after is None:
+        return _e(_join(detection.get(f"{field}s")))
+    return f"{_e(before) or '?'}{gap}→ {_e(after) or '?'}"
+
+
+def _detection_row(d: Mapping[str, Any]) -> tuple[tuple[str, ...], str]:
+    ran = d.get("executed_in_profile") is not False
+    instruction = _e(d.get("instruction"))
+    inner = _str(d.get("inner_instruction"))
+    if inner and inner != d.get("instruction"):
+        instruction += f'<span class="subnote">via <code>{_e(inner)}</code></span>'
+    source = _str(d.get("source"))
+    if source:
+        instruction += f'<span class="subnote">{_e(source)}</span>'
+    if ran:
+        time_cell, pct_cell = _fmt_ms(d.get("time_ms")), _fmt_pct(d.get("percent_of_step"))
+    else:
+        time_cell = '<span class="subnote">did not run while profiling</span>'
+        pct_cell = _na("did not run while profiling")
+    size = _measured(d.get("bytes"))
+    row = (
+        _e(d.get("module")),
+        instruction,
+        _e(d.get("opcode")),
+        _transition(d, "shape", "<br>").replace(",", ",<wbr>"),
+        _transition(d, "layout"),
+        _fmt_mib(size / 2**20) if size is not None else "",
+        time_cell,
+        pct_cell,
+        _prose(d.get("description")),
+    )
+    return row, "" if ran else "noexec"
+
+
 def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
     parts: list[str] = []
     for name, label in _DETECTORS:
         entry = _tool(snapshot, name)
-        detections = [
-            _map(d)
-            for d in _list(_map(entry.get("data")).get("detections"))
-            if isinstance(d, Mapping)
-        ]
+        status = entry.get("status")
+        data = _map(entry.get("data"))
+        detections = [_map(d) for d in _list(data.get("detections")) if isinstance(d, Mapping)]
         header = (
-            f'<h4 style="margin-top:10px">{_e(label)} <span class="mono">({_e(name)})</span> '
-            f"{_status_chip(entry.get('status') or 'not run')}</h4>"
+            f'<h4 class="gap">{_e(label)} <span class="mono">({_e(name)})</span> '
+            f"{_status_chip(status or 'not run')}</h4>"
         )
         if detections:
-            rows = [
-                (
-                    _e(d.get("module")),
-                    _e(d.get("instruction")),
-                    _e(d.get("opcode")),
-                    _e(_join(d.get("shapes"))),
-                    _e(_join(d.get("layouts"))),
-                    _fmt_ms(d.get("time_ms")),
-                    _fmt_pct(d.get("percent_of_step")),
-                    _prose(d.get("description")),
-                )
-                for d in detections
-            ]
+            built = [_detection_row(d) for d in detections]
             body = _table(
                 [
-                    ("Module", "mono"),
-                    ("Instruction", "mono op"),
+                    ("Module", "mono id"),
+                    ("Instruction", "mono id"),
                     ("Opcode", "mono"),
-                    ("Shapes", "mono"),
-                    ("Layouts", "mono"),
+                    ("Shapes (in → out)", "mono shape"),
+                    ("Layouts (in → out)", "mono nw"),
+                    ("Bytes", "num"),
                     ("Time", "num"),
-                    ("% step", "num"),
-                    ("Description", ""),
+                    ("% of step", "num"),
+                    ("Description", "desc"),
                 ],
-                rows,
+                [row for row, _ in built],
                 collapse_after=8,
+                row_classes=[css for _, css in built],
             )
-        elif entry.get("status") == "ERROR" or not entry:
+            sources = {_str(d.get("time_source")) for d in detections} | {
+                _str(data.get("time_source"))
+            }
+            sources.discard("")
+            if sources:
+                body += (
+                    '<p class="legend">Time source: '
+                    + "; ".join(_e(src) for src in sorted(sources))
+                    + "</p>"
+                )
+        elif status in ("ERROR", "NO_DATA") or not entry:
             body = _why_absent(name, entry, device_type, "")
-        elif message := _str(_map(entry.get("data")).get("message")):
+        elif message := _tool_reason(entry):
             body = f'<p class="why">{_e(message)}</p>'
         else:
-            body = '<p class="why">No detections: the HLO has no instance of this pattern.</p>'
+            scanned = _measured(data.get("modules_scanned"))
+            where = f" ({scanned:,.0f} HLO modules scanned)" if scanned is not None else ""
+            body = (
+                f'<p class="why">No detections: the HLO has no instance of this pattern{where}.</p>'
+            )
         parts.append(header + body)
     return "".join(parts)
 
@@ -1143,23 +1393,48 @@ _OVERVIEW_FIELDS = (
 )
 
 
-def _render_overview(snapshot: Mapping[str, Any]) -> str:
+def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -> str:
     data = _data(_tool(snapshot, "get_xprof_overview"))
     if data is None:
         return ""
     perf = _map(data.get("performance_summary"))
     env = _map(data.get("run_environment"))
-    facts = [(label, perf.get(key)) for key, label in _OVERVIEW_FIELDS if key in perf]
-    facts += [
-        ("Device cores", env.get("device_core_count")),
-        ("Hosts", env.get("host_count")),
-        ("Training", env.get("is_training")),
-    ]
+    step = _measured(perf.get("steptime_ms_average"))
+    # XProf reports 0.00 ms when the trace has no steps: that is "unknown", not zero.
+    step_text = f"{perf.get('steptime_ms_average')} ms" if step else None
+    note = ""
+    if cpu:
+        # Duty cycle, idle, MXU, cores... are device counters XProf does not fill for CPU
+        # profiles; they read 0 and would only mislead.
+        facts: list[tuple[str, object]] = [
+            ("Step time (avg)", step_text),
+            ("Device type", env.get("device_type") or device_type),
+            ("Hosts", env.get("host_count")),
+            ("Training", env.get("is_training")),
+        ]
+        note = "<p class=\"why\">XProf's device metrics do not apply to CPU profiles.</p>"
+    else:
+        gpu = _is_gpu(_str(env.get("device_type")) or device_type)
+        facts = [("Step time (avg)", step_text)]
+        facts += [
+            (label, perf.get(key))
+            for key, label in _OVERVIEW_FIELDS
+            # MXU is a TPU unit: on GPU the field is always 0.
+            if key in perf and not (gpu and key == "mxu_utilization_percent")
+        ]
+        facts += [
+            ("Device type", env.get("device_type")),
+            ("Device cores", env.get("device_core_count")),
+            ("Hosts", env.get("host_count")),
+            ("Training", env.get("is_training")),
+        ]
     cells = "".join(
         f"<div><span>{_e(k)}</span><b>{_e(v)}</b></div>" for k, v in facts if v not in (None, "")
     )
     return _tool_block(
-        "overview", "XProf overview", f'<div class="facts">{cells}</div>' if cells else ""
+        "overview",
+        "XProf overview",
+        (f'<div class="facts">{cells}</div>' if cells else "") + note,
     )
 
 
@@ -1167,7 +1442,7 @@ def _render_tools(
     analysis: Mapping[str, Any], snapshot: Mapping[str, Any], device_type: str
 ) -> str:
     body = (
-        _render_overview(snapshot)
+        _render_overview(snapshot, _cpu_profile(analysis, snapshot), device_type)
         + _tool_block("roofline", "Roofline", _render_roofline(snapshot, device_type))
         + _tool_block("memory", "Memory", _render_memory(snapshot, device_type))
         + _tool_block("hlo-ops", "HLO op profile", _render_hlo_ops(snapshot, device_type))
@@ -1201,7 +1476,7 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
         if error:
             note = f'<span class="err">{_e(error)}</span>'
         elif tool.get("status") == "NO_DATA":
-            note = _e(_map(snap.get("data")).get("message"))
+            note = _e(_tool_reason(snap) or _tool_reason(tool))
         rows.append(
             (
                 f'<span class="mono">{_e(name)}</span>',
@@ -1272,14 +1547,27 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
 # ---------------------------------------------------------------- public
 
 
+def style_hash() -> str:
+    """CSP source for the page's one <style> block: ``'sha256-<base64 digest>'``."""
+    digest = hashlib.sha256(_CSS.encode("utf-8")).digest()
+    return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
+
+
+def content_security_policy() -> str:
+    """The strict policy summary.html renders under (and declares in its own <meta>)."""
+    return f"default-src 'none'; style-src {style_hash()}; base-uri 'none'; form-action 'none'"
+
+
 def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
     """Render the self-contained summary.html for one analysed session.
 
     ``analysis`` is the analysis.json contract and ``snapshot`` the health_snapshot.json
-    of the same session. The result is one HTML document with inline CSS and SVG only (no
-    scripts, no external URLs), so it opens from ``file://`` and under a CSP of
-    ``default-src 'none'; style-src 'unsafe-inline'``. Every profile-derived string is
-    HTML-escaped; unknown values (null, or XProf's -1) render as "n/a", never as 0.
+    of the same session. The result is one HTML document with one inline <style> block and
+    inline SVG only (no scripts, no external URLs, no ``style=""`` attributes), so it opens
+    from ``file://`` and renders fully under ``default-src 'none'; style-src 'sha256-<hash of
+    the style block>'``; the page carries that policy itself in a CSP <meta>. Every
+    profile-derived string is HTML-escaped; unknown values (null, or XProf's -1) render as
+    "n/a", never as 0.
     """
     session = _map(analysis.get("session"))
     device_type = _device_type(analysis, snapshot)
@@ -1309,7 +1597,7 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         + "</div></header>"
     )
     body = (
-        _render_summary(analysis)
+        _render_summary(analysis, snapshot)
         + _render_findings(analysis)
         + _render_tools(analysis, snapshot, device_type)
         + _render_provenance(analysis, snapshot)
@@ -1321,6 +1609,8 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
     )
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
+        # The policy holds no quote or markup characters, so it goes in verbatim.
+        f'<meta http-equiv="Content-Security-Policy" content="{content_security_policy()}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>mldiag · {_e(run)} / {_e(name)} · {_e(status)}</title>"
         f"<style>{_CSS}</style></head><body>{header}{toc}<main>{body}{footer}</main>"
