@@ -1,0 +1,217 @@
+"""What the Cloud Functions in `functions/` share: envelope parsing, services, dead letters.
+
+Each function parses its CloudEvent once into a typed view and hands the message to
+`mldiag.stages.handle`:
+
+- a GCS `google.cloud.storage.object.v1.finalized` event becomes a `ProfileObjectFinalized`;
+- a Pub/Sub `google.cloud.pubsub.topic.v1.messagePublished` event carries the message as
+  base64 JSON in `data.message.data`, parsed by `mldiag.messages.parse`.
+
+Errors follow DESIGN.md "Reliability": a bad envelope or a poison message is recorded as a dead
+letter with its reason and acknowledged (the function returns, so the platform does not
+redeliver it forever); a stage's permanent failure already ends as a FAILED session inside
+`stages.handle`; anything else is transient and propagates, so the function answers 500 and
+Pub/Sub or Eventarc redelivers.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import logging
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from mldiag.bootstrap import bootstrap
+from mldiag.errors import PoisonMessage
+from mldiag.messages import TOPIC_OF, Message, ProfileObjectFinalized, parse
+from mldiag.settings import Settings
+from mldiag.stages import Services
+
+log = logging.getLogger(__name__)
+
+STORAGE_FINALIZED = "google.cloud.storage.object.v1.finalized"
+PUBSUB_PUBLISHED = "google.cloud.pubsub.topic.v1.messagePublished"
+_PUBSUB_SOURCE = re.compile(r"^//pubsub\.googleapis\.com/projects/[^/]+/topics/([^/]+)$")
+
+
+class CloudEventLike(Protocol):
+    """The part of `cloudevents.http.CloudEvent` (what functions-framework passes) we use."""
+
+    def get(self, key: str, default: Any = None) -> Any: ...
+
+    def get_data(self) -> Any: ...
+
+
+# Envelopes
+
+
+def _data_object(event: CloudEventLike) -> dict[str, Any]:
+    data = event.get_data()
+    if isinstance(data, bytes | str):
+        # A sender that did not say `application/json` still sends JSON.
+        try:
+            data = json.loads(data)
+        except ValueError as e:
+            raise PoisonMessage(f"{event.get('type')} event data is not JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise PoisonMessage(
+            f"{event.get('type')} event data must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _expect_type(event: CloudEventLike, want: str) -> None:
+    got = event.get("type")
+    if got != want:
+        raise PoisonMessage(f"expected a {want} CloudEvent, got type {got!r}")
+
+
+def profile_object_finalized(event: CloudEventLike) -> ProfileObjectFinalized:
+    """The GCS finalize event as a message; PoisonMessage when the envelope is malformed."""
+    _expect_type(event, STORAGE_FINALIZED)
+    data = _data_object(event)
+    values: dict[str, str] = {}
+    for key in ("bucket", "name", "generation", "size"):
+        value = data.get(key)
+        # GCS sends int64 fields (generation, size) as JSON strings; accept numbers too.
+        if isinstance(value, int) and not isinstance(value, bool) and key in ("generation",
+                                                                                "size"):
+            value = str(value)
+        if not isinstance(value, str) or not value:
+            raise PoisonMessage(f"storage object event: {key} missing or not a string "
+                                f"(got {value!r})")
+        values[key] = value
+    if not values["size"].isdigit():
+        raise PoisonMessage(f"storage object event: size {values['size']!r} is not a byte count")
+    return ProfileObjectFinalized(bucket=values["bucket"], name=values["name"],
+                                  generation=values["generation"], size=int(values["size"]))
+
+
+def pubsub_topic(event: CloudEventLike) -> str | None:
+    """The topic id in the event source `//pubsub.googleapis.com/projects/P/topics/T`."""
+    match = _PUBSUB_SOURCE.match(str(event.get("source") or ""))
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True)
+class PubSubDelivery:
+    """A Pub/Sub messagePublished CloudEvent: the message bytes and their metadata."""
+
+    topic: str | None
+    subscription: str
+    message_id: str
+    publish_time: str
+    data: bytes
+    attributes: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_cloud_event(cls, event: CloudEventLike) -> PubSubDelivery:
+        """Parse the envelope; PoisonMessage when it is not a messagePublished event."""
+        _expect_type(event, PUBSUB_PUBLISHED)
+        envelope = _data_object(event)
+        message = envelope.get("message")
+        if not isinstance(message, dict):
+            raise PoisonMessage("Pub/Sub event: no message object in data")
+        encoded = message.get("data")
+        if not isinstance(encoded, str) or not encoded:
+            raise PoisonMessage("Pub/Sub event: message.data missing (an empty message)")
+        try:
+            raw = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError) as e:
+            raise PoisonMessage(f"Pub/Sub event: message.data is not base64: {e}") from e
+        attributes = message.get("attributes") or {}
+        if not isinstance(attributes, dict):
+            raise PoisonMessage("Pub/Sub event: message.attributes is not an object")
+        return cls(
+            topic=pubsub_topic(event),
+            subscription=str(envelope.get("subscription") or ""),
+            message_id=str(message.get("messageId") or message.get("message_id") or ""),
+            publish_time=str(message.get("publishTime") or message.get("publish_time") or ""),
+            data=raw,
+            attributes={str(k): str(v) for k, v in attributes.items()},
+        )
+
+    def message[M: Message](self, expect: type[M]) -> M:
+        """The message, which must be of the type the receiving function handles."""
+        # The receiving function's own topic decides a message without `kind`: deployed topic
+        # names may carry a prefix, the function's message type does not change.
+        message = parse(self.data, TOPIC_OF[expect])
+        if not isinstance(message, expect):
+            raise PoisonMessage(
+                f"{message.kind} delivered to the {expect.kind} function (topic "
+                f"{self.topic!r}); it belongs on topic {TOPIC_OF[type(message)]!r}")
+        return message
+
+
+def pubsub_message[M: Message](event: CloudEventLike, expect: type[M]) -> M:
+    """Parse a Pub/Sub CloudEvent into the message type its function handles."""
+    return PubSubDelivery.from_cloud_event(event).message(expect)
+
+
+# Services: built once per function instance, on first use
+
+
+_services: Services | None = None
+_services_lock = threading.Lock()
+
+
+def services() -> Services:
+    """This instance's services, built from `Settings.from_env()` on the first call."""
+    global _services
+    with _services_lock:
+        if _services is None:
+            # The bootstrap is the one place adapters are chosen (embedded today, GCP later).
+            _services = bootstrap(Settings.from_env()).services
+        return _services
+
+
+def set_services(services: Services | None) -> None:
+    """Use these services from now on (tests); None makes the next call build them anew."""
+    global _services
+    with _services_lock:
+        _services = services
+
+
+# Dead letters
+
+
+def _dead_letter_view(event: CloudEventLike) -> tuple[str, str]:
+    """(topic, payload) to record for an event that could not be processed; never raises."""
+    source = str(event.get("source") or "")
+    topic = pubsub_topic(event) or (
+        TOPIC_OF[ProfileObjectFinalized] if source.startswith("//storage.googleapis.com/")
+        else source or "unknown")
+    data = event.get_data()
+    message = data.get("message") if isinstance(data, dict) else None
+    encoded = message.get("data") if isinstance(message, dict) else None
+    if isinstance(encoded, str):
+        # The Pub/Sub message as published: its text, or its base64 when it is not text.
+        try:
+            return topic, base64.b64decode(encoded, validate=True).decode()
+        except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors
+            return topic, encoded
+    if isinstance(data, bytes):
+        return topic, data.decode(errors="replace")
+    if isinstance(data, str):
+        return topic, data
+    return topic, json.dumps(data, sort_keys=True, default=str)
+
+
+@contextmanager
+def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
+    """Record a PoisonMessage raised inside as a dead letter and acknowledge the event.
+
+    Every other exception propagates: the function fails and the platform redelivers.
+    """
+    try:
+        yield
+    except PoisonMessage as e:
+        topic, payload = _dead_letter_view(event)
+        reason = f"poison message: {e}"
+        log.warning("dead-lettered event %s from %s: %s", event.get("id"), topic, reason)
+        services.state.record_dead_letter(topic, payload, reason, 1, services.clock())
