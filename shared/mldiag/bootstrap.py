@@ -18,13 +18,31 @@ from mldiag.adapters.local.bus import InProcessBus
 from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.adapters.local.storage import DirectoryWatcher, LocalDirStorage
 from mldiag.errors import MldiagError
-from mldiag.messages import ProfileObjectFinalized
+from mldiag.messages import (
+    TOPIC_OF,
+    AnalyzeSession,
+    InvestigateSession,
+    ProfileObjectFinalized,
+    RenderReport,
+)
 from mldiag.model import SessionRecord
 from mldiag.ports import Investigator, ObjectInfo
 from mldiag.settings import Settings
-from mldiag.stages import Services, Sweeper, dispatch
+from mldiag.stages import Services, Sweeper, dead_lettered, dispatch, requeue_stuck
 
 log = logging.getLogger(__name__)
+
+
+# One queue serves every topic locally, where Pub/Sub gives each its own subscription. So that
+# a backlog of analyses never holds back the reports of sessions already analysed (nor the
+# registration of arriving hosts, which the settle window times), deliver arrivals first, then
+# the work that finishes a session before the work that starts one.
+TOPIC_PRIORITY = {
+    TOPIC_OF[ProfileObjectFinalized]: 0,
+    TOPIC_OF[RenderReport]: 1,
+    TOPIC_OF[InvestigateSession]: 2,
+    TOPIC_OF[AnalyzeSession]: 3,
+}
 
 
 class RuntimeBusy(MldiagError):
@@ -66,9 +84,12 @@ class LocalRuntime:
         self._acquire()
         released = self.state.release_all_held()
         recovered = self.bus.recover()
-        if released or recovered:
-            log.info("recovered %d in-flight message(s), released %d claim(s)", recovered,
-                     released)
+        # A crash between a stage's transition and its publish leaves a session whose message
+        # was never sent: replay the work of every session still in a working state.
+        replayed = requeue_stuck(self.services, stuck_after_s=0.0)
+        if released or recovered or replayed:
+            log.info("recovered %d in-flight message(s), released %d claim(s), replayed %d "
+                     "session(s)", recovered, released, replayed)
         self.bus.start(dispatch(self.services))
         self.watcher.start()
         self.sweeper.start()
@@ -115,7 +136,7 @@ def bootstrap(
         state.add_listener(listener)
     bus = InProcessBus(state, max_attempts=settings.max_attempts,
                        backoff_s=settings.retry_backoff_s, workers=settings.workers,
-                       poll_s=settings.poll_s, clock=clock)
+                       poll_s=settings.poll_s, clock=clock, priorities=TOPIC_PRIORITY)
     storage = LocalDirStorage(Path(settings.bucket_dir))
 
     def finalized(info: ObjectInfo) -> None:
@@ -126,4 +147,9 @@ def bootstrap(
     services = Services(settings=settings, storage=storage, state=state, bus=bus, clock=clock)
     if investigator is not None:
         services.investigator = investigator
+
+    def dead(topic: str, payload: str, reason: str) -> None:
+        dead_lettered(services, topic, payload, reason)
+
+    bus.on_dead = dead
     return LocalRuntime(services, bus, state, storage)

@@ -71,9 +71,12 @@ class Services:
     owner: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
-def _fail(services: Services, run: str, session: str, reason: str) -> None:
-    log.warning("session %s/%s FAILED: %s", run, session, reason)
-    services.state.transition(run, session, FAILED, now=services.clock(), reason=reason)
+def _fail(services: Services, run: str, session: str, reason: str,
+          version: int | None = None) -> None:
+    """Mark the session FAILED; with `version`, only if no newer version has started."""
+    if services.state.transition(run, session, FAILED, version=version, now=services.clock(),
+                                 reason=reason) is not None:
+        log.warning("session %s/%s FAILED: %s", run, session, reason)
 
 
 # on_profile_object
@@ -109,7 +112,7 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         session, new = services.state.register_host(name.run, name.session, name.host, record,
                                                     now)
         if status == "FAILED" and new:
-            _fail(services, name.run, name.session, reason)
+            _fail(services, name.run, name.session, reason, session.version)
         elif session.complete():
             # Also on a redelivery (not new): the first delivery may have died before this.
             complete_session(services, session)
@@ -126,9 +129,25 @@ def complete_session(services: Services, session: SessionRecord) -> bool:
                                       now=services.clock())
     if moved is None:
         return False
-    services.bus.publish(AnalyzeSession(run=moved.run, session=moved.session,
-                                        version=moved.version))
+    _publish_or_undo(services, moved, CAPTURING,
+                     AnalyzeSession(run=moved.run, session=moved.session, version=moved.version))
     return True
+
+
+def _publish_or_undo(services: Services, moved: SessionRecord, back_to: str,
+                     message: Message) -> None:
+    """Publish the message that follows a transition; if publishing fails, undo the transition.
+
+    Otherwise the session would sit in a state whose message was never sent, and nothing but
+    the sweeper's deadline would move it: the redelivery of the current message sees the new
+    state and takes itself for a duplicate.
+    """
+    try:
+        services.bus.publish(message)
+    except BaseException:
+        services.state.transition(moved.run, moved.session, back_to, expect=[moved.state],
+                                  version=moved.version, now=services.clock())
+        raise
 
 
 # collect
@@ -172,6 +191,10 @@ def _write_artifact(services: Services, s: SessionRecord, filename: str, data: b
     services.storage.write_bytes(f"{base}/v{s.version}/{filename}", data,
                                  content_type=content_type)
     name = f"{base}/{filename}"
+    current = services.state.get_session(s.run, s.session)
+    if current is not None and current.version != s.version:
+        # A host arrived meanwhile and a newer version owns the latest copies.
+        return name
     services.storage.write_bytes(name, data, content_type=content_type)
     return name
 
@@ -203,7 +226,7 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
                 snapshot = collect_snapshot(session, max_host_bytes=services.settings
                                             .max_host_bytes)
         except ProfileUnreadable as e:
-            _fail(services, msg.run, msg.session, str(e))
+            _fail(services, msg.run, msg.session, str(e), msg.version)
             services.state.complete(key, services.owner)
             return
         snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
@@ -225,10 +248,14 @@ def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -
     if status == OPTIMAL:
         services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
         return
-    services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[ANALYZING],
-                              version=msg.version, now=services.clock())
-    services.bus.publish(InvestigateSession(run=msg.run, session=msg.session,
-                                            version=msg.version))
+    message = InvestigateSession(run=msg.run, session=msg.session, version=msg.version)
+    moved = services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[ANALYZING],
+                                      version=msg.version, now=services.clock())
+    if moved is None:
+        # A concurrent duplicate moved it first; one more request is harmless (claims).
+        services.bus.publish(message)
+        return
+    _publish_or_undo(services, moved, ANALYZING, message)
 
 
 def _read_json(services: Services, name: str) -> dict[str, Any]:
@@ -332,14 +359,15 @@ def handle(message: Message, services: Services) -> None:
     except PermanentFailure as e:
         run, session = getattr(message, "run", None), getattr(message, "session", None)
         if run and session:
-            _fail(services, run, session, str(e))
+            _fail(services, run, session, str(e), getattr(message, "version", None))
             return
         raise PoisonMessage(str(e)) from e
     except PoisonMessage as e:
         # Record the reason on the session when the message names one that exists.
         run, session = getattr(message, "run", None), getattr(message, "session", None)
         if run and session and services.state.get_session(run, session) is not None:
-            _fail(services, run, session, f"poison message: {e}")
+            _fail(services, run, session, f"poison message: {e}",
+                  getattr(message, "version", None))
         raise
 
 
@@ -369,16 +397,53 @@ def sweep(services: Services) -> dict[str, int]:
             s.expected_hosts and quiet >= settings.stuck_after_s)
         if waited_enough and complete_session(services, s):
             done["settled"] += 1
+    done["requeued"] = requeue_stuck(services, settings.stuck_after_s)
+    return done
+
+
+def requeue_stuck(services: Services, stuck_after_s: float) -> int:
+    """Re-publish the pending work of sessions that have not moved for `stuck_after_s`.
+
+    The local runtime calls it with 0 at start: a crash between a stage's transition and its
+    publish leaves a session with no message, and duplicates are harmless (claims).
+    """
+    now = services.clock()
+    requeued = 0
     for state, make in ((CAPTURED, AnalyzeSession), (ANALYZING, AnalyzeSession),
                         (INVESTIGATING, InvestigateSession)):
         for s in services.state.list_sessions(state=state):
-            if now - s.updated_at >= settings.stuck_after_s:
+            if now - s.updated_at >= stuck_after_s:
                 # Touch the session so it is re-queued once per deadline, not every sweep.
                 services.state.transition(s.run, s.session, s.state, expect=[s.state],
                                           version=s.version, now=now)
                 services.bus.publish(make(run=s.run, session=s.session, version=s.version))
-                done["requeued"] += 1
-    return done
+                requeued += 1
+    return requeued
+
+
+def dead_lettered(services: Services, topic: str, payload: str, reason: str) -> None:
+    """A message was given up on (poison, or out of attempts): fail the session it names.
+
+    Only while that session still waits on this version's work; a finished session keeps its
+    report, and a stale message about an older version changes nothing.
+    """
+    try:
+        data = json.loads(payload)
+    except ValueError:
+        return
+    if not isinstance(data, dict):
+        return
+    run, session, version = data.get("run"), data.get("session"), data.get("version")
+    if not isinstance(run, str) or not isinstance(session, str):
+        return
+    s = services.state.get_session(run, session)
+    if s is None or s.state in (REPORTED, FAILED):
+        return
+    if isinstance(version, int) and not isinstance(version, bool) and version != s.version:
+        return
+    if services.state.transition(run, session, FAILED, expect=[s.state], version=s.version,
+                                 now=services.clock(), reason=reason) is not None:
+        log.warning("session %s/%s FAILED: %s", run, session, reason)
 
 
 class Sweeper:

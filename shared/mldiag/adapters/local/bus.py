@@ -32,6 +32,8 @@ CREATE INDEX IF NOT EXISTS messages_ready ON messages (state, available_at);
 """
 
 Dispatch = Callable[[str, str, Mapping[str, str]], None]
+# Told about every dead letter: (topic, payload, reason).
+DeadLetterFn = Callable[[str, str, str], None]
 
 
 class InProcessBus:
@@ -46,8 +48,18 @@ class InProcessBus:
         workers: int = 2,
         poll_s: float = 0.1,
         clock: Callable[[], float] = time.time,
+        on_dead: DeadLetterFn | None = None,
+        priorities: Mapping[str, int] | None = None,
     ) -> None:
         self._store = store
+        self.on_dead = on_dead
+        # Topics with a lower number are delivered first; within one, oldest first.
+        self._order = ""
+        self._order_args: tuple[Any, ...] = ()
+        if priorities:
+            cases = " ".join("WHEN ? THEN ?" for _ in priorities)
+            self._order = f"CASE topic {cases} ELSE {max(priorities.values()) + 1} END, "
+            self._order_args = tuple(x for kv in priorities.items() for x in kv)
         self.max_attempts = max_attempts
         self.backoff_s = backoff_s
         self.workers = workers
@@ -78,10 +90,24 @@ class InProcessBus:
         return message_id
 
     def recover(self) -> int:
-        """Return messages left in flight by a dead process to the queue."""
+        """Return messages left in flight by a dead process to the queue.
+
+        A message the process died on `max_attempts` times is dead-lettered instead: an input
+        that crashes the runtime (a native fault in a parser, an OOM kill) must not crash it
+        again at every restart.
+        """
         with self._store.transaction() as db:
-            return db.execute(
-                "UPDATE messages SET state = 'pending' WHERE state = 'inflight'").rowcount
+            fatal = db.execute(
+                "SELECT id, topic, payload, attempts FROM messages WHERE state = 'inflight' "
+                "AND attempts >= ?", (self.max_attempts,)).fetchall()
+            recovered = db.execute(
+                "UPDATE messages SET state = 'pending' WHERE state = 'inflight' "
+                "AND attempts < ?", (self.max_attempts,)).rowcount
+        for msg_id, topic, payload, attempts in fatal:
+            self._dead(msg_id, topic, payload,
+                       f"the runtime stopped {attempts} times while handling it "
+                       "(a crash or a kill)", attempts)
+        return recovered
 
     def start(self, dispatch: Dispatch) -> None:
         self._dispatch = dispatch
@@ -105,8 +131,8 @@ class InProcessBus:
         with self._store.transaction() as db:
             row = db.execute(
                 "SELECT id, topic, payload, attributes, attempts FROM messages "
-                "WHERE state = 'pending' AND available_at <= ? ORDER BY available_at, id "
-                "LIMIT 1", (now,)).fetchone()
+                f"WHERE state = 'pending' AND available_at <= ? ORDER BY {self._order}"
+                "available_at, id LIMIT 1", (now, *self._order_args)).fetchone()
             if row is None:
                 return None
             db.execute("UPDATE messages SET state = 'inflight', attempts = attempts + 1 "
@@ -115,12 +141,17 @@ class InProcessBus:
 
     def _work(self) -> None:
         while not self._stop.is_set():
-            item = self._take()
-            if item is None:
-                with self._wake:
-                    self._wake.wait(self.poll_s)
-                continue
-            self._deliver(*item)
+            try:
+                item = self._take()
+                if item is not None:
+                    self._deliver(*item)
+                    continue
+            except Exception:  # noqa: BLE001 - a dead worker would stop the bus silently
+                # The queue itself failed (e.g. the database stayed locked past its timeout).
+                # A message taken stays in flight until recover() at the next start.
+                log.exception("bus worker: queue operation failed; retrying")
+            with self._wake:
+                self._wake.wait(self.poll_s)
 
     def _deliver(
         self, msg_id: int, topic: str, payload: str, attrs: dict[str, str], attempt: int
@@ -156,6 +187,11 @@ class InProcessBus:
                        "WHERE id = ?", (reason, now, msg_id))
         self._store.record_dead_letter(topic, payload, reason, attempts, now)
         log.warning("dead-lettered message %s on %s: %s", msg_id, topic, reason)
+        if self.on_dead is not None:
+            try:
+                self.on_dead(topic, payload, reason)
+            except Exception:  # noqa: BLE001 - the letter is recorded; the worker must live on
+                log.exception("dead-letter hook failed for message %s", msg_id)
 
     def pending(self) -> int:
         """Messages not yet delivered (pending or in flight)."""

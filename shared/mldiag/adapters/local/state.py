@@ -18,7 +18,7 @@ from typing import Any
 from mldiag.model import (
     CAPTURING,
     REPORTED,
-    TERMINAL,
+    REQUESTED,
     HostRecord,
     RunRecord,
     SessionRecord,
@@ -139,8 +139,13 @@ class SqliteStateStore:
             if new:
                 s.hosts[host] = record
                 s.last_arrival_at = now
-                if s.state in TERMINAL:
-                    # A host after the report: the next analysis version covers it.
+                if s.state == REQUESTED:
+                    s.state = CAPTURING
+                    s.timings[CAPTURING] = now
+                elif s.state != CAPTURING:
+                    # A host after the analysis started (or after the report): the current
+                    # version's hosts are fixed, so the next version covers it. Messages of
+                    # the old version become stale and stop at their version check.
                     s.version += 1
                     s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
                     s.timings[CAPTURING] = now
@@ -187,7 +192,9 @@ class SqliteStateStore:
             s.state = to
             for k, v in fields.items():
                 setattr(s, k, v)
-            s.timings[to] = now
+            if before != to:
+                # When the state was entered: progress updates and the sweeper's touch keep it.
+                s.timings[to] = now
             s.updated_at = now
             if to == REPORTED:
                 s.reported_version = s.version
