@@ -139,12 +139,14 @@ def bootstrap(
                        poll_s=settings.poll_s, clock=clock, priorities=TOPIC_PRIORITY)
     storage = LocalDirStorage(Path(settings.bucket_dir))
 
+    services = Services(settings=settings, storage=storage, state=state, bus=bus, clock=clock)
+
     def finalized(info: ObjectInfo) -> None:
-        bus.publish(ProfileObjectFinalized(bucket=storage.bucket, name=info.name,
-                                           generation=info.generation, size=info.size))
+        # Through services.bus, so a bus swapped in later (a test's, Pub/Sub) gets the events.
+        services.bus.publish(ProfileObjectFinalized(bucket=storage.bucket, name=info.name,
+                                                    generation=info.generation, size=info.size))
 
     storage.on_finalize = finalized
-    services = Services(settings=settings, storage=storage, state=state, bus=bus, clock=clock)
     if investigator is not None:
         services.investigator = investigator
 

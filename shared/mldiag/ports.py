@@ -61,7 +61,7 @@ class Storage(Protocol):
 class StateStore(Protocol):
     """Runs, sessions, idempotency claims and dead letters (SQLite or Firestore)."""
 
-    def ensure_run(self, name: str, *, discovered: bool) -> RunRecord: ...
+    def ensure_run(self, name: str, *, discovered: bool, now: float = 0.0) -> RunRecord: ...
 
     def get_run(self, name: str) -> RunRecord | None: ...
 
@@ -72,8 +72,8 @@ class StateStore(Protocol):
     ) -> tuple[SessionRecord, bool]:
         """Add a host to a session, creating the session if needed, in one transaction.
 
-        Returns the session and whether the host is new. A new host arriving after the
-        session was reported starts the next analysis version.
+        Returns the session and whether the host is new. A new host arriving once analysis
+        has started (or after the report) starts the next analysis version.
         """
         ...
 

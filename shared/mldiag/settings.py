@@ -22,8 +22,10 @@ class Settings:
     home: Path = Path(".mldiag")
     # A session without known expected hosts is complete once no host arrived for this long.
     settle_s: float = 2.0
-    # A dropped file must keep its size and mtime this long before it counts as written.
-    stability_s: float = 0.3
+    # A dropped file must keep its size and mtime this long before it counts as written. A
+    # writer that pauses longer gets a FAILED first version, and its finished file (a new
+    # generation) a second version, so the window trades latency, not correctness.
+    stability_s: float = 0.2
     max_host_bytes: int = 2 * GIB
     max_attempts: int = 5
     retry_backoff_s: float = 0.5

@@ -95,7 +95,7 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         return
     try:
         now = services.clock()
-        services.state.ensure_run(name.run, discovered=True)
+        services.state.ensure_run(name.run, discovered=True, now=now)
         status, reason = "ARRIVED", ""
         if msg.size == 0:
             status, reason = "FAILED", f"{name.host}: empty file (0 bytes)"
@@ -105,8 +105,10 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 f"{services.settings.max_host_bytes / 1024**3:.2f} GiB")
         elif name.suffix == ".xplane.riegeli":
             status, reason = "FAILED", (
-                f"{name.host}: .xplane.riegeli (continuous-profiling snapshot) is not readable "
-                "by xprof 2.24.2's converters; export it as .xplane.pb")
+                f"{name.host}: cannot analyse .xplane.riegeli (continuous-profiling snapshot): "
+                "xprof 2.24.2's reader parses only .xplane.pb, and its converters answer an "
+                "empty profile rather than an error for input they cannot read, so no result "
+                "would be trustworthy; save the snapshot as .xplane.pb")
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
                             arrived_at=now, status=status, reason=reason)
         session, new = services.state.register_host(name.run, name.session, name.host, record,

@@ -353,7 +353,8 @@ def _truncated(data: bytes) -> bytes:
     ("h0.xplane.pb", _truncated, {}, "h0.xplane.pb: not a readable XSpace (truncated or corrupt"),
     ("h0.xplane.pb", lambda d: d, {"max_host_bytes": 100_000},
      "h0: 0.00 GiB exceeds the per-host cap of 0.00 GiB"),
-    ("h0.xplane.riegeli", lambda d: d, {}, "h0: .xplane.riegeli (continuous-profiling snapshot)"),
+    ("h0.xplane.riegeli", lambda d: d, {},
+     "h0: cannot analyse .xplane.riegeli (continuous-profiling snapshot)"),
 ], ids=["empty", "corrupt", "truncated", "oversized", "riegeli"])
 def test_a_bad_profile_fails_its_session_with_a_reason_and_no_retries(
         make_runtime: MakeRuntime, xplane_bytes: bytes, host: str, make: Any,

@@ -58,8 +58,6 @@ class FollowUps:
     def _workspace(self) -> XprofWorkspace:
         if self._ws is None:
             self._ws = XprofWorkspace(self.session).__enter__()
-            # Tools that read op_stats must see the same steps as the snapshot did.
-            self._ws.precompute_op_stats()
         return self._ws
 
     def call(self, tool: str, purpose: str, **args: Any) -> dict[str, Any]:
@@ -89,7 +87,10 @@ class FollowUps:
     def _kernel_stats(self, limit: int = 10) -> dict[str, Any]:
         # xprof's CLI get_kernel_stats attributes time per timeline line on non-TPU traces;
         # the kernel_stats converter has the real per-kernel table (occupancy, TensorCore use).
-        table = self._workspace().fetch_tool_data("kernel_stats")
+        ws = self._workspace()
+        # kernel_stats reads op_stats: build them the way the snapshot did, so steps agree.
+        ws.precompute_op_stats()
+        table = ws.fetch_tool_data("kernel_stats")
         cols = [c.get("id") for c in table.get("cols", [])]
         rows = [
             {col: cell.get("v") if isinstance(cell, dict) else None
