@@ -34,6 +34,23 @@ class RunRecord:
 
 
 @dataclass
+class TargetRecord:
+    """A profiler endpoint of a run (`host:port`), registered by the SDK inside the workload."""
+
+    run: str
+    host: str
+    port: int = 9999
+    process_index: int = 0
+    framework: str = ""
+    framework_version: str = ""
+    last_heartbeat: float = 0.0
+    continuous: str = "OFF"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
 class HostRecord:
     """One host's xplane in a session."""
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.triage import Triage
 from mldiag.messages import Message
-from mldiag.model import HostRecord, RunRecord, SessionRecord
+from mldiag.model import HostRecord, RunRecord, SessionRecord, TargetRecord
 
 
 @dataclass(frozen=True)
@@ -67,10 +67,18 @@ class StateStore(Protocol):
 
     def list_runs(self) -> list[RunRecord]: ...
 
+    def upsert_target(self, target: TargetRecord) -> None: ...
+
+    def list_targets(self, run: str) -> list[TargetRecord]: ...
+
     def register_host(
-        self, run: str, session: str, host: str, record: HostRecord, now: float
+        self, run: str, session: str, host: str, record: HostRecord, now: float,
+        expected_hosts: Sequence[str] = (),
     ) -> tuple[SessionRecord, bool]:
         """Add a host to a session, creating the session if needed, in one transaction.
+
+        A session created here expects `expected_hosts` (the run's targets); one created
+        earlier (by a capture request) keeps its own list.
 
         Returns the session and whether the host is new. A new host arriving once analysis
         has started (or after the report) starts the next analysis version.

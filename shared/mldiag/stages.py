@@ -111,8 +111,10 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 "would be trustworthy; save the snapshot as .xplane.pb")
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
                             arrived_at=now, status=status, reason=reason)
+        # The run's registered profiler targets are the hosts a new session waits for.
+        expected = sorted({t.host for t in services.state.list_targets(name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
-                                                    now)
+                                                    now, expected_hosts=expected)
         if status == "FAILED" and new:
             _fail(services, name.run, name.session, reason, session.version)
         elif session.complete():

@@ -30,6 +30,7 @@ from mldiag.model import (
     REPORTED,
     HostRecord,
     SessionRecord,
+    TargetRecord,
 )
 from mldiag.ports import ObjectInfo
 from mldiag.stages import sweep
@@ -460,6 +461,22 @@ def test_a_session_is_analysed_as_soon_as_its_expected_hosts_arrive(
     wait_state(rt, REPORTED)
     assert_reported_once(rt)
     assert len(kinds(rt, "AnalyzeSession")) == 1
+
+
+def test_a_new_session_waits_for_the_runs_registered_targets(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(settle_s=3600)
+    rt.state.ensure_run(RUN, discovered=False)
+    for i, host in enumerate(("h0", "h1")):
+        rt.state.upsert_target(TargetRecord(run=RUN, host=host, process_index=i))
+    rt.start()
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    wait_until(lambda: "h0" in hosts_of(rt), what="h0 registered")
+    assert session_of(rt).expected_hosts == ["h0", "h1"]
+    assert session_of(rt).state == CAPTURING
+    rt.storage.write_bytes(object_name("h1"), xplane_bytes)
+    wait_state(rt, REPORTED)
+    assert_reported_once(rt)
 
 
 # Sweeper and restart

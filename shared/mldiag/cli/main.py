@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 
 import mldiag
-from mldiag.cli import analyze, demo, runs, sessions, up
+from mldiag.cli import analyze, demo, runs, sessions, targets, up
 from mldiag.errors import MldiagError, ProfileUnreadable
 
 # Sorted by command name; each module provides register(subparsers) and run(args) -> int.
@@ -17,6 +17,7 @@ COMMANDS = {
     "demo": demo,
     "runs": runs,
     "sessions": sessions,
+    "targets": targets,
     "up": up,
 }
 

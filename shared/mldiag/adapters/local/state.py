@@ -22,6 +22,7 @@ from mldiag.model import (
     HostRecord,
     RunRecord,
     SessionRecord,
+    TargetRecord,
 )
 
 _SCHEMA = """
@@ -30,6 +31,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     run TEXT NOT NULL, session TEXT NOT NULL, state TEXT NOT NULL, updated_at REAL NOT NULL,
     data TEXT NOT NULL, PRIMARY KEY (run, session));
 CREATE INDEX IF NOT EXISTS sessions_by_state ON sessions (state, updated_at);
+CREATE TABLE IF NOT EXISTS targets (
+    run TEXT NOT NULL, host TEXT NOT NULL, port INTEGER NOT NULL, data TEXT NOT NULL,
+    PRIMARY KEY (run, host, port));
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, owner TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0,
     expires_at REAL NOT NULL);
@@ -110,6 +114,20 @@ class SqliteStateStore:
         rows = self.connection().execute("SELECT data FROM runs ORDER BY name").fetchall()
         return [RunRecord(**json.loads(r[0])) for r in rows]
 
+    # Targets
+
+    def upsert_target(self, target: TargetRecord) -> None:
+        with self._tx() as db:
+            db.execute(
+                "INSERT INTO targets (run, host, port, data) VALUES (?, ?, ?, ?) "
+                "ON CONFLICT (run, host, port) DO UPDATE SET data = excluded.data",
+                (target.run, target.host, target.port, json.dumps(target.to_dict())))
+
+    def list_targets(self, run: str) -> list[TargetRecord]:
+        rows = self.connection().execute(
+            "SELECT data FROM targets WHERE run = ? ORDER BY host, port", (run,)).fetchall()
+        return [TargetRecord(**json.loads(r[0])) for r in rows]
+
     # Sessions
 
     def _load(self, db: sqlite3.Connection, run: str, session: str) -> SessionRecord | None:
@@ -126,14 +144,15 @@ class SqliteStateStore:
         )
 
     def register_host(
-        self, run: str, session: str, host: str, record: HostRecord, now: float
+        self, run: str, session: str, host: str, record: HostRecord, now: float,
+        expected_hosts: Sequence[str] = (),
     ) -> tuple[SessionRecord, bool]:
         with self._tx() as db:
             s = self._load(db, run, session)
             before = s.state if s else None
             if s is None:
                 s = SessionRecord(run=run, session=session, state=CAPTURING, created_at=now,
-                                  timings={CAPTURING: now})
+                                  timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
             existing = s.hosts.get(host)
             new = existing is None or existing.generation != record.generation
             if new:

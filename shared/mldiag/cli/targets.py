@@ -1,0 +1,42 @@
+"""`mldiag targets list --run R`: the profiler endpoints registered for a run."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from typing import Any
+
+from mldiag.bootstrap import open_state
+from mldiag.errors import MldiagError
+from mldiag.settings import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("targets", help="list a run's profiler targets")
+    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    ls = verbs.add_parser("list", help="list the targets of a run")
+    ls.add_argument("--run", required=True)
+    ls.add_argument("--json", action="store_true")
+
+
+def run(args: argparse.Namespace) -> int:
+    state = open_state(Settings.from_env(home=args.home))
+    if state.get_run(args.run) is None:
+        raise MldiagError(f"unknown run {args.run!r}")
+    targets = state.list_targets(args.run)
+    if args.json:
+        print(json.dumps([t.to_dict() for t in targets], indent=2))
+        return 0
+    if not targets:
+        print(f"run {args.run} has no registered targets (sessions settle on a time window)")
+        return 0
+    print(f"{'TARGET':<40} {'PROC':>4} {'FRAMEWORK':<16} {'CONTINUOUS':<10} LAST HEARTBEAT")
+    for t in targets:
+        beat = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.last_heartbeat)) \
+            if t.last_heartbeat else "-"
+        fw = f"{t.framework} {t.framework_version}".strip() or "-"
+        print(f"{t.host + ':' + str(t.port):<40} {t.process_index:>4} {fw:<16} "
+              f"{t.continuous:<10} {beat}")
+    return 0
