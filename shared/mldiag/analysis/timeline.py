@@ -7,7 +7,9 @@ for each annotated step, how much of the wall time had device (or XLA:CPU) work 
 
 from __future__ import annotations
 
+import ctypes
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,22 +87,55 @@ def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) ->
     return total
 
 
+def _events(line: Any) -> Iterator[tuple[str, float, float, int]]:
+    """(name, start_ns, duration_ns, handle) of each event on a line.
+
+    Straight through xprof's C API: `ProfileLine.events` builds a Python object with a
+    weakref finalizer per event, which costs more than the analysis itself on large traces.
+    The handle is valid only until the next iteration.
+    """
+    lib = _native()
+    handle = line._handle
+    for i in range(lib.profile_line_num_events(handle)):
+        ev = lib.profile_line_get_event(handle, i)
+        try:
+            raw = lib.profile_event_name(ev)
+            name = raw.decode("utf-8", errors="replace") if raw else ""
+            yield name, lib.profile_event_start_ns(ev), lib.profile_event_duration_ns(ev), ev
+        finally:
+            lib.profile_event_free(ev)
+
+
+def _event_stats(ev: int) -> Iterator[tuple[str, str]]:
+    lib = _native()
+    for i in range(lib.profile_event_num_stats(ev)):
+        name_p, val_p = ctypes.c_char_p(), ctypes.c_char_p()
+        lib.profile_event_get_stat(ev, i, ctypes.byref(name_p), ctypes.byref(val_p))
+        yield ((name_p.value or b"").decode("utf-8", errors="replace"),
+               (val_p.value or b"").decode("utf-8", errors="replace"))
+
+
+def _native() -> Any:
+    from xprof import profile_data
+
+    return profile_data._lib
+
+
 def _step_events(planes: Any) -> list[tuple[float, float]]:
     steps: list[tuple[float, float]] = []
     for plane in planes:
         if not plane.name.startswith("/host:"):
             continue
         for line in plane.lines:
-            # Reading stats costs a native call per event: decide per event name, from its
+            # Reading stats costs native calls per event: decide per event name, from its
             # first occurrence on the line, whether it is a step annotation (has step_num).
             is_step: dict[str, bool] = {}
-            for ev in line.events:
-                name = ev.name
+            for name, start, dur, ev in _events(line):
                 flag = is_step.get(name)
                 if flag is None:
-                    flag = is_step[name] = any(k == "step_num" for k, _ in ev.stats)
-                if flag and ev.duration_ns > 0:
-                    steps.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+                    flag = is_step[name] = any(k == "step_num" for k, _ in _event_stats(ev))
+                if flag and dur > 0:
+                    steps.append((start, start + dur))
     steps.sort()
     # Nested annotations of the same step (e.g. two StepTraceAnnotations) count once.
     outer: list[tuple[float, float]] = []
@@ -141,18 +176,15 @@ def analyze_host(path: Path, host: str) -> HostTimeline:
         result.source = source
         intervals: list[tuple[float, float]] = []
         for line in lines:
-            for ev in line.events:
-                dur = ev.duration_ns
-                name = ev.name
+            for name, start, dur, ev in _events(line):
                 if dur <= 0 or name.startswith(_MARKER_PREFIXES):
                     continue
-                start = ev.start_ns
                 intervals.append((start, start + dur))
                 if _is_runtime_event(name):
                     continue
                 # Device ops are attributed through xprof's op profile; only XLA:CPU events
                 # need their program to tell same-named ops of different modules apart.
-                program = _program_id(ev.stats) if source == "xla_cpu" else ""
+                program = _program_id(_event_stats(ev)) if source == "xla_cpu" else ""
                 key = (program, _hlo_name(name))
                 result.op_time_ns[key] += dur
                 result.op_count[key] += 1
