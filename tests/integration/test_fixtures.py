@@ -84,6 +84,9 @@ def test_gpu_fixture_completes_with_an_honest_verdict(gpu_logdir: Path, tmp_path
     assert a["metrics"]["roofline_efficiency_percent"] is None
     assert a["metrics"]["peak_memory_gib"] == pytest.approx(5.78)
     assert [f["category"] for f in a["findings"]][0] == "idle"
+    # One captured step is too little to call it critical, and the advice fits TensorFlow.
+    assert a["findings"][0]["priority"] == "P1"
+    assert "tf.data" in a["findings"][0]["fix"] and "jax.jit" not in a["findings"][0]["fix"]
     assert any(f["tool"] == "get_kernel_stats" and f["status"] == "DATA" for f in a["follow_ups"])
 
 

@@ -392,13 +392,23 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
         for f in ("kernel_count", "total_kernel_time_us", "kernels[0].kernel_name",
                   "kernels[0].total_duration_us", "kernels[0].occurrences"):
             extra.append(ev.cite_value("get_kernel_stats", f, kernels))
-    what = (f"No device op runs for {h.impact.get('value')}% of the profiled device time: the "
-            "device waits on the host (input pipeline, Python dispatch, synchronisation) or on "
-            "other workers.")
-    fix = ("Look at the trace viewer gaps between steps: overlap input with compute (prefetch "
-           "to device), remove per-step host syncs (`.block_until_ready()`, `.item()`, "
-           "printing losses), and make sure the step is one compiled program (`jax.jit` the whole "
-           "step, not its pieces) so dispatch gaps disappear.")
+    scope = "each step" if h.impact.get("unit") == "% of step" else "the profiled device time"
+    what = (f"No device op runs for {h.impact.get('value')}% of {scope}: the device waits on "
+            "the host (input pipeline, Python dispatch, synchronisation) or on other workers.")
+    names = " ".join(str(k.get("kernel_name", "")) for k in (
+        kernels.get("kernels", []) if isinstance(kernels, Mapping) else []))
+    if "tensorflow::" in names:
+        # Kernel names give the framework away; JAX advice would not apply to this trace.
+        what += " The kernels are TensorFlow's (tensorflow:: kernels), so this is a TF program."
+        fix = ("Overlap input with compute with `tf.data` (`.prefetch(tf.data.AUTOTUNE)`, "
+               "`.cache()`, parallel `map`), run the step as one `tf.function(jit_compile=True)` "
+               "so ops are not dispatched one by one, and remove per-step host syncs "
+               "(`.numpy()`, printing losses).")
+    else:
+        fix = ("Look at the trace viewer gaps between steps: overlap input with compute "
+               "(prefetch to device), remove per-step host syncs (`.block_until_ready()`, "
+               "`.item()`, printing losses), and make sure the step is one compiled program "
+               "(`jax.jit` the whole step, not its pieces) so dispatch gaps disappear.")
     return _finding(h, what, fix, extra)
 
 
