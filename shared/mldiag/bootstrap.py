@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import IO
 
 from mldiag.adapters.local.bus import InProcessBus
+from mldiag.adapters.local.periodic import Periodic
 from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.adapters.local.storage import DirectoryWatcher, LocalDirStorage
 from mldiag.errors import MldiagError
@@ -28,7 +29,7 @@ from mldiag.messages import (
 from mldiag.model import SessionRecord
 from mldiag.ports import Investigator, ObjectInfo
 from mldiag.settings import Settings
-from mldiag.stages import Services, Sweeper, dead_lettered, dispatch, requeue_stuck
+from mldiag.stages import Services, dead_lettered, dispatch, requeue_stuck, sweep
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,9 @@ class LocalRuntime:
         settings = services.settings
         self.watcher = DirectoryWatcher(storage, settings.stability_s,
                                         poll_s=max(settings.poll_s, 0.05))
-        self.sweeper = Sweeper(services, interval_s=min(0.25, settings.settle_s / 4 or 0.25))
+        # The local stand-in for Cloud Scheduler's sweeper job.
+        self.sweeper = Periodic("mldiag-sweeper", lambda: sweep(services),
+                                min(0.25, settings.settle_s / 4 or 0.25))
         self._lock_file: IO[str] | None = None
 
     def _acquire(self) -> None:

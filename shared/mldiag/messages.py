@@ -40,33 +40,33 @@ class ProfileObjectFinalized(Message):
 
 
 @dataclass(frozen=True)
-class AnalyzeSession(Message):
+class SessionMessage(Message):
+    """A command about one version of one session."""
+
+    run: str
+    session: str
+    version: int
+
+
+@dataclass(frozen=True)
+class AnalyzeSession(SessionMessage):
     """Collect the health snapshot of one version of a session."""
 
     kind: ClassVar[str] = "AnalyzeSession"
-    run: str
-    session: str
-    version: int
 
 
 @dataclass(frozen=True)
-class InvestigateSession(Message):
+class InvestigateSession(SessionMessage):
     """Investigate a session whose triage was not OPTIMAL."""
 
     kind: ClassVar[str] = "InvestigateSession"
-    run: str
-    session: str
-    version: int
 
 
 @dataclass(frozen=True)
-class RenderReport(Message):
+class RenderReport(SessionMessage):
     """Write analysis.json and summary.html, and mark the session REPORTED."""
 
     kind: ClassVar[str] = "RenderReport"
-    run: str
-    session: str
-    version: int
 
 
 TOPIC_OF: dict[type[Message], str] = {

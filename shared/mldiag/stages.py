@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -39,6 +38,7 @@ from mldiag.messages import (
     Message,
     ProfileObjectFinalized,
     RenderReport,
+    SessionMessage,
     parse,
 )
 from mldiag.model import (
@@ -157,14 +157,13 @@ def _publish_or_undo(services: Services, moved: SessionRecord, back_to: str,
 # collect
 
 
-def _stage_claim(services: Services, stage: str, msg: AnalyzeSession | InvestigateSession |
-                 RenderReport) -> str | None:
+def _stage_claim(services: Services, stage: str, msg: SessionMessage) -> str | None:
     key = f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
     ok = services.state.claim(key, services.owner, services.settings.lease_s, services.clock())
     return key if ok else None
 
 
-def _current(services: Services, msg: AnalyzeSession | InvestigateSession | RenderReport,
+def _current(services: Services, msg: SessionMessage,
              states: tuple[str, ...]) -> SessionRecord | None:
     """The session if this message is still its current work, else None (a duplicate)."""
     if services.state.get_run(msg.run) is None:
@@ -448,31 +447,3 @@ def dead_lettered(services: Services, topic: str, payload: str, reason: str) -> 
     if services.state.transition(run, session, FAILED, expect=[s.state], version=s.version,
                                  now=services.clock(), reason=reason) is not None:
         log.warning("session %s/%s FAILED: %s", run, session, reason)
-
-
-class Sweeper:
-    """Runs `sweep` periodically in a thread (the local stand-in for Cloud Scheduler)."""
-
-    def __init__(self, services: Services, interval_s: float = 0.25) -> None:
-        self.services = services
-        self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mldiag-sweeper", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sweep(self.services)
-            except Exception:  # noqa: BLE001 - the sweeper must outlive one bad pass
-                log.exception("sweep failed; retrying next interval")
-            self._stop.wait(self.interval_s)

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from mldiag.adapters.local.periodic import Periodic
 from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
 
@@ -118,8 +119,7 @@ class DirectoryWatcher:
         self.poll_s = poll_s
         # name -> (generation, first time seen with that generation)
         self._candidates: dict[str, tuple[str, float]] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._loop = Periodic("mldiag-watcher", self.scan, poll_s)
 
     def scan(self, now: float | None = None) -> int:
         """One pass: emit every profile file that has been stable long enough."""
@@ -153,16 +153,7 @@ class DirectoryWatcher:
         return emitted
 
     def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="mldiag-watcher", daemon=True)
-        self._thread.start()
+        self._loop.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self.scan()
-            self._stop.wait(self.poll_s)
+        self._loop.stop()
