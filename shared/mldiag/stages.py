@@ -76,7 +76,7 @@ def _fail(services: Services, run: str, session: str, reason: str,
     """Mark the session FAILED; with `version`, only if no newer version has started."""
     if services.state.transition(run, session, FAILED, version=version, now=services.clock(),
                                  reason=reason) is not None:
-        log.warning("session %s/%s FAILED: %s", run, session, reason)
+        log.info("session %s/%s FAILED: %s", run, session, reason)
 
 
 # on_profile_object
@@ -446,4 +446,4 @@ def dead_lettered(services: Services, topic: str, payload: str, reason: str) -> 
         return
     if services.state.transition(run, session, FAILED, expect=[s.state], version=s.version,
                                  now=services.clock(), reason=reason) is not None:
-        log.warning("session %s/%s FAILED: %s", run, session, reason)
+        log.info("session %s/%s FAILED: %s", run, session, reason)
