@@ -313,7 +313,11 @@ def render_report(msg: RenderReport, services: Services) -> None:
         if services.storage.stat(f"{base}/investigation.json") is not None:
             investigation = _read_json(services, f"{base}/investigation.json")
         else:
-            investigation = run_investigator_offline(snapshot, result, services)
+            # Only an OPTIMAL triage comes here without an investigation: the engine then makes
+            # no follow-up call, so no profile files are needed.
+            investigation = run_investigator(
+                snapshot, result, services.investigator,
+                session=ProfileSession(run=s.run, name=s.session, path=Path("."), xplanes=()))
             _write_artifact(services, s, "investigation.json",
                             json.dumps({**investigation, "triage": result.to_dict()}, indent=2,
                                        default=str).encode(), "application/json")
@@ -332,18 +336,6 @@ def render_report(msg: RenderReport, services: Services) -> None:
         services.state.release(key, services.owner)
         raise
     services.state.complete(key, services.owner)
-
-
-def run_investigator_offline(snapshot: Mapping[str, Any], result: Any,
-                             services: Services) -> dict[str, Any]:
-    """OPTIMAL short-circuit: findings from the hypotheses, no follow-up calls, no files."""
-    from mldiag.analysis.followups import FollowUps
-
-    session = ProfileSession(run="", name="", path=Path("."), xplanes=())
-    with FollowUps(session, max_calls=0) as follow_ups:
-        out = services.investigator.investigate(snapshot, result, follow_ups)
-    out["short_circuit"] = "triage verdict OPTIMAL: no follow-up calls made"
-    return out
 
 
 HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {
