@@ -61,7 +61,7 @@ class LocalRuntime:
         self.storage = storage
         settings = services.settings
         self.watcher = DirectoryWatcher(storage, settings.stability_s,
-                                        poll_s=max(settings.poll_s, 0.05))
+                                        poll_s=min(settings.poll_s, 0.05))
         # The local stand-in for Cloud Scheduler's sweeper job.
         self.sweeper = Periodic("mldiag-sweeper", lambda: sweep(services),
                                 min(0.25, settings.settle_s / 4 or 0.25))

@@ -29,7 +29,7 @@ from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
-from mldiag.analysis.profile_input import ProfileSession, validate_xplane
+from mldiag.analysis.profile_input import ProfileSession
 from mldiag.analysis.triage import OPTIMAL, triage
 from mldiag.errors import PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
@@ -223,11 +223,9 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         try:
             with services.storage.local_files(names) as local:
-                session = _profile_session(s, local)
-                for xplane in session.xplanes:
-                    validate_xplane(xplane, max_bytes=services.settings.max_host_bytes)
-                snapshot = collect_snapshot(session, max_host_bytes=services.settings
-                                            .max_host_bytes)
+                # collect() validates every host first (ProfileUnreadable with the reason).
+                snapshot = collect_snapshot(_profile_session(s, local),
+                                            max_host_bytes=services.settings.max_host_bytes)
         except ProfileUnreadable as e:
             _fail(services, msg.run, msg.session, str(e), msg.version)
             services.state.complete(key, services.owner)

@@ -108,13 +108,21 @@ class FollowUps:
         }
 
     def _llo_capture_check(self) -> None:
-        ws = self._workspace()
-        info = ws.call("inspect_capture")
-        if not info.get("capture_valid_for_llo_analysis"):
-            planes = [p.get("name") for p in info.get("planes", []) if isinstance(p, dict)]
-            raise NoData(f"{LLO_DATA_ABSENT}: no LLO instruction lines in the trace "
-                         f"(planes: {', '.join(map(str, planes[:6]))}); LLO data exists only "
-                         "in TPU captures with LLO tracing")
+        # xprof's inspect_capture answers the same question but visits every event; line names
+        # are enough (xprof's own list of the lines that carry LLO detail).
+        from xprof.cli.internal.oss.xplane_tools import _LLO_LINE_NAMES
+        from xprof.profile_data import ProfileData
+
+        planes: list[str] = []
+        for xplane in self.session.xplanes:
+            with ProfileData.from_file(str(xplane)) as data:
+                for plane in data.planes:
+                    planes.append(plane.name)
+                    if any(line.name in _LLO_LINE_NAMES for line in plane.lines):
+                        return
+        raise NoData(f"{LLO_DATA_ABSENT}: no LLO instruction lines in the trace "
+                     f"(planes: {', '.join(planes[:6])}); LLO data exists only in TPU "
+                     "captures with LLO tracing")
 
     def load_events_store(self) -> dict[str, Any]:
         """Load every trace event into xprof's DuckDB events store (a Parquet file)."""

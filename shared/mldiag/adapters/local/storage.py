@@ -141,10 +141,13 @@ class DirectoryWatcher:
                 if self.storage.reported.get(name) == gen:
                     continue
                 prev = self._candidates.get(name)
-                if prev is None or prev[0] != gen:
+                # Unchanged across polls for the window, or (first sighting) last written
+                # longer ago than the window by its mtime: either way it has held still.
+                settled_by_mtime = time.time() - st.st_mtime >= self.stability_s
+                if (prev is None or prev[0] != gen) and not settled_by_mtime:
                     self._candidates[name] = (gen, now)
                     continue
-                if now - prev[1] >= self.stability_s:
+                if settled_by_mtime or (prev is not None and now - prev[1] >= self.stability_s):
                     self.storage.emit(ObjectInfo(name=name, size=st.st_size, generation=gen,
                                                  updated=st.st_mtime))
                     emitted += 1
