@@ -733,3 +733,15 @@ def test_not_judged_items_render_as_given(analysis, snapshot):
     for item in items:
         assert f"<li>{item}</li>" in page
     assert "Not judged for lack of data: whether OOM risk is LOW." in page
+
+
+def test_overview_hides_roofline_relative_fields_without_a_roofline(analysis, snapshot):
+    no_roofline = copy.deepcopy(snapshot)
+    perf = no_roofline["tools"]["get_xprof_overview"]["data"]["performance_summary"]
+    perf["bound_by"] = "Unknown"
+    page = render_summary_html(analysis, no_roofline)
+    overview = _section_html(page, "overview", "roofline")
+    assert "FLOP rate vs roofline" not in overview and "Bound by" not in overview
+    assert "could not place this program on a roofline" in overview
+    assert "FLOP rate vs roofline" in _section_html(
+        render_summary_html(analysis, snapshot), "overview", "roofline")

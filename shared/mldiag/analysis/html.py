@@ -1415,12 +1415,21 @@ def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -
         note = "<p class=\"why\">XProf's device metrics do not apply to CPU profiles.</p>"
     else:
         gpu = _is_gpu(_str(env.get("device_type")) or device_type)
+        # Without a roofline ("Bound by: Unknown": no peak FLOP rate for the device) the
+        # roofline-relative fields read 0.00% and mean nothing.
+        no_roofline = _str(perf.get("bound_by")).strip().lower() in ("", "unknown")
+        hidden = {"mxu_utilization_percent"} if gpu else set()
+        if no_roofline:
+            hidden |= {"flop_rate_utilization_relative_to_roofline",
+                       "hbm_bw_utilization_percent", "bound_by"}
+            note = ("<p class=\"why\">XProf could not place this program on a roofline (no peak "
+                    "FLOP rate for this device), so its roofline-relative metrics are hidden.</p>")
         facts = [("Step time (avg)", step_text)]
         facts += [
             (label, perf.get(key))
             for key, label in _OVERVIEW_FIELDS
             # MXU is a TPU unit: on GPU the field is always 0.
-            if key in perf and not (gpu and key == "mxu_utilization_percent")
+            if key in perf and key not in hidden
         ]
         facts += [
             ("Device type", env.get("device_type")),
