@@ -121,7 +121,10 @@ class LocalRuntime:
 
 
 def open_state(settings: Settings) -> SqliteStateStore:
-    """The state store alone, for read-only commands (`runs`, `sessions`)."""
+    """The state store alone, for read-only commands (`runs`, `sessions`, `targets`)."""
+    if not Path(settings.state_db).is_file():
+        raise MldiagError(f"no mldiag state in {settings.home} (start `mldiag up` there, or set "
+                          "MLDIAG_HOME / --home)")
     return SqliteStateStore(settings.state_db)
 
 

@@ -87,9 +87,19 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
     try:
         name = parse_object_name(msg.name)
     except ValueError as e:
-        raise PoisonMessage(str(e)) from e
+        _reject_object(services, msg, str(e))
+        return
     if name is None:
         return  # not a profile: artifacts, notes, anything else in the bucket
+    existing = services.state.get_session(name.run, name.session)
+    if existing is not None and existing.hosts:
+        home = next(iter(existing.hosts.values())).object_name.rsplit("/", 1)[0]
+        if home != name.session_dir:
+            _reject_object(services, msg, (
+                f"session {name.run}/{name.session} already lives in {home}/; "
+                f"{msg.name} is in another directory ({name.session_dir}/): rename its run or "
+                "session"))
+            return
     key = f"object:{msg.event_key}"
     if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
         return
@@ -124,6 +134,17 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         services.state.release(key, services.owner)
         raise
     services.state.complete(key, services.owner)
+
+
+def _reject_object(services: Services, msg: ProfileObjectFinalized, reason: str) -> None:
+    """Dead-letter an object that can never join a session, once per object generation."""
+    key = f"object:{msg.event_key}"
+    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
+        return
+    services.state.record_dead_letter("profile-objects", msg.to_json(),
+                                      f"poison message: {reason}", 1, services.clock())
+    services.state.complete(key, services.owner)
+    log.warning("ignored %s: %s", msg.name, reason)
 
 
 def complete_session(services: Services, session: SessionRecord) -> bool:

@@ -531,3 +531,27 @@ def test_a_restart_resumes_sessions_left_without_a_message(
     restarted.start()
     wait_state(restarted, REPORTED, timeout=30)
     assert_reported_once(restarted)
+
+
+def test_a_session_name_reused_under_another_prefix_is_rejected_not_merged(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime()
+    rt.start()
+    rt.storage.write_bytes(f"a/{object_name('h1')}", xplane_bytes)
+    wait_state(rt, REPORTED)
+    rt.storage.write_bytes(f"b/{object_name('h2')}", xplane_bytes)
+    (dead,) = wait_until(rt.state.list_dead_letters, what="the other directory's dead letter")
+    assert "already lives in a/myrun/plugins/profile/s1/" in dead["reason"]
+    s = session_of(rt)
+    assert s.state == REPORTED and s.version == 1 and sorted(s.hosts) == ["h1"]
+
+
+def test_a_new_version_forgets_the_old_report_path(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime()
+    rt.start()
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    assert wait_state(rt, REPORTED).report_path
+    rt.storage.write_bytes(object_name("h0"), b"\x00" * 5000)  # rewritten, now corrupt
+    s = wait_state(rt, FAILED, version=2)
+    assert s.report_path == "" and "not a readable XSpace" in s.reason

@@ -144,3 +144,17 @@ def test_profile_names_are_parsed_and_other_objects_ignored() -> None:
     assert parse_object_name("run/h.xplane.pb") is None
     riegeli = parse_object_name("run/plugins/profile/s/h.xplane.riegeli")
     assert riegeli is not None and riegeli.suffix == ".xplane.riegeli"
+
+
+def test_a_symlink_loop_does_not_stop_the_watcher(storage: LocalDirStorage,
+                                                  events: list[ObjectInfo]) -> None:
+    watcher = DirectoryWatcher(storage, stability_s=0.5)
+    broken = storage.root / "r3/plugins/profile/s"
+    broken.mkdir(parents=True)
+    (broken / "loop.xplane.pb").symlink_to("loop.xplane.pb")  # stat: too many symlink levels
+    good = storage.root / NAME
+    good.parent.mkdir(parents=True)
+    good.write_bytes(b"x" * 10)
+    for now in (0, 10):
+        watcher.scan(now=now)
+    assert [e.name for e in events] == [NAME]

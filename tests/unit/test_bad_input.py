@@ -83,3 +83,11 @@ def test_unwritable_output_is_one_line(tmp_path, capsys):
     code, err = _run(capsys, str(logdir), "--out", str(blocker / "out"))
     assert code == 1 and "cannot write the report" in err and "Traceback" not in err
     assert len(err.splitlines()) == 1
+
+
+def test_read_only_commands_on_a_home_without_state(tmp_path, capsys):
+    home = tmp_path / "nowhere"
+    assert main(["sessions", "--home", str(home), "list"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "no mldiag state in" in err and len(err.splitlines()) == 1
+    assert not home.exists()

@@ -167,6 +167,7 @@ class SqliteStateStore:
                     # the old version become stale and stop at their version check.
                     s.version += 1
                     s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
+                    s.report_path = ""  # the old version's report stays at analysis/v<n>/
                     s.timings[CAPTURING] = now
                 s.updated_at = now
                 self._save(db, s)

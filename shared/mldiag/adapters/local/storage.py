@@ -93,7 +93,7 @@ class LocalDirStorage:
                 if name.startswith(prefix) and not _is_temporary(name):
                     try:
                         out.append(self._info(name, path.stat()))
-                    except FileNotFoundError:
+                    except OSError:
                         continue
         return sorted(out, key=lambda o: o.name)
 
@@ -134,7 +134,9 @@ class DirectoryWatcher:
                 name = path.relative_to(self.storage.root).as_posix()
                 try:
                     st = path.stat()
-                except FileNotFoundError:
+                except OSError:
+                    # A symlink loop, a name too long, no permission: skip this file, never
+                    # the rest of the bucket.
                     continue
                 seen.add(name)
                 gen = _generation(st)
