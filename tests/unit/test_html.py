@@ -662,7 +662,7 @@ def test_cpu_overview_shows_only_meaningful_fields(analysis, snapshot):
     overview = _section_html(page, "overview", "roofline")
     labels = re.findall(r"<div><span>(.*?)</span><b>(.*?)</b></div>", overview)
     assert labels == [
-        ("Step time (avg)", "25.4 ms"),
+        ("XProf step time (its steps)", "25.4 ms"),
         ("Device type", "CPU"),
         ("Hosts", "1"),
         ("Training", "true"),

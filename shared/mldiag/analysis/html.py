@@ -1407,7 +1407,7 @@ def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -
         # Duty cycle, idle, MXU, cores... are device counters XProf does not fill for CPU
         # profiles; they read 0 and would only mislead.
         facts: list[tuple[str, object]] = [
-            ("Step time (avg)", step_text),
+            ("XProf step time (its steps)", step_text),
             ("Device type", env.get("device_type") or device_type),
             ("Hosts", env.get("host_count")),
             ("Training", env.get("is_training")),
@@ -1424,7 +1424,7 @@ def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -
                        "hbm_bw_utilization_percent", "bound_by"}
             note = ("<p class=\"why\">XProf could not place this program on a roofline (no peak "
                     "FLOP rate for this device), so its roofline-relative metrics are hidden.</p>")
-        facts = [("Step time (avg)", step_text)]
+        facts = [("XProf step time (its steps)", step_text)]
         facts += [
             (label, perf.get(key))
             for key, label in _OVERVIEW_FIELDS
