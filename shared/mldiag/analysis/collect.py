@@ -266,10 +266,13 @@ def collect(
     progress: ProgressFn | None = None,
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     max_host_bytes: int = DEFAULT_MAX_HOST_BYTES,
+    prepare_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
-    `session_path` is a logdir, a run or session directory, or one `.xplane.pb`.
+    `session_path` is a logdir, a run or session directory, or one `.xplane.pb`. Each tool
+    gets `tool_timeout_s` (past it, the tool is recorded as ERROR); the op_stats build that
+    all tools share gets `prepare_timeout_s`, past which TimeoutError (transient) is raised.
     Raises ProfileUnreadable (one-line reason) when the input cannot be analysed.
     """
     session = (
@@ -296,7 +299,15 @@ def collect(
         # The timeline pass reads the xplanes itself, not xprof's shared state: start it now,
         # beside the op_stats build, since it is the longest single piece of work.
         pool.submit(_warm, collector.timeline)
-        done(tool_result("get_xprof_overview", ws.precompute_op_stats))
+        overview = pool.submit(tool_result, "get_xprof_overview", ws.precompute_op_stats)
+        pending[overview] = "get_xprof_overview"
+        # Every other tool reads the op_stats it builds: wait for it, but not forever.
+        wait([overview], timeout=prepare_timeout_s)
+        if not overview.done():
+            raise TimeoutError(f"xprof's op_stats build (get_xprof_overview) exceeded "
+                               f"{prepare_timeout_s:g} s; retry later")
+        del pending[overview]
+        done(overview.result())
         for name, fn in collector.implementations().items():
             pending[pool.submit(tool_result, name, fn)] = name
         deadline = time.monotonic() + tool_timeout_s
