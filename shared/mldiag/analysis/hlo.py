@@ -535,8 +535,8 @@ def _strip_comments(line: str) -> str:
     return _COMMENT.sub("", line) if "/*" in line else line
 
 
-# Index just past the bracket that closes text[start], or -1 when it never closes.
-def _scan_balanced(text: str, start: int) -> int:
+def _walk(text: str, start: int = 0) -> Iterator[tuple[int, str, int]]:
+    """(index, char, bracket depth after it) for every char outside "quoted" strings."""
     depth = 0
     in_quote = False
     i = start
@@ -549,13 +549,20 @@ def _scan_balanced(text: str, start: int) -> int:
                 in_quote = False
         elif ch == '"':
             in_quote = True
-        elif ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-            if depth == 0:
-                return i + 1
+        else:
+            if ch in _OPEN:
+                depth += 1
+            elif ch in _CLOSE:
+                depth -= 1
+            yield i, ch, depth
         i += 1
+
+
+# Index just past the bracket that closes text[start], or -1 when it never closes.
+def _scan_balanced(text: str, start: int) -> int:
+    for i, ch, depth in _walk(text, start):
+        if ch in _CLOSE and depth == 0:
+            return i + 1
     return -1
 
 
@@ -574,26 +581,10 @@ def _scan_token(text: str) -> int:
 
 def _split_top_level(text: str) -> list[str]:
     parts: list[str] = []
-    depth = 0
-    in_quote = False
     start = 0
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if in_quote:
-            if ch == "\\":
-                i += 1
-            elif ch == '"':
-                in_quote = False
-        elif ch == '"':
-            in_quote = True
-        elif ch in _OPEN:
-            depth += 1
-        elif ch in _CLOSE:
-            depth -= 1
-        elif ch == "," and depth == 0:
+    for i, ch, depth in _walk(text):
+        if ch == "," and depth == 0:
             parts.append(text[start:i])
             start = i + 1
-        i += 1
     parts.append(text[start:])
     return [p for p in parts if p.strip()]
