@@ -208,6 +208,12 @@ def _analysis_dir(s: SessionRecord) -> str:
     return f"{any_host.object_name.rsplit('/', 1)[0]}/analysis"
 
 
+def _write_json(services: Services, s: SessionRecord, filename: str,
+                obj: Mapping[str, Any]) -> str:
+    data = json.dumps(obj, indent=2, default=str).encode()
+    return _write_artifact(services, s, filename, data, "application/json")
+
+
 def _write_artifact(services: Services, s: SessionRecord, filename: str, data: bytes,
                     content_type: str) -> str:
     base = _analysis_dir(s)
@@ -253,8 +259,7 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             return
         snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
         snapshot["session"]["version"] = s.version
-        _write_artifact(services, s, "health_snapshot.json",
-                        json.dumps(snapshot, indent=2, default=str).encode(), "application/json")
+        _write_json(services, s, "health_snapshot.json", snapshot)
         status = triage(snapshot).status
         services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
                                   version=msg.version, now=services.clock(),
@@ -303,9 +308,8 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
         with services.storage.local_files(names) as local:
             investigation = run_investigator(snapshot, result, services.investigator,
                                              session=_profile_session(s, local))
-        _write_artifact(services, s, "investigation.json",
-                        json.dumps({**investigation, "triage": result.to_dict()}, indent=2,
-                                   default=str).encode(), "application/json")
+        _write_json(services, s, "investigation.json",
+                    {**investigation, "triage": result.to_dict()})
         services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[INVESTIGATING],
                                   version=msg.version, now=services.clock(),
                                   progress="investigated")
@@ -337,13 +341,11 @@ def render_report(msg: RenderReport, services: Services) -> None:
             investigation = run_investigator(
                 snapshot, result, services.investigator,
                 session=ProfileSession(run=s.run, name=s.session, path=Path("."), xplanes=()))
-            _write_artifact(services, s, "investigation.json",
-                            json.dumps({**investigation, "triage": result.to_dict()}, indent=2,
-                                       default=str).encode(), "application/json")
+            _write_json(services, s, "investigation.json",
+                    {**investigation, "triage": result.to_dict()})
         analysis = build_analysis(snapshot, result, investigation)
         analysis["session"]["version"] = s.version
-        _write_artifact(services, s, "analysis.json",
-                        json.dumps(analysis, indent=2, default=str).encode(), "application/json")
+        _write_json(services, s, "analysis.json", analysis)
         html_name = _write_artifact(services, s, "summary.html",
                                     render_summary_html(analysis, snapshot).encode(),
                                     "text/html; charset=utf-8")
