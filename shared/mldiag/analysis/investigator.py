@@ -455,8 +455,12 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         n1 = sum(1 for f in findings if f["priority"] == "P1")
         sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
                          f"{n0} P0 and {n1} P1 finding(s).")
-        sentences.append(f"Top issue ({top[0]['priority']}): {top[0]['title'].rstrip('.')}; "
-                         f"{top[0]['impact'].get('text')}.")
+        title, impact = top[0]["title"].rstrip("."), top[0]["impact"]
+        value = impact.get("value")
+        # The impact line adds to the title only when it states a number the title lacks.
+        extra = "" if value is not None and f"{value:.1f}" in title else \
+            f"; {impact.get('text')}"
+        sentences.append(f"Top issue ({top[0]['priority']}): {title}{extra}.")
     else:
         sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
                          "but health could not be confirmed from the data available.")
