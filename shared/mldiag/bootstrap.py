@@ -11,6 +11,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -27,7 +28,7 @@ from mldiag.messages import (
     RenderReport,
 )
 from mldiag.model import SessionRecord
-from mldiag.ports import Investigator, ObjectInfo
+from mldiag.ports import Bus, Investigator, ObjectInfo, StateStore, Storage
 from mldiag.settings import Settings
 from mldiag.stages import Services, dead_lettered, dispatch, requeue_stuck, sweep
 
@@ -126,6 +127,30 @@ def open_state(settings: Settings) -> SqliteStateStore:
         raise MldiagError(f"no mldiag state in {settings.home} (start `mldiag up` there, or set "
                           "MLDIAG_HOME / --home)")
     return SqliteStateStore(settings.state_db)
+
+
+@dataclass
+class ControlPlane:
+    """State, storage and a publish-only bus: what processes that do not run the stages need
+    (the SDK inside a workload, the CLI's control commands)."""
+
+    settings: Settings
+    state: StateStore
+    storage: Storage
+    bus: Bus
+
+
+def control_plane(settings: Settings | None = None) -> ControlPlane:
+    """Connect to the control plane that `settings` names, without starting any worker.
+
+    Locally, messages published here are rows in the queue that `mldiag up` delivers.
+    """
+    settings = settings or Settings.from_env()
+    state = SqliteStateStore(settings.state_db)
+    bus = InProcessBus(state, max_attempts=settings.max_attempts,
+                       backoff_s=settings.retry_backoff_s, workers=0, poll_s=settings.poll_s)
+    return ControlPlane(settings=settings, state=state,
+                        storage=LocalDirStorage(Path(settings.bucket_dir)), bus=bus)
 
 
 def bootstrap(

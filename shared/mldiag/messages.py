@@ -8,7 +8,7 @@ in-process bus and Pub/Sub.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 from mldiag.errors import PoisonMessage
@@ -69,7 +69,60 @@ class RenderReport(SessionMessage):
     kind: ClassVar[str] = "RenderReport"
 
 
+@dataclass(frozen=True)
+class DegradationDetected(Message):
+    """A monitor saw a run's performance degrade (normalised from any alert payload)."""
+
+    kind: ClassVar[str] = "DegradationDetected"
+    alert_id: str
+    run: str
+    source: str = "mldiag-monitor"
+    summary: str = ""
+    targets: list[str] = field(default_factory=list)
+    detected_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class CaptureProfile(Message):
+    """Capture one profile session of a run on its targets (all when `targets` is empty).
+
+    `capture` is "on_demand" (a remote trace of the next `duration_s`) or "snapshot" (the
+    newest `duration_s` of the continuous ring). `trigger` is "manual" or "alert".
+    """
+
+    kind: ClassVar[str] = "CaptureProfile"
+    run: str
+    session: str
+    capture: str = "on_demand"
+    targets: list[str] = field(default_factory=list)
+    duration_s: float = 2.0
+    host_tracer_level: int = 2
+    device_tracer_level: int = 1
+    python_tracer_level: int = 0
+    trigger: str = "manual"
+    request_id: str = ""
+
+
+@dataclass(frozen=True)
+class ContinuousProfiling(Message):
+    """Start or stop continuous profiling (snapshot mode) on a run's targets."""
+
+    kind: ClassVar[str] = "ContinuousProfiling"
+    run: str
+    action: str  # start | stop
+    targets: list[str] = field(default_factory=list)
+    device_tracer_level: int = 1
+    host_tracer_level: int = 2
+    python_tracer_level: int = 0
+    window_s: float = 2.0
+    max_bytes: int = 2 * 1024**3
+    request_id: str = ""
+
+
 TOPIC_OF: dict[type[Message], str] = {
+    DegradationDetected: "degradation-alerts",
+    CaptureProfile: "capture-requests",
+    ContinuousProfiling: "capture-requests",
     ProfileObjectFinalized: "profile-objects",
     AnalyzeSession: "analysis-requests",
     InvestigateSession: "investigation-requests",
@@ -101,16 +154,23 @@ def parse(payload: bytes | str | dict[str, Any], topic: str | None = None) -> Me
     if cls is None:
         raise PoisonMessage(f"unknown message kind {kind!r}")
     wanted = {f.name: f for f in fields(cls)}
-    missing = [n for n, f in wanted.items() if n not in data and f.default is MISSING]
+    missing = [n for n, f in wanted.items()
+               if n not in data and f.default is MISSING and f.default_factory is MISSING]
     if missing:
         raise PoisonMessage(f"{cls.kind}: missing field(s) {', '.join(sorted(missing))}")
     values = {n: data[n] for n in wanted if n in data}
     for name, value in values.items():
         want = wanted[name].type
+        number = isinstance(value, int | float) and not isinstance(value, bool)
         ok = {"str": isinstance(value, str),
-              "int": isinstance(value, int) and not isinstance(value, bool)}.get(str(want), True)
+              "int": isinstance(value, int) and not isinstance(value, bool),
+              "float": number and value == value and abs(value) != float("inf"),
+              "list[str]": isinstance(value, list) and all(isinstance(v, str) for v in value),
+              }.get(str(want), True)
         if not ok:
             raise PoisonMessage(f"{cls.kind}.{name}: expected {want}, got {value!r}")
-        if want == "str" and not value:
+        if want == "str" and not value and wanted[name].default is MISSING:
             raise PoisonMessage(f"{cls.kind}.{name}: must not be empty")
+        if want == "float":
+            values[name] = float(value)
     return cls(**values)

@@ -28,9 +28,51 @@ class RunRecord:
     on_demand: bool = False
     discovered: bool = False
     created_at: float = 0.0
+    # AutoCapturePolicy.to_dict(); empty means the default policy (disabled).
+    auto_capture: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def policy(self) -> AutoCapturePolicy:
+        return AutoCapturePolicy.from_dict(self.auto_capture)
+
+
+CAPTURE_KINDS = ("on_demand", "snapshot", "auto")
+
+
+@dataclass(frozen=True)
+class AutoCapturePolicy:
+    """What a degradation alert on a run does: capture or not, how, and how often.
+
+    `kind` "auto" takes a snapshot of the continuous ring when continuous profiling is on,
+    and an on-demand capture otherwise.
+    """
+
+    enabled: bool = False
+    kind: str = "auto"
+    duration_s: float = 3.0
+    cooldown_s: float = 300.0
+    max_per_hour: int = 4
+
+    def __post_init__(self) -> None:
+        if self.kind not in CAPTURE_KINDS:
+            raise ValueError(f"auto-capture kind must be one of {', '.join(CAPTURE_KINDS)}, "
+                             f"not {self.kind!r}")
+        if not 0 < self.duration_s <= 3600:
+            raise ValueError(f"auto-capture duration must be in (0, 3600] s, not "
+                             f"{self.duration_s}")
+        if self.cooldown_s < 0 or self.max_per_hour < 1:
+            raise ValueError("auto-capture cooldown must be >= 0 s and max per hour >= 1")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> AutoCapturePolicy:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
 @dataclass
@@ -44,7 +86,21 @@ class TargetRecord:
     framework: str = ""
     framework_version: str = ""
     last_heartbeat: float = 0.0
+    # OFF | RING (the SDK's portable ring buffer) | NATIVE (xprof continuous profiling, TPU)
     continuous: str = "OFF"
+    # Where the capture stage reaches the target; `host` is its name in profile file names.
+    address: str = "127.0.0.1"
+    # The SDK's control endpoint (continuous profiling, snapshots); 0 when it has none.
+    control_port: int = 0
+    control_token: str = ""
+    platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
+    pid: int = 0
+    registered_at: float = 0.0
+
+    @property
+    def service_addr(self) -> str:
+        """The profiler server (gRPC) address for xprof's remote trace API."""
+        return f"{self.address}:{self.port}"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

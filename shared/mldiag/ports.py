@@ -67,9 +67,34 @@ class StateStore(Protocol):
 
     def list_runs(self) -> list[RunRecord]: ...
 
+    def register_run(self, run: RunRecord) -> RunRecord:
+        """Create a run, or update a run's registration (run_group, configs, storage_prefix,
+        on_demand; `discovered` cleared), keeping its created_at and auto-capture policy."""
+        ...
+
+    def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
+        """Replace a run's auto-capture policy; None when the run does not exist."""
+        ...
+
+    def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
+                        max_per_hour: int) -> bool:
+        """Atomically record an automatic capture of `run` at `now`, unless one was recorded
+        less than `cooldown_s` ago or `max_per_hour` were recorded in the last 3600 s."""
+        ...
+
     def upsert_target(self, target: TargetRecord) -> None: ...
 
+    def update_target(self, run: str, host: str, port: int,
+                      **fields: Any) -> TargetRecord | None:
+        """Change some fields of a target (heartbeat, continuous state) in one transaction;
+        None when the target is not registered."""
+        ...
+
     def list_targets(self, run: str) -> list[TargetRecord]: ...
+
+    def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
+        """Insert a session unless one of that name exists: (stored session, created)."""
+        ...
 
     def register_host(
         self, run: str, session: str, host: str, record: HostRecord, now: float,

@@ -16,7 +16,9 @@ class Settings:
 
     Environment variables (all optional): MLDIAG_HOME, MLDIAG_SETTLE_S, MLDIAG_STABILITY_S,
     MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S, MLDIAG_STUCK_AFTER_S,
-    MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S.
+    MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND, MLDIAG_PROJECT, MLDIAG_BUCKET,
+    MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX, MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
+    MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S.
     """
 
     home: Path = Path(".mldiag")
@@ -35,6 +37,21 @@ class Settings:
     lease_s: float = 300.0
     workers: int = 2
     poll_s: float = 0.1
+    # Which adapters the bootstrap builds: "local" (directory, SQLite, in-process bus) or
+    # "gcp" (GCS, Firestore, Pub/Sub; needs the `gcp` extra).
+    backend: str = "local"
+    project: str = ""
+    bucket: str = ""
+    location: str = "us-central1"
+    # Deployed topic names are `<topic_prefix><topic>` (e.g. mldiag-analysis-requests).
+    topic_prefix: str = "mldiag-"
+    firestore_database: str = "(default)"
+    # "rule-based" or "gemini" (Vertex AI through google-genai; falls back to rule-based).
+    investigator: str = "rule-based"
+    gemini_model: str = "gemini-2.5-flash"
+    gemini_timeout_s: float = 60.0
+    # A target whose heartbeat is older than this is reported as down.
+    target_stale_s: float = 60.0
 
     @property
     def bucket_dir(self) -> Path:

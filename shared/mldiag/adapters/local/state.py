@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
@@ -37,6 +37,8 @@ CREATE TABLE IF NOT EXISTS targets (
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, owner TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0,
     expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
     reason TEXT NOT NULL, attempts INTEGER NOT NULL, at REAL NOT NULL);
@@ -114,7 +116,60 @@ class SqliteStateStore:
         rows = self.connection().execute("SELECT data FROM runs ORDER BY name").fetchall()
         return [RunRecord(**json.loads(r[0])) for r in rows]
 
+    def register_run(self, run: RunRecord) -> RunRecord:
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM runs WHERE name = ?", (run.name,)).fetchone()
+            if row is None:
+                stored = RunRecord(**{**run.to_dict(), "discovered": False})
+            else:
+                stored = RunRecord(**json.loads(row[0]))
+                stored.run_group = run.run_group
+                stored.configs = dict(run.configs)
+                stored.storage_prefix = run.storage_prefix
+                stored.on_demand = run.on_demand
+                stored.discovered = False
+            db.execute("INSERT INTO runs (name, data) VALUES (?, ?) ON CONFLICT (name) "
+                       "DO UPDATE SET data = excluded.data",
+                       (stored.name, json.dumps(stored.to_dict())))
+            return stored
+
+    def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM runs WHERE name = ?", (run,)).fetchone()
+            if row is None:
+                return None
+            stored = RunRecord(**json.loads(row[0]))
+            stored.auto_capture = dict(policy)
+            db.execute("UPDATE runs SET data = ? WHERE name = ?",
+                       (json.dumps(stored.to_dict()), run))
+            return stored
+
+    def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
+                        max_per_hour: int) -> bool:
+        with self._tx() as db:
+            last = db.execute("SELECT MAX(at) FROM captures WHERE run = ?", (run,)).fetchone()[0]
+            if last is not None and now - last < cooldown_s:
+                return False
+            (recent,) = db.execute("SELECT COUNT(*) FROM captures WHERE run = ? AND at > ?",
+                                   (run, now - 3600.0)).fetchone()
+            if recent >= max_per_hour:
+                return False
+            db.execute("INSERT INTO captures (run, at) VALUES (?, ?)", (run, now))
+            return True
+
     # Targets
+
+    def update_target(self, run: str, host: str, port: int,
+                      **fields: Any) -> TargetRecord | None:
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM targets WHERE run = ? AND host = ? AND port = ?",
+                             (run, host, port)).fetchone()
+            if row is None:
+                return None
+            target = TargetRecord(**{**json.loads(row[0]), **fields})
+            db.execute("UPDATE targets SET data = ? WHERE run = ? AND host = ? AND port = ?",
+                       (json.dumps(target.to_dict()), run, host, port))
+            return target
 
     def upsert_target(self, target: TargetRecord) -> None:
         with self._tx() as db:
@@ -175,8 +230,8 @@ class SqliteStateStore:
             self._notify(before, s)
         return s, new
 
-    def create_session(self, record: SessionRecord) -> SessionRecord:
-        """Insert a session unless it exists; returns the stored one."""
+    def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
+        """Insert a session unless one of that name exists: (stored session, created)."""
         with self._tx() as db:
             s = self._load(db, record.run, record.session)
             if s is None:
@@ -187,7 +242,7 @@ class SqliteStateStore:
                 created = False
         if created:
             self._notify(None, s)
-        return s
+        return s, created
 
     def transition(
         self,
