@@ -31,7 +31,7 @@ from mldiag.bootstrap import bootstrap
 from mldiag.errors import PoisonMessage
 from mldiag.messages import TOPIC_OF, Message, ProfileObjectFinalized, parse
 from mldiag.settings import Settings
-from mldiag.stages import Services
+from mldiag.stages import Services, dead_lettered
 
 log = logging.getLogger(__name__)
 
@@ -137,15 +137,15 @@ class PubSubDelivery:
         )
 
     def message[M: Message](self, expect: type[M]) -> M:
-        """The message, which must be of the type the receiving function handles."""
+        """The message, which must travel on the topic of the type the function handles."""
         # The receiving function's own topic decides a message without `kind`: deployed topic
         # names may carry a prefix, the function's message type does not change.
         message = parse(self.data, TOPIC_OF[expect])
-        if not isinstance(message, expect):
+        if TOPIC_OF[type(message)] != TOPIC_OF[expect]:
             raise PoisonMessage(
                 f"{message.kind} delivered to the {expect.kind} function (topic "
                 f"{self.topic!r}); it belongs on topic {TOPIC_OF[type(message)]!r}")
-        return message
+        return message  # type: ignore[return-value]  # same topic: the function handles it
 
 
 def pubsub_message[M: Message](event: CloudEventLike, expect: type[M]) -> M:
@@ -215,3 +215,21 @@ def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
         reason = f"poison message: {e}"
         log.warning("dead-lettered event %s from %s: %s", event.get("id"), topic, reason)
         services.state.record_dead_letter(topic, payload, reason, 1, services.clock())
+
+
+def record_dead_letter(event: CloudEventLike, services: Services) -> None:
+    """A message Pub/Sub gave up on (forwarded to a dead-letter topic): record it, and fail
+    the session it names while that session still waits on it."""
+    topic, payload = _dead_letter_view(event)
+    original = topic[: -len("-dead-letter")] if topic.endswith("-dead-letter") else topic
+    data = event.get_data()
+    message = data.get("message") if isinstance(data, dict) else None
+    attributes = message.get("attributes") if isinstance(message, dict) else None
+    # Pub/Sub stamps forwarded messages with where they came from and how often they failed.
+    attempts = (attributes or {}).get("CloudPubSubDeadLetterSourceDeliveryCount", "")
+    reason = f"dead-lettered after {attempts or 'several'} delivery attempt(s) on {original}"
+    log.warning("%s: %s", reason, payload[:200])
+    services.state.record_dead_letter(original, payload, reason,
+                                      int(attempts) if str(attempts).isdigit() else 0,
+                                      services.clock())
+    dead_lettered(services, original, payload, reason)

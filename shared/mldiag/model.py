@@ -96,6 +96,8 @@ class TargetRecord:
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
     pid: int = 0
     registered_at: float = 0.0
+    # Why the last control action (continuous start/stop) on this target failed, if it did.
+    last_error: str = ""
 
     @property
     def service_addr(self) -> str:
@@ -142,6 +144,8 @@ class SessionRecord:
     # The last stage finished for this version ("collected:<triage status>", "investigated"),
     # so a redelivered message skips the work and re-publishes what comes next.
     progress: str = ""
+    # The capture request or alert that created the session, for idempotent redelivery.
+    request_id: str = ""
 
     @property
     def key(self) -> str:
@@ -178,6 +182,19 @@ class ProfileObjectName:
     @property
     def analysis_dir(self) -> str:
         return f"{self.session_dir}/analysis"
+
+
+def check_name(kind: str, value: str) -> str:
+    """A run, session or host name usable as one path segment; ValueError otherwise."""
+    if not isinstance(value, str) or value in (".", "..") or not _SEGMENT.match(value):
+        raise ValueError(f"bad {kind} name {value!r}: use letters, digits and ._:@+=,- "
+                         "(at most 255, not starting with a symbol)")
+    return value
+
+
+def session_dir(prefix: str, run: str, session: str) -> str:
+    """`<prefix>/<run>/plugins/profile/<session>`, the logdir layout XProf reads."""
+    return "/".join(p for p in (prefix.strip("/"), run, "plugins", "profile", session) if p)
 
 
 def parse_object_name(name: str) -> ProfileObjectName | None:

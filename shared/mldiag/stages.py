@@ -14,12 +14,14 @@ duplicates no-ops; a transient error propagates so the bus redelivers; a permane
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -31,9 +33,14 @@ from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.profile_input import ProfileSession
 from mldiag.analysis.triage import OPTIMAL, triage
-from mldiag.errors import PermanentFailure, PoisonMessage, ProfileUnreadable
+from mldiag.capture.targets import capture as capture_target
+from mldiag.capture.targets import set_continuous
+from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
     AnalyzeSession,
+    CaptureProfile,
+    ContinuousProfiling,
+    DegradationDetected,
     InvestigateSession,
     Message,
     ProfileObjectFinalized,
@@ -50,7 +57,10 @@ from mldiag.model import (
     REPORTED,
     HostRecord,
     SessionRecord,
+    TargetRecord,
+    check_name,
     parse_object_name,
+    session_dir,
 )
 from mldiag.ports import Bus, Investigator, StateStore, Storage
 from mldiag.settings import Settings
@@ -122,7 +132,7 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
                             arrived_at=now, status=status, reason=reason)
         # The run's registered profiler targets are the hosts a new session waits for.
-        expected = sorted({t.host for t in services.state.list_targets(name.run)})
+        expected = sorted({t.host for t in live_targets(services, name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
                                                     now, expected_hosts=expected)
         if status == "FAILED" and new:
@@ -248,6 +258,11 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             services.state.complete(key, services.owner)
             return
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        if not names:
+            _fail(services, msg.run, msg.session, "no host's profile arrived: " + "; ".join(
+                r.reason or h for h, r in s.hosts.items()), msg.version)
+            services.state.complete(key, services.owner)
+            return
         try:
             with services.storage.local_files(names) as local:
                 # collect() validates every host first (ProfileUnreadable with the reason).
@@ -359,7 +374,198 @@ def render_report(msg: RenderReport, services: Services) -> None:
     services.state.complete(key, services.owner)
 
 
+# on_degradation_alert
+
+
+def live_targets(services: Services, run: str, hosts: Sequence[str] = ()) -> list[TargetRecord]:
+    """The run's targets (those named in `hosts`, when given) with a fresh heartbeat."""
+    now = services.clock()
+    return [t for t in services.state.list_targets(run)
+            if (not hosts or t.host in hosts)
+            and now - t.last_heartbeat <= services.settings.target_stale_s]
+
+
+def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
+    """Apply the run's auto-capture policy to an alert: at most one capture per storm."""
+    run = services.state.get_run(msg.run)
+    if run is None:
+        raise PoisonMessage(f"alert {msg.alert_id}: unknown run {msg.run!r}")
+    policy = run.policy
+    if not policy.enabled:
+        log.info("alert %s on run %s: auto-capture is off", msg.alert_id, msg.run)
+        return
+    key = f"alert:{msg.alert_id}"
+    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
+        return
+    try:
+        now = services.clock()
+        # The whole job, not only the alerting host: a synchronous job slows down together.
+        targets = live_targets(services, run.name)
+        if not targets:
+            log.warning("alert %s on run %s: no live profiler target to capture", msg.alert_id,
+                        run.name)
+        elif services.state.reserve_capture(run.name, now, cooldown_s=policy.cooldown_s,
+                                            max_per_hour=policy.max_per_hour):
+            kind = policy.kind
+            if kind == "auto":
+                kind = "snapshot" if any(t.continuous != "OFF" for t in targets) else "on_demand"
+            digest = hashlib.sha256(msg.alert_id.encode()).hexdigest()[:6]
+            session = f"auto-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{digest}"
+            services.bus.publish(CaptureProfile(
+                run=run.name, session=session, capture=kind,
+                targets=sorted({t.host for t in targets}), duration_s=policy.duration_s,
+                trigger="alert", request_id=f"alert:{msg.alert_id}"))
+            log.info("alert %s on run %s: %s capture %s (%s)", msg.alert_id, run.name, kind,
+                     session, msg.summary)
+        else:
+            log.info("alert %s on run %s: suppressed by the cooldown (%.0f s) or the hourly cap "
+                     "(%d)", msg.alert_id, run.name, policy.cooldown_s, policy.max_per_hour)
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+# on_capture_request
+
+
+def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[TargetRecord]:
+    targets = services.state.list_targets(run)
+    unknown = sorted(set(hosts) - {t.host for t in targets})
+    if unknown:
+        raise PoisonMessage(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
+                            f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
+    newest: dict[str, TargetRecord] = {}
+    for t in targets:
+        if (not hosts or t.host in hosts) and (
+                t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat):
+            newest[t.host] = t
+    return [newest[h] for h in sorted(newest)]
+
+
+def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Services) -> None:
+    """Capture a session on the run's targets, or start/stop continuous profiling."""
+    if isinstance(msg, ContinuousProfiling):
+        continuous(msg, services)
+        return
+    if msg.capture not in ("on_demand", "snapshot"):
+        raise PoisonMessage(f"capture must be on_demand or snapshot, not {msg.capture!r}")
+    if not 0 < msg.duration_s <= 3600:
+        raise PoisonMessage(f"capture duration must be in (0, 3600] s, not {msg.duration_s}")
+    try:
+        check_name("session", msg.session)
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
+    run = services.state.get_run(msg.run)
+    if run is None:
+        raise PoisonMessage(f"capture {msg.session}: unknown run {msg.run!r}")
+    targets = _select_targets(services, run.name, msg.targets)
+    now = services.clock()
+    request_id = msg.request_id or f"capture:{msg.run}/{msg.session}"
+    record = SessionRecord(
+        run=run.name, session=msg.session, state=CAPTURING, kind=msg.capture,
+        trigger=msg.trigger, expected_hosts=[t.host for t in targets], created_at=now,
+        updated_at=now, last_arrival_at=now, timings={CAPTURING: now}, request_id=request_id)
+    if not targets:
+        record.state, record.reason = FAILED, (
+            f"run {run.name} has no profiler targets: register them with "
+            "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
+        services.state.create_session(record)
+        return
+    stored, created = services.state.create_session(record)
+    if not created and stored.request_id != request_id:
+        raise PoisonMessage(f"session {run.name}/{msg.session} already exists (created by "
+                            f"{stored.request_id or stored.kind}); choose another name")
+    if stored.state != CAPTURING:
+        return
+    key = f"capture:{run.name}/{msg.session}"
+    lease = max(services.settings.lease_s, msg.duration_s + 180.0)
+    if not services.state.claim(key, services.owner, lease, services.clock()):
+        return
+    try:
+        _capture_all(services, run.storage_prefix, msg,
+                     [t for t in targets if t.host not in stored.hosts])
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
+def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
+                 targets: list[TargetRecord]) -> None:
+    """Capture every target in parallel from one start time; keep what succeeds."""
+    directory = session_dir(prefix, msg.run, msg.session)
+    # One start time for all, far enough ahead that every request reaches its target first.
+    start_at = services.clock() + 0.5 + 0.05 * len(targets)
+
+    def one(target: TargetRecord) -> str:
+        data = capture_target(target, msg, start_at)
+        services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
+        return ""
+
+    failures: dict[str, str] = {}
+    if targets:
+        with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="capture") as pool:
+            futures = {t.host: pool.submit(one, t) for t in targets}
+            for host, future in futures.items():
+                try:
+                    future.result()
+                except MldiagError as e:
+                    failures[host] = f"{host}: {e}"
+    for host, reason in failures.items():
+        log.warning("capture %s/%s: %s", msg.run, msg.session, reason)
+        record = HostRecord(object_name=f"{directory}/{host}.xplane.pb", generation="",
+                            size=0, arrived_at=services.clock(), status="FAILED", reason=reason)
+        services.state.register_host(msg.run, msg.session, host, record, services.clock())
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.state != CAPTURING or not s.complete():
+        return
+    if not any(h.status == "ARRIVED" for h in s.hosts.values()):
+        _fail(services, msg.run, msg.session, "every target failed: " + "; ".join(
+            h.reason for h in s.hosts.values() if h.reason), s.version)
+    else:
+        complete_session(services, s)
+
+
+def continuous(msg: ContinuousProfiling, services: Services) -> None:
+    """Start or stop continuous profiling (snapshot mode) on the selected targets."""
+    if msg.action not in ("start", "stop"):
+        raise PoisonMessage(f"continuous action must be start or stop, not {msg.action!r}")
+    if not 0.1 <= msg.window_s <= 600 or msg.max_bytes < 1024**2:
+        raise PoisonMessage("continuous window must be in [0.1, 600] s and max_bytes >= 1 MiB")
+    run = services.state.get_run(msg.run)
+    if run is None:
+        raise PoisonMessage(f"continuous {msg.action}: unknown run {msg.run!r}")
+    targets = _select_targets(services, run.name, msg.targets)
+    if not targets:
+        raise PermanentFailure(f"continuous {msg.action}: run {run.name} has no profiler "
+                               "targets")
+    errors: list[str] = []
+
+    def one(target: TargetRecord) -> None:
+        try:
+            state = set_continuous(target, msg)
+        except MldiagError as e:
+            services.state.update_target(target.run, target.host, target.port,
+                                         last_error=f"continuous {msg.action}: {e}")
+            errors.append(f"{target.host}: {e}")
+            return
+        services.state.update_target(target.run, target.host, target.port, continuous=state,
+                                     last_error="")
+
+    with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="continuous") as pool:
+        list(pool.map(one, targets))
+    if len(errors) == len(targets):
+        raise PermanentFailure(f"continuous {msg.action} failed on every target: "
+                               + "; ".join(errors))
+    for error in errors:
+        log.warning("continuous %s on run %s: %s", msg.action, run.name, error)
+
+
 HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {
+    DegradationDetected: on_degradation_alert,
+    CaptureProfile: on_capture_request,
+    ContinuousProfiling: on_capture_request,
     ProfileObjectFinalized: on_profile_object,
     AnalyzeSession: collect,
     InvestigateSession: investigate,
@@ -374,14 +580,17 @@ def handle(message: Message, services: Services) -> None:
         handler(message, services)
     except PermanentFailure as e:
         run, session = getattr(message, "run", None), getattr(message, "session", None)
-        if run and session:
+        if run and session and isinstance(message, SessionMessage):
             _fail(services, run, session, str(e), getattr(message, "version", None))
             return
         raise PoisonMessage(str(e)) from e
     except PoisonMessage as e:
         # Record the reason on the session when the message names one that exists.
         run, session = getattr(message, "run", None), getattr(message, "session", None)
-        if run and session and services.state.get_session(run, session) is not None:
+        # Only a message about an existing session's work fails it: a capture request whose
+        # name collides with another session must not fail that session.
+        if (run and session and isinstance(message, SessionMessage)
+                and services.state.get_session(run, session) is not None):
             _fail(services, run, session, f"poison message: {e}",
                   getattr(message, "version", None))
         raise

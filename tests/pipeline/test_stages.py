@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -468,7 +469,11 @@ def test_a_new_session_waits_for_the_runs_registered_targets(
     rt = make_runtime(settle_s=3600)
     rt.state.ensure_run(RUN, discovered=False)
     for i, host in enumerate(("h0", "h1")):
-        rt.state.upsert_target(TargetRecord(run=RUN, host=host, process_index=i))
+        rt.state.upsert_target(TargetRecord(run=RUN, host=host, process_index=i,
+                                            last_heartbeat=time.time()))
+    # A target whose heartbeat stopped long ago (a previous job's process) is not waited for.
+    rt.state.upsert_target(TargetRecord(run=RUN, host="gone", process_index=2,
+                                        last_heartbeat=time.time() - 3600))
     rt.start()
     rt.storage.write_bytes(object_name("h0"), xplane_bytes)
     wait_until(lambda: "h0" in hosts_of(rt), what="h0 registered")

@@ -1,0 +1,21 @@
+"""Cloud Function `sweep`: Cloud Scheduler → Pub/Sub `sweep-ticks` → `stages.sweep`.
+
+Settles sessions whose hosts stopped arriving and re-queues sessions stuck past their
+deadline. Safe at any rate; the message body is ignored.
+"""
+
+import logging
+
+import functions_framework
+from cloudevents.http import CloudEvent
+
+from mldiag import entrypoints, stages
+
+log = logging.getLogger(__name__)
+
+
+@functions_framework.cloud_event
+def sweep(event: CloudEvent) -> None:
+    """Run one sweep."""
+    done = stages.sweep(entrypoints.services())
+    log.info("sweep %s: %s", event.get("id"), done)

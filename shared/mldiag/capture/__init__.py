@@ -1,0 +1,1 @@
+"""Capturing profiles: remote traces, continuous-profiling snapshots, degradation alerts."""

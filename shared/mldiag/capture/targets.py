@@ -1,0 +1,76 @@
+"""One capture on one target, by whichever means the target offers.
+
+| request | target's continuous state | how |
+|---|---|---|
+| on-demand | OFF | xprof remote trace on the profiler server, from the aligned start |
+| on-demand | RING | the SDK's control endpoint serves the next `duration` from its ring |
+| snapshot | RING | the SDK's control endpoint: the newest windows, no waiting |
+| snapshot | NATIVE | xprof's continuous-profiling snapshot (TPU) |
+| snapshot | OFF | fails: nothing is being recorded |
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from mldiag.capture import remote
+from mldiag.messages import CaptureProfile, ContinuousProfiling
+from mldiag.model import TargetRecord
+
+if TYPE_CHECKING:
+    from mldiag.capture.client import TargetClient
+
+
+def _client(target: TargetRecord, timeout_s: float) -> TargetClient:
+    from mldiag.capture.client import TargetClient
+
+    if not target.control_port:
+        raise remote.CaptureFailed(
+            f"target {target.host} has no mldiag control endpoint (registered by another "
+            "SDK?): continuous profiling needs mldiag.sdk.machinelearning_run")
+    return TargetClient(target.address, target.control_port, target.control_token,
+                        timeout_s=timeout_s)
+
+
+def capture(target: TargetRecord, msg: CaptureProfile, start_at: float) -> bytes:
+    """The target's xplane for this request; raises an MldiagError with the reason."""
+    if msg.capture == "snapshot":
+        if target.continuous == "NATIVE":
+            return remote.native_snapshot(target.service_addr)
+        if target.continuous != "RING":
+            raise remote.CaptureFailed(
+                f"target {target.host}: continuous profiling is off, so there is no snapshot "
+                f"to take (start it with `mldiag continuous start --run {target.run}`)")
+        return _client(target, 60.0).snapshot(msg.duration_s)
+    if target.continuous == "RING":
+        # The profiler is busy with the ring: serve the request from it instead of refusing.
+        time.sleep(max(0.0, start_at - time.time()))
+        return _client(target, msg.duration_s + 90.0).capture(msg.duration_s)
+    if target.continuous == "NATIVE":
+        time.sleep(max(0.0, start_at - time.time()) + msg.duration_s)
+        return remote.native_snapshot(target.service_addr)
+    return remote.remote_trace(
+        target.service_addr, msg.duration_s, delay_s=max(0.0, start_at - time.time()),
+        host_tracer_level=msg.host_tracer_level, device_tracer_level=msg.device_tracer_level,
+        python_tracer_level=msg.python_tracer_level)
+
+
+def set_continuous(target: TargetRecord, msg: ContinuousProfiling) -> str:
+    """Start or stop continuous profiling on a target; returns its new state."""
+    levels: dict[str, Any] = {"host_tracer_level": msg.host_tracer_level,
+                              "device_tracer_level": msg.device_tracer_level,
+                              "python_tracer_level": msg.python_tracer_level}
+    if msg.action == "start":
+        if target.platform == "tpu":
+            remote.native_start(target.service_addr, duration_ms=int(msg.window_s * 1000),
+                                **levels)
+            return "NATIVE"
+        _client(target, 30.0).start_continuous(window_s=msg.window_s,
+                                               max_bytes=msg.max_bytes, **levels)
+        return "RING"
+    if target.continuous == "NATIVE":
+        remote.native_stop(target.service_addr)
+    else:
+        _client(target, 30.0).stop_continuous()
+    return "OFF"

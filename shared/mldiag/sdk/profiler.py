@@ -1,0 +1,145 @@
+"""`xprof()`: programmatic capture, as start/stop, a context manager or a decorator.
+
+The trace goes to the run's logdir in the standard layout
+(`<run>/plugins/profile/<session_id>/<host>.xplane.pb`). Its upload starts in the background
+as soon as the trace is written. All hosts that use the same `session_id` form one
+multi-host session; `process_index_list` limits capture to some processes, and the session
+then expects only those hosts.
+
+While continuous profiling runs, the profiler is busy with the ring, so a programmatic
+capture is cut from the ring's windows instead of being refused.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mldiag.errors import MldiagError
+from mldiag.model import CAPTURING, SessionRecord
+from mldiag.sdk.run import MLRun, current_run
+
+log = logging.getLogger(__name__)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def default_session_id() -> str:
+    """A session id like jax.profiler's: the UTC start time."""
+    return time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime())
+
+
+class Xprof:
+    """Capture a profile of this process into the run's logdir.
+
+    Mirrors `google_cloud_mldiagnostics.xprof`; `session_id` may also be given here.
+    """
+
+    def __init__(self, run: MLRun | None = None, process_index_list: list[int] | None = None,
+                 session_id: str | None = None) -> None:
+        self._run = run
+        self.process_index_list = process_index_list
+        self.session_id = session_id
+        self._tmp: Path | None = None
+        self._ring_start: float | None = None
+        self._active: str | None = None
+        self.upload: Any = None
+
+    def _resolve(self) -> MLRun:
+        run = self._run or current_run()
+        if run is None:
+            raise MldiagError("no active run: call machinelearning_run(...) before xprof()")
+        return run
+
+    def _selected(self, run: MLRun) -> bool:
+        return self.process_index_list is None or (
+            run.target.process_index in self.process_index_list)
+
+    def start(self, session_id: str | None = None) -> None:
+        """Start capturing; `session_id` names the session (default: the start time)."""
+        import jax
+
+        if self._active is not None:
+            raise MldiagError(f"xprof session {self._active} is already capturing")
+        run = self._resolve()
+        if not self._selected(run):
+            log.info("xprof: process %d not in %s, not profiling", run.target.process_index,
+                     self.process_index_list)
+            return
+        session = session_id or self.session_id or default_session_id()
+        self._expect_hosts(run, session)
+        if run.ring is not None and run.ring.active:
+            self._ring_start = time.time()
+        else:
+            self._tmp = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+            jax.profiler.start_trace(str(self._tmp))
+        self._active = session
+
+    def _expect_hosts(self, run: MLRun, session: str) -> None:
+        """Create the session (first host wins) expecting the live targets that capture."""
+        now = time.time()
+        stale = run.plane.settings.target_stale_s
+        hosts = sorted({
+            t.host for t in run.plane.state.list_targets(run.name)
+            if (now - t.last_heartbeat <= stale or t.host == run.host)
+            and (self.process_index_list is None or t.process_index in self.process_index_list)
+        })
+        run.plane.state.create_session(SessionRecord(
+            run=run.name, session=session, state=CAPTURING, kind="programmatic",
+            trigger="manual", expected_hosts=hosts, created_at=now, updated_at=now))
+
+    def stop(self) -> None:
+        """Stop capturing; the upload of the trace starts in the background."""
+        import jax
+
+        if self._active is None:
+            return
+        run, session = self._resolve(), self._active
+        self._active = None
+        if self._ring_start is not None:
+            start, end = self._ring_start, time.time()
+            self._ring_start = None
+            ring = run.ring
+            assert ring is not None
+            window = 2.0 * max(1.0, end - start)
+            self.upload = run.upload(session, lambda: ring.collect(start, end, window + 30.0))
+            return
+        tmp = self._tmp
+        assert tmp is not None
+        self._tmp = None
+        jax.profiler.stop_trace()
+
+        def read() -> bytes:
+            try:
+                found = sorted(tmp.glob("plugins/profile/*/*.xplane.pb"))
+                if not found:
+                    raise MldiagError(f"session {session}: jax wrote no .xplane.pb")
+                return found[-1].read_bytes()
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+
+        self.upload = run.upload(session, read)
+
+    def __enter__(self) -> Xprof:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __call__(self, func: F) -> F:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with Xprof(self._run, self.process_index_list, self.session_id):
+                return func(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+# The public name, as in google_cloud_mldiagnostics.
+xprof = Xprof

@@ -1,0 +1,277 @@
+"""`machinelearning_run(...)`: register the run and this process as a profiler target."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from mldiag.errors import MldiagError
+from mldiag.messages import DegradationDetected
+from mldiag.model import AutoCapturePolicy, RunRecord, TargetRecord
+from mldiag.sdk.monitor import Degradation, StepTimeMonitor
+from mldiag.settings import Settings
+
+if TYPE_CHECKING:
+    from mldiag.bootstrap import ControlPlane
+    from mldiag.sdk.continuous import RingBuffer
+    from mldiag.sdk.control import ControlServer
+
+log = logging.getLogger(__name__)
+
+_current: MLRun | None = None
+_current_lock = threading.Lock()
+
+
+def current_run() -> MLRun | None:
+    """The run this process registered last (what `xprof()` and `metrics` use by default)."""
+    return _current
+
+
+def _split_gcs_path(gcs_path: str | None) -> tuple[str, str]:
+    """`gs://bucket/a/b` → ("bucket", "a/b")."""
+    if not gcs_path:
+        return "", ""
+    if not gcs_path.startswith("gs://"):
+        raise MldiagError(f"gcs_path must look like gs://BUCKET[/PREFIX], not {gcs_path!r}")
+    bucket, _, prefix = gcs_path[len("gs://"):].partition("/")
+    if not bucket:
+        raise MldiagError(f"gcs_path {gcs_path!r} names no bucket")
+    return bucket, prefix.strip("/")
+
+
+@dataclass
+class MLRun:
+    """A registered run and this process's target; built by `machinelearning_run`."""
+
+    name: str
+    run_group: str | None
+    configs: dict[str, Any]
+    gcs_path: str | None
+    project: str | None
+    region: str | None
+    on_demand_xprof: bool
+    host: str
+    target: TargetRecord
+    plane: ControlPlane
+    storage_prefix: str = ""
+    framework: str = "jax"
+    monitor: StepTimeMonitor | None = None
+    ring: RingBuffer | None = None
+    control: ControlServer | None = None
+    profiler_server: Any = None
+    alerts: list[DegradationDetected] = field(default_factory=list)
+    _executor: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="mldiag-upload"))
+    _pending: list[Future[Any]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _closed: bool = False
+
+    # Storage
+
+    def session_dir(self, session: str) -> str:
+        """`<prefix>/<run>/plugins/profile/<session>` in the run's storage."""
+        parts = [self.storage_prefix, self.name, "plugins", "profile", session]
+        return "/".join(p for p in parts if p)
+
+    def upload(self, session: str, data: bytes | Callable[[], bytes]) -> Future[str]:
+        """Write this host's xplane of `session` in the background; returns the object name.
+
+        `data` may be a callable producing the bytes (it runs in the background too).
+        """
+        def work() -> str:
+            blob = data if isinstance(data, bytes) else data()
+            if not blob:
+                raise MldiagError(f"session {session}: the profiler wrote an empty trace")
+            name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
+            self.plane.storage.write_bytes(name, blob)
+            log.info("uploaded %s (%d bytes)", name, len(blob))
+            return name
+
+        future = self._executor.submit(work)
+        self._pending.append(future)
+        return future
+
+    def wait_uploads(self, timeout: float | None = None) -> list[str]:
+        """Wait for every upload started so far; returns their object names."""
+        done = [f.result(timeout=timeout) for f in list(self._pending)]
+        return done
+
+    # Continuous profiling (the SDK's portable ring buffer)
+
+    def start_continuous(self, **options: Any) -> None:
+        """Start continuous profiling of this process (snapshot mode) in the ring buffer."""
+        if self.ring is None:
+            raise MldiagError("continuous profiling is not available: the run was closed")
+        self.ring.start(**options)
+        self._set_continuous("RING")
+
+    def stop_continuous(self) -> None:
+        """Stop continuous profiling of this process."""
+        if self.ring is not None:
+            self.ring.stop()
+        self._set_continuous("OFF")
+
+    def _set_continuous(self, state: str) -> None:
+        self.target.continuous = state
+        self.plane.state.update_target(self.name, self.host, self.target.port, continuous=state)
+
+    # Degradation monitor
+
+    def observe_step_time(self, seconds: float, at: float) -> None:
+        """Feed one STEP_TIME sample to the degradation monitor."""
+        if self.monitor is not None:
+            self.monitor.observe(seconds, at)
+
+    def _alert(self, found: Degradation) -> None:
+        alert = DegradationDetected(
+            alert_id=f"mldiag-monitor:{self.name}:{self.host}:{uuid.uuid4().hex[:12]}",
+            run=self.name, source="mldiag-monitor", summary=found.summary(),
+            targets=[self.host], detected_at=found.at)
+        self.alerts.append(alert)
+        log.warning("mldiag: %s: %s", self.name, alert.summary)
+        # Publish off the training thread: the step must not wait on the control plane.
+        self._pending.append(self._executor.submit(self.plane.bus.publish, alert))
+
+    # Lifetime
+
+    def _heartbeat(self, every_s: float) -> None:
+        while not self._stop.wait(every_s):
+            try:
+                self.plane.state.update_target(self.name, self.host, self.target.port,
+                                               last_heartbeat=time.time(), pid=os.getpid())
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat must not kill training
+                log.warning("mldiag heartbeat failed: %s", e)
+
+    def close(self) -> None:
+        """Finish uploads, stop continuous profiling, the control endpoint and heartbeats."""
+        global _current
+        if self._closed:
+            return
+        self._closed = True
+        self._stop.set()
+        if self.ring is not None and self.ring.active:
+            self.ring.stop()
+        if self.control is not None:
+            self.control.stop()
+        for f in list(self._pending):
+            try:
+                f.result(timeout=120)
+            except Exception as e:  # noqa: BLE001 - report every failed upload, then go on
+                log.error("mldiag: an upload failed: %s", e)
+        self._executor.shutdown(wait=True)
+        try:
+            self.plane.state.update_target(self.name, self.host, self.target.port,
+                                           continuous="OFF", last_heartbeat=0.0)
+        except Exception as e:  # noqa: BLE001 - exiting anyway
+            log.warning("mldiag: could not mark the target stopped: %s", e)
+        with _current_lock:
+            if _current is self:
+                _current = None
+
+    def __enter__(self) -> MLRun:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def machinelearning_run(
+    name: str,
+    run_group: str | None = None,
+    configs: dict[str, Any] | None = None,
+    project: str | None = None,
+    region: str | None = None,
+    gcs_path: str | None = None,
+    on_demand_xprof: bool = False,
+    *,
+    port: int = 9999,
+    host_name: str | None = None,
+    continuous: bool | dict[str, Any] = False,
+    auto_capture: dict[str, Any] | AutoCapturePolicy | None = None,
+    monitor: bool | dict[str, Any] = True,
+    heartbeat_s: float = 10.0,
+    settings: Settings | None = None,
+    **_ignored: Any,
+) -> MLRun:
+    """Register the run and this process as a profiler target; returns the run.
+
+    Mirrors `google_cloud_mldiagnostics.machinelearning_run`. Profiles go to the embedded
+    bucket locally, or to `gcs_path` (`gs://BUCKET[/PREFIX]`) with MLDIAG_BACKEND=gcp.
+
+    mldiag extensions (keyword-only): `port` of the on-demand profiler server (9999);
+    `host_name`, this process's name in profile file names (default $MLDIAG_HOST_NAME or the
+    hostname); `continuous` starts continuous profiling at once (True, or ring options);
+    `auto_capture` sets the run's auto-capture policy; `monitor` configures the step-time
+    degradation monitor (False turns it off); `heartbeat_s`.
+    """
+    global _current
+    import jax
+
+    from mldiag.bootstrap import control_plane
+    from mldiag.sdk import metrics
+    from mldiag.sdk.continuous import RingBuffer
+    from mldiag.sdk.control import ControlServer
+
+    if not name or "/" in name:
+        raise MldiagError(f"run name must be a non-empty name without '/', not {name!r}")
+    bucket, prefix = _split_gcs_path(gcs_path)
+    overrides: dict[str, Any] = {"project": project, "location": region}
+    if bucket:
+        overrides["bucket"] = bucket
+    settings = settings or Settings.from_env(**overrides)
+    plane = control_plane(settings)
+    now = time.time()
+    plane.state.register_run(RunRecord(
+        name=name, run_group=run_group, configs=dict(configs or {}), storage_prefix=prefix,
+        on_demand=on_demand_xprof, created_at=now))
+    if auto_capture is not None:
+        policy = (auto_capture if isinstance(auto_capture, AutoCapturePolicy)
+                  else AutoCapturePolicy.from_dict(dict(auto_capture)))
+        plane.state.set_auto_capture(name, policy.to_dict())
+
+    host = host_name or os.environ.get("MLDIAG_HOST_NAME") or socket.gethostname()
+    address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
+        "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
+    server = jax.profiler.start_server(port) if on_demand_xprof else None
+    ring = RingBuffer()
+    token = secrets.token_urlsafe(24)
+    control = ControlServer(ring, token, host=address, port=0)
+    control_port = control.start()
+    target = TargetRecord(
+        run=name, host=host, port=port, process_index=jax.process_index(), framework="jax",
+        framework_version=jax.__version__, last_heartbeat=now, address=address,
+        control_port=control_port, control_token=token, platform=jax.devices()[0].platform,
+        pid=os.getpid(), registered_at=now)
+    plane.state.upsert_target(target)
+
+    run = MLRun(name=name, run_group=run_group, configs=dict(configs or {}), gcs_path=gcs_path,
+                project=project, region=region, on_demand_xprof=on_demand_xprof, host=host,
+                target=target, plane=plane, storage_prefix=prefix, ring=ring, control=control,
+                profiler_server=server)
+    control.on_change = run._set_continuous
+    if monitor:
+        options = monitor if isinstance(monitor, dict) else {}
+        run.monitor = StepTimeMonitor(run._alert, **options)
+    threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
+                     daemon=True).start()
+    with _current_lock:
+        previous, _current = _current, run
+    if previous is not None:
+        previous.close()
+    metrics.clear()
+    if continuous:
+        run.start_continuous(**(continuous if isinstance(continuous, dict) else {}))
+    atexit.register(run.close)
+    log.info("mldiag: run %s registered; target %s (%s:%d, control %d)", name, host, address,
+             port, control_port)
+    return run
