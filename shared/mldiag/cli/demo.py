@@ -1,14 +1,19 @@
-"""`mldiag demo`: the pipeline end to end on one machine.
+"""`mldiag demo`: capture and analysis end to end on one machine, with a live JAX job.
 
-Starts the embedded runtime, profiles a JAX workload with a planted bottleneck, drops the
-xplane into the bucket the way a user would, waits for the report and prints the verdict.
+Starts the embedded runtime and a training job that uses the SDK (on-demand profiler server,
+continuous profiling on), injects an input stall, and follows the step-time monitor's alert
+through auto-capture (a snapshot of the ring), analysis and summary.html. `--workload NAME`
+instead profiles a planted-bottleneck workload and drops its xplane into the bucket.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,53 +25,159 @@ from typing import Any
 from mldiag.bootstrap import bootstrap
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
-from mldiag.model import FAILED, REPORTED, SessionRecord
+from mldiag.messages import ContinuousProfiling
+from mldiag.model import FAILED, REPORTED, AutoCapturePolicy, SessionRecord
 from mldiag.settings import Settings
 
 WORKLOADS = Path(__file__).resolve().parents[3] / "scripts" / "workloads"
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("demo", help="profile a planted-bottleneck JAX workload through the "
-                       "local pipeline and print the verdict")
-    p.add_argument("--workload", default="host_bound",
-                   help="a workload of scripts/workloads (default: host_bound)")
+    p = sub.add_parser("demo", help="run a live JAX training job through capture and analysis",
+                       description="By default: start the runtime and a JAX training job that "
+                       "uses the SDK (on-demand profiler, continuous profiling on), inject an "
+                       "input stall, and follow the degradation alert through auto-capture, "
+                       "analysis and summary.html. With --workload NAME: profile a planted-"
+                       "bottleneck workload and drop its xplane into the bucket instead.")
+    p.add_argument("--workload", help="drop mode: a workload of scripts/workloads (host_bound, "
+                   "layout_copy, ...)")
     p.add_argument("--home", help="runtime home (default: $MLDIAG_HOME or .mldiag)")
-    p.add_argument("--timeout", type=float, default=180.0, help="seconds to wait for the report")
+    p.add_argument("--timeout", type=float, default=170.0, help="seconds to wait for the report")
 
 
 def run(args: argparse.Namespace) -> int:
-    script = WORKLOADS / f"{args.workload}.py"
-    if not script.is_file():
-        names = sorted(p.stem for p in WORKLOADS.glob("[!_]*.py"))
-        raise MldiagError(f"unknown workload {args.workload!r} (choose from {', '.join(names)})")
     settings = Settings.from_env(home=args.home)
+    if args.workload:
+        return _drop_demo(args, settings)
+    return _live_demo(args, settings)
+
+
+def _say(text: str) -> None:
+    print(f"mldiag demo: {text}", flush=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _until(what: str, timeout: float, check: Callable[[], Any],
+           proc: subprocess.Popen[bytes] | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        if proc is not None and proc.poll() is not None:
+            raise MldiagError(f"the training job exited ({proc.returncode}) while waiting for "
+                              f"{what}")
+        time.sleep(0.1)
+    raise MldiagError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def _stop_process(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
+    started = time.monotonic()
+    run_name = f"demo-train-{time.strftime('%Y%m%d-%H%M%S')}"
+    runtime = bootstrap(settings, listener=lambda s: print("  " + describe_transition(s),
+                                                           flush=True))
+    runtime.start()
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        _say(f"runtime up on {settings.home} (bucket {runtime.storage.root})")
+        with tempfile.TemporaryDirectory(prefix="mldiag-demo-") as tmp:
+            flag = Path(tmp) / "stall"
+            env = {**os.environ, "MLDIAG_HOME": str(settings.home.resolve()),
+                   "MLDIAG_DEMO_PORT": str(_free_port()), "TF_CPP_MIN_LOG_LEVEL": "3"}
+            proc = subprocess.Popen(
+                [sys.executable, str(WORKLOADS / "demo_train.py"), "--run", run_name,
+                 "--stall-flag", str(flag)], env=env, start_new_session=True)
+            _say(f"training job started (pid {proc.pid}): scripts/workloads/demo_train.py")
+            pid = proc.pid
+            target = _until("the training job to register its profiler target", 120.0,
+                            lambda: next((t for t in runtime.state.list_targets(run_name)
+                                          if t.pid == pid), None), proc)
+            _say(f"target {target.host} registered (profiler {target.service_addr}, "
+                 f"{target.platform}, jax {target.framework_version})")
+            runtime.services.bus.publish(ContinuousProfiling(run=run_name, action="start",
+                                                             window_s=1.0))
+            _until("continuous profiling to start", 60.0, lambda: any(
+                t.continuous != "OFF" for t in runtime.state.list_targets(run_name)), proc)
+            _say("continuous profiling on (1 s windows in the SDK's ring)")
+            policy = AutoCapturePolicy(enabled=True, kind="auto", duration_s=2.0,
+                                       cooldown_s=600.0, max_per_hour=4)
+            runtime.state.set_auto_capture(run_name, policy.to_dict())
+            _say("auto-capture policy: on degradation, snapshot 2 s of the ring (cooldown "
+                 "10 min)")
+            time.sleep(4.0)  # healthy steps: the monitor learns its baseline
+            flag.touch()
+            _say("injecting an input-pipeline stall (the batch reader sleeps 40 ms a step); "
+                 "waiting for the step-time monitor to raise an alert ...")
+
+            def reported() -> SessionRecord | None:
+                for s in runtime.state.list_sessions(run=run_name):
+                    if s.trigger == "alert" and s.state in (REPORTED, FAILED):
+                        return s
+                return None
+
+            final = _until("the auto-captured session's report", args.timeout, reported, proc)
+    finally:
+        if proc is not None:
+            _stop_process(proc)
+        runtime.stop()
+    if final.state == FAILED:
+        raise MldiagError(f"session {run_name}/{final.session} FAILED: {final.reason}")
+    _print_report(final, f"{run_name}/{final.session}")
+    _say(f"done in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+def _print_report(final: SessionRecord, label: str) -> None:
+    analysis_path = Path(final.report_path.removeprefix("file://")).with_name("analysis.json")
+    analysis = json.loads(analysis_path.read_text())
+    print()
+    print(f"{analysis['status']}  {label}  (trigger: {final.trigger}, kind: {final.kind})")
+    for f in analysis["findings"]:
+        print(f"  {f['priority']} {f['category']:<16} {f['title']}")
+    print(f"summary: {final.report_path.removeprefix('file://')}")
+
+
+def _drop_demo(args: argparse.Namespace, settings: Settings) -> int:
+    script = WORKLOADS / f"{args.workload}.py"
+    if not script.is_file() or args.workload.startswith("_") or args.workload == "demo_train":
+        names = sorted(p.stem for p in WORKLOADS.glob("[!_]*.py") if p.stem != "demo_train")
+        raise MldiagError(f"unknown workload {args.workload!r} (choose from {', '.join(names)})")
     runtime = bootstrap(settings, listener=lambda s: print("  " + describe_transition(s),
                                                            flush=True))
     runtime.start()
     try:
-        print(f"mldiag demo: runtime up on {settings.home} (bucket {runtime.storage.root})")
+        _say(f"runtime up on {settings.home} (bucket {runtime.storage.root})")
         with tempfile.TemporaryDirectory(prefix="mldiag-demo-") as tmp:
-            print(f"mldiag demo: profiling scripts/workloads/{script.name} ...", flush=True)
+            _say(f"profiling scripts/workloads/{script.name} ...")
             subprocess.run([sys.executable, str(script), "--logdir", tmp], check=True)
             (xplane,) = Path(tmp).glob("plugins/profile/*/*.xplane.pb")
             session = f"{args.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
             target = runtime.storage.root / "demo" / "plugins" / "profile" / session
             target.mkdir(parents=True, exist_ok=True)
-            print(f"mldiag demo: dropping {xplane.name} into {target}", flush=True)
+            _say(f"dropping {xplane.name} into {target}")
             shutil.copy(xplane, target / xplane.name)
         final = _wait(runtime.state.get_session, "demo", session, args.timeout)
     finally:
         runtime.stop()
     if final.state == FAILED:
         raise MldiagError(f"session demo/{session} FAILED: {final.reason}")
-    analysis_path = Path(final.report_path.removeprefix("file://")).with_name("analysis.json")
-    analysis = json.loads(analysis_path.read_text())
-    print()
-    print(f"{analysis['status']}  demo/{session}")
-    for f in analysis["findings"]:
-        print(f"  {f['priority']} {f['category']:<16} {f['title']}")
-    print(f"summary: {final.report_path.removeprefix('file://')}")
+    _print_report(final, f"demo/{session}")
     return 0
 
 

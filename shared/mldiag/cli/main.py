@@ -8,12 +8,25 @@ import sys
 from collections.abc import Sequence
 
 import mldiag
-from mldiag.cli import analyze, demo, runs, sessions, targets, up
+from mldiag.cli import (
+    analyze,
+    autocapture,
+    capture,
+    continuous,
+    demo,
+    runs,
+    sessions,
+    targets,
+    up,
+)
 from mldiag.errors import MldiagError, ProfileUnreadable
 
 # Sorted by command name; each module provides register(subparsers) and run(args) -> int.
 COMMANDS = {
     "analyze": analyze,
+    "autocapture": autocapture,
+    "capture": capture,
+    "continuous": continuous,
     "demo": demo,
     "runs": runs,
     "sessions": sessions,

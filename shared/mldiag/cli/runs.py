@@ -1,20 +1,30 @@
-"""`mldiag runs list|describe`: the runs the state store knows."""
+"""`mldiag runs create|list|describe`: the runs the state store knows."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from typing import Any
 
-from mldiag.bootstrap import open_state
+from mldiag.bootstrap import control_plane, open_state
 from mldiag.errors import MldiagError
+from mldiag.model import RunRecord, check_name
 from mldiag.settings import Settings
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("runs", help="list and describe runs")
+    p = sub.add_parser("runs", help="create, list and describe runs")
     p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    c = verbs.add_parser("create", help="register a run (the SDK does it for a workload)")
+    c.add_argument("name")
+    c.add_argument("--run-group")
+    c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
+                   help="a configuration value to record (repeatable)")
+    c.add_argument("--gcs-path", help="gs://BUCKET/PREFIX where its profiles go (GCP)")
+    c.add_argument("--on-demand", action="store_true", help="its targets serve on-demand "
+                   "captures")
     ls = verbs.add_parser("list", help="list runs")
     ls.add_argument("--json", action="store_true")
     d = verbs.add_parser("describe", help="one run and its sessions")
@@ -22,7 +32,35 @@ def register(sub: Any) -> None:
     d.add_argument("--json", action="store_true")
 
 
+def _create(args: argparse.Namespace) -> int:
+    try:
+        check_name("run", args.name)
+    except ValueError as e:
+        raise MldiagError(str(e)) from e
+    configs: dict[str, str] = {}
+    for item in args.config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise MldiagError(f"--config wants KEY=VALUE, not {item!r}")
+        configs[key] = value
+    prefix = ""
+    if args.gcs_path:
+        if not args.gcs_path.startswith("gs://"):
+            raise MldiagError(f"--gcs-path must look like gs://BUCKET[/PREFIX], not "
+                              f"{args.gcs_path!r}")
+        prefix = args.gcs_path[len("gs://"):].partition("/")[2].strip("/")
+    plane = control_plane(Settings.from_env(home=args.home))
+    existed = plane.state.get_run(args.name) is not None
+    run = plane.state.register_run(RunRecord(
+        name=args.name, run_group=args.run_group, configs=configs, storage_prefix=prefix,
+        on_demand=args.on_demand, created_at=time.time()))
+    print(f"run {run.name} {'updated' if existed else 'created'}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.verb == "create":
+        return _create(args)
     state = open_state(Settings.from_env(home=args.home))
     if args.verb == "list":
         runs = state.list_runs()
@@ -43,6 +81,16 @@ def run(args: argparse.Namespace) -> int:
                          indent=2))
         return 0
     print(f"run: {found.name}" + ("  (discovered in bucket)" if found.discovered else ""))
+    if found.run_group:
+        print(f"  group: {found.run_group}")
+    for key, value in sorted(found.configs.items()):
+        print(f"  config {key} = {value}")
+    policy = found.policy
+    print(f"  auto-capture: {'ON' if policy.enabled else 'OFF'} ({policy.kind}, "
+          f"{policy.duration_s:g} s, cooldown {policy.cooldown_s:g} s, "
+          f"max {policy.max_per_hour}/hour)")
+    targets = state.list_targets(found.name)
+    print(f"  targets: {len(targets)}")
     for s in sessions:
         print(f"  {s.session}  v{s.version}  {s.state}  {s.verdict or ''}")
     return 0

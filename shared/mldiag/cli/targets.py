@@ -32,11 +32,17 @@ def run(args: argparse.Namespace) -> int:
     if not targets:
         print(f"run {args.run} has no registered targets (sessions settle on a time window)")
         return 0
-    print(f"{'TARGET':<40} {'PROC':>4} {'FRAMEWORK':<16} {'CONTINUOUS':<10} LAST HEARTBEAT")
+    stale = Settings.from_env(home=args.home).target_stale_s
+    now = time.time()
+    print(f"{'TARGET':<28} {'ADDRESS':<22} {'PROC':>4} {'PLATFORM':<8} {'FRAMEWORK':<14} "
+          f"{'CONTINUOUS':<10} {'STATUS':<6} LAST HEARTBEAT")
     for t in targets:
         beat = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.last_heartbeat)) \
             if t.last_heartbeat else "-"
         fw = f"{t.framework} {t.framework_version}".strip() or "-"
-        print(f"{t.host + ':' + str(t.port):<40} {t.process_index:>4} {fw:<16} "
-              f"{t.continuous:<10} {beat}")
+        status = "up" if t.last_heartbeat and now - t.last_heartbeat <= stale else "down"
+        print(f"{t.host:<28} {t.address + ':' + str(t.port):<22} {t.process_index:>4} "
+              f"{t.platform or '-':<8} {fw:<14} {t.continuous:<10} {status:<6} {beat}")
+        if t.last_error:
+            print(f"  last error: {t.last_error}")
     return 0

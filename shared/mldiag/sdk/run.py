@@ -245,7 +245,10 @@ def machinelearning_run(
     server = jax.profiler.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
     token = secrets.token_urlsafe(24)
-    control = ControlServer(ring, token, host=address, port=0)
+    # The control endpoint reports continuous state changes to the run, built just below.
+    holder: list[MLRun] = []
+    control = ControlServer(ring, token, host=address, port=0,
+                            on_change=lambda state: holder[0]._set_continuous(state))
     control_port = control.start()
     target = TargetRecord(
         run=name, host=host, port=port, process_index=jax.process_index(), framework="jax",
@@ -258,7 +261,7 @@ def machinelearning_run(
                 project=project, region=region, on_demand_xprof=on_demand_xprof, host=host,
                 target=target, plane=plane, storage_prefix=prefix, ring=ring, control=control,
                 profiler_server=server)
-    control.on_change = run._set_continuous
+    holder.append(run)
     if monitor:
         options = monitor if isinstance(monitor, dict) else {}
         run.monitor = StepTimeMonitor(run._alert, **options)

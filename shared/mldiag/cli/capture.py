@@ -1,0 +1,87 @@
+"""`mldiag capture NAME --run R`: capture a profile session now, on-demand or as a snapshot."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from mldiag.cli import _control
+from mldiag.cli.up import describe_transition
+from mldiag.errors import MldiagError
+from mldiag.messages import CaptureProfile
+from mldiag.model import FAILED, REPORTED, check_name
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("capture", help="capture a profile session of a run's targets now",
+                       description="Publish a capture request (on-demand remote trace, or a "
+                       "snapshot of the continuous-profiling ring) and follow the session "
+                       "until its report.")
+    p.add_argument("name", help="session name")
+    p.add_argument("--run", required=True)
+    p.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
+    p.add_argument("--kind", choices=("on-demand", "snapshot"), default="on-demand")
+    p.add_argument("--duration", default="2s", type=_control.duration,
+                   help="trace length, or how far back a snapshot reaches (default 2s)")
+    p.add_argument("--host-tracer-level", type=int, default=2, choices=range(0, 4))
+    p.add_argument("--device-tracer-level", type=int, default=1, choices=range(0, 3))
+    p.add_argument("--python-tracer-level", type=int, default=0, choices=range(0, 2))
+    p.add_argument("--no-wait", action="store_true", help="return once the request is queued")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report")
+    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        check_name("session", args.name)
+    except ValueError as e:
+        raise MldiagError(str(e)) from e
+    plane = _control.connect(args.home, need_runtime=True)
+    run_record = _control.get_run(plane, args.run)
+    hosts = [h for h in args.targets.split(",") if h]
+    targets = _control.select_targets(plane, run_record.name, hosts)
+    kind = args.kind.replace("-", "_")
+    down = []
+    for t in targets:
+        if kind == "snapshot" and t.continuous == "OFF":
+            down.append(f"continuous profiling is off on {t.host}: nothing to snapshot (run "
+                        f"`mldiag continuous start --run {t.run}`)")
+            continue
+        port = t.control_port if t.continuous == "RING" else t.port
+        reason = _control.target_down(plane, t, port=port)
+        if reason:
+            down.append(reason)
+    if len(down) == len(targets):
+        raise MldiagError("; ".join(down))
+    for reason in down:
+        print(f"mldiag: warning: {reason} (that host will be marked failed)", file=sys.stderr)
+    if plane.state.get_session(run_record.name, args.name) is not None:
+        raise MldiagError(f"session {run_record.name}/{args.name} already exists")
+    plane.bus.publish(CaptureProfile(
+        run=run_record.name, session=args.name, capture=kind, targets=[t.host for t in targets],
+        duration_s=args.duration, host_tracer_level=args.host_tracer_level,
+        device_tracer_level=args.device_tracer_level,
+        python_tracer_level=args.python_tracer_level, trigger="manual"))
+    print(f"capture {run_record.name}/{args.name}: {args.kind} of {len(targets)} target(s), "
+          f"{args.duration:g} s", flush=True)
+    if args.no_wait:
+        return 0
+    deadline = time.monotonic() + args.duration + args.timeout
+    last = ""
+    while time.monotonic() < deadline:
+        s = plane.state.get_session(run_record.name, args.name)
+        if s is not None:
+            line = describe_transition(s)
+            if s.state != last:
+                print("  " + line, flush=True)
+                last = s.state
+            if s.state in (REPORTED, FAILED):
+                for host, h in sorted(s.hosts.items()):
+                    if h.status == "FAILED":
+                        print(f"  host {host} failed: {h.reason}")
+                return 0 if s.state == REPORTED else 1
+        time.sleep(0.1)
+    raise MldiagError(f"session {run_record.name}/{args.name} not finished after "
+                      f"{args.timeout:.0f} s (see `mldiag sessions describe`)")

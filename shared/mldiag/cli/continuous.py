@@ -1,0 +1,76 @@
+"""`mldiag continuous start|stop --run R`: continuous profiling (snapshot mode) on targets."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from mldiag.cli import _control
+from mldiag.errors import MldiagError
+from mldiag.messages import ContinuousProfiling
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("continuous", help="start or stop continuous profiling of a run",
+                       description="Continuous profiling keeps the newest capture windows of "
+                       "each target in a ring (xprof's own on TPU, the SDK's elsewhere), so "
+                       "`mldiag capture --kind snapshot` and alerts can save the time just "
+                       "before a problem.")
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    for verb in ("start", "stop"):
+        v = verbs.add_parser(verb, help=f"{verb} continuous profiling")
+        v.add_argument("--run", required=True)
+        v.add_argument("--targets", default="", help="comma-separated target hosts (default: "
+                       "all)")
+        v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+        v.add_argument("--timeout", type=float, default=60.0)
+        if verb == "start":
+            v.add_argument("--window", type=_control.duration, default=2.0,
+                           help="length of one capture window (default 2s)")
+            v.add_argument("--max-bytes", type=_control.size, default=2 * 1024**3,
+                           help="ring size cap per target; oldest windows go first (default "
+                           "2GiB)")
+            v.add_argument("--device-tracer-level", type=int, default=1, choices=range(0, 3))
+            v.add_argument("--host-tracer-level", type=int, default=2, choices=range(0, 4))
+            v.add_argument("--python-tracer-level", type=int, default=0, choices=range(0, 2))
+
+
+def run(args: argparse.Namespace) -> int:
+    plane = _control.connect(args.home, need_runtime=True)
+    run_record = _control.get_run(plane, args.run)
+    targets = _control.select_targets(plane, run_record.name,
+                                      [h for h in args.targets.split(",") if h])
+    down = [r for r in (_control.target_down(plane, t, port=t.control_port or t.port)
+                        for t in targets) if r]
+    if len(down) == len(targets):
+        raise MldiagError("; ".join(down))
+    options: dict[str, Any] = {}
+    if args.verb == "start":
+        options = {"window_s": args.window, "max_bytes": args.max_bytes,
+                   "device_tracer_level": args.device_tracer_level,
+                   "host_tracer_level": args.host_tracer_level,
+                   "python_tracer_level": args.python_tracer_level}
+    before = {(t.host, t.port): t.last_error for t in targets}
+    plane.bus.publish(ContinuousProfiling(run=run_record.name, action=args.verb,
+                                          targets=[t.host for t in targets], **options))
+    want_off = args.verb == "stop"
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        now = {(t.host, t.port): t for t in plane.state.list_targets(run_record.name)}
+        done = {}
+        for key in before:
+            t = now.get(key)
+            if t is None:
+                continue
+            if (t.continuous == "OFF") == want_off:
+                done[key] = f"{t.host}: continuous {t.continuous}"
+            elif t.last_error and t.last_error != before[key]:
+                done[key] = f"{t.host}: FAILED {t.last_error}"
+        if len(done) == len(before):
+            for line in sorted(done.values()):
+                print(line)
+            return 1 if any("FAILED" in v for v in done.values()) else 0
+        time.sleep(0.1)
+    raise MldiagError(f"continuous {args.verb} on run {run_record.name}: no answer from the "
+                      f"targets after {args.timeout:.0f} s")
