@@ -18,6 +18,7 @@ def register(sub: Any) -> None:
     p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     c = verbs.add_parser("create", help="register a run (the SDK does it for a workload)")
+    c.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     c.add_argument("name")
     c.add_argument("--run-group")
     c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -26,8 +27,10 @@ def register(sub: Any) -> None:
     c.add_argument("--on-demand", action="store_true", help="its targets serve on-demand "
                    "captures")
     ls = verbs.add_parser("list", help="list runs")
+    ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ls.add_argument("--json", action="store_true")
     d = verbs.add_parser("describe", help="one run and its sessions")
+    d.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     d.add_argument("name")
     d.add_argument("--json", action="store_true")
 

@@ -17,6 +17,7 @@ def register(sub: Any) -> None:
     p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     ls = verbs.add_parser("list", help="list the targets of a run")
+    ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     ls.add_argument("--run", required=True)
     ls.add_argument("--json", action="store_true")
 

@@ -1,0 +1,61 @@
+"""A JAX job that uses mldiag.sdk, for the capture tests (run as a subprocess).
+
+    python sdk_workload.py --run R [--port P] [--programmatic SESSION] [--seconds S]
+
+It registers the run (host name from $MLDIAG_HOST_NAME), serves on-demand captures on
+`--port`, and trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
+`--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from mldiag.sdk import machinelearning_run, metrics, xprof
+from mldiag.sdk.metric_types import MetricType
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--run", required=True)
+    parser.add_argument("--port", type=int, default=9999)
+    parser.add_argument("--programmatic", default="")
+    parser.add_argument("--process-index-list", default="")
+    parser.add_argument("--seconds", type=float, default=120.0)
+    args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    run = machinelearning_run(name=args.run, on_demand_xprof=True, port=args.port,
+                              heartbeat_s=1.0)
+    step = jax.jit(lambda w, x: w - 1e-3 * (x.T @ jnp.tanh(x @ w)))
+    w = jnp.ones((256, 256)) / 256
+    x = jnp.ones((64, 256))
+    jax.block_until_ready(step(w, x))
+    print("ready", flush=True)
+    if args.programmatic:
+        indices = [int(i) for i in args.process_index_list.split(",") if i] or None
+        with xprof(process_index_list=indices, session_id=args.programmatic):
+            for i in range(10):
+                with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                    w = jax.block_until_ready(step(w, x))
+        run.wait_uploads(timeout=60)
+        print("uploaded", flush=True)
+    started = time.monotonic()
+    i = 0
+    while time.monotonic() - started < args.seconds:
+        t0 = time.perf_counter()
+        with jax.profiler.StepTraceAnnotation("train", step_num=i):
+            w = jax.block_until_ready(step(w, x))
+        metrics.record(MetricType.STEP_TIME, time.perf_counter() - t0)
+        time.sleep(0.005)
+        i += 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,256 @@
+"""Alerts, the auto-capture policy and capture requests through the embedded runtime.
+
+Targets here are registered records whose profiler port has nobody listening, so every
+capture fails fast with "unreachable": these tests are about what gets captured and when; the
+captures themselves run against real JAX processes in tests/e2e/test_capture_e2e.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+
+import pytest
+
+from mldiag.capture.alerts import parse_alert
+from mldiag.errors import PoisonMessage
+from mldiag.messages import CaptureProfile, DegradationDetected
+from mldiag.model import FAILED, AutoCapturePolicy, TargetRecord
+from mldiag.sdk.monitor import StepTimeMonitor
+from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
+
+RUN = "train"
+
+MONITORED_EVENT = {
+    "analyzerReports": [
+        {"analyzer": "Step Time Analyzer", "detectionState": "DETECTED",
+         "details": "Step time regressed by 38% on 4 hosts"},
+        {"analyzer": "ICI Link Analyzer", "detectionState": "NOT_DETECTED"},
+    ],
+    "displayName": "Performance degradation - 2026-11-29T12:00:00Z",
+    "endTime": "2026-11-29T12:10:00Z",
+    "name": f"projects/p/locations/us-central1/machineLearningRuns/{RUN}/monitoredEvents/e-42",
+    "startTime": "2026-11-29T12:00:00Z",
+    "type": "PERFORMANCE_DEGRADATION",
+    "labels": {"target": "host-3"},
+}
+
+INCIDENT = {
+    "incident": {
+        "incident_id": "0.nxk2p9q",
+        "scoping_project_id": "p",
+        "url": "https://console.cloud.google.com/monitoring/alerting/incidents/0.nxk2p9q",
+        "started_at": 1795953600,
+        "ended_at": None,
+        "state": "open",
+        "summary": "step_time for train above 0.25 s for 5 minutes",
+        "policy_name": "train step time",
+        "condition_name": "step time high",
+        "metric": {"type": "custom.googleapis.com/mldiag/step_time",
+                   "displayName": "step time", "labels": {"run": RUN}},
+        "resource": {"type": "generic_node", "labels": {"node_id": "host-0"}},
+        "metadata": {"system_labels": {}, "user_labels": {}},
+    },
+    "version": "1.2",
+}
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# Parsing
+
+
+def test_a_workload_monitoring_event_parses_with_run_target_and_id() -> None:
+    alert = parse_alert(json.dumps(MONITORED_EVENT))
+    assert alert is not None
+    assert (alert.run, alert.alert_id, alert.targets) == (RUN, "monitored-event:e-42",
+                                                          ["host-3"])
+    assert "Step Time Analyzer: Step time regressed by 38%" in alert.summary
+    assert "ICI" not in alert.summary
+
+
+def test_a_cloud_monitoring_incident_parses_and_a_closed_one_asks_for_nothing() -> None:
+    alert = parse_alert(json.dumps(INCIDENT).encode())
+    assert alert is not None
+    assert (alert.run, alert.alert_id, alert.source) == (RUN, "incident:0.nxk2p9q",
+                                                         "cloud-monitoring")
+    closed = {"incident": {**INCIDENT["incident"], "state": "closed"}, "version": "1.2"}
+    assert parse_alert(closed) is None
+    nothing = {**MONITORED_EVENT, "analyzerReports": [{"detectionState": "NOT_DETECTED"}]}
+    assert parse_alert(nothing) is None
+
+
+def test_our_own_alert_message_round_trips() -> None:
+    sent = DegradationDetected(alert_id="m1", run=RUN, summary="slow", targets=["h0"])
+    assert parse_alert(sent.to_json()) == sent
+
+
+@pytest.mark.parametrize("payload, reason", [
+    (b"\xff\xfe", "not JSON"),
+    ("[1, 2]", "JSON object"),
+    ('{"hello": "world"}', "unrecognised alert"),
+    (json.dumps({**MONITORED_EVENT, "type": "HARDWARE_FAILURE"}), "PERFORMANCE_DEGRADATION"),
+    (json.dumps({**MONITORED_EVENT, "name": "x", "labels": {}}), "names no run"),
+    (json.dumps({"incident": {"incident_id": "i", "state": "open"}}), "names no run"),
+])
+def test_bad_alerts_are_poison_with_the_reason(payload: str | bytes, reason: str) -> None:
+    with pytest.raises(PoisonMessage, match=reason):
+        parse_alert(payload)
+
+
+# Auto-capture policy
+
+
+def _run_with_target(rt: object, **policy: object) -> None:
+    from mldiag.bootstrap import LocalRuntime
+    assert isinstance(rt, LocalRuntime)
+    rt.state.ensure_run(RUN, discovered=False)
+    rt.state.upsert_target(TargetRecord(run=RUN, host="h0", port=closed_port(),
+                                        last_heartbeat=time.time() + 3600))
+    rt.state.set_auto_capture(RUN, AutoCapturePolicy(**policy).to_dict())  # type: ignore[arg-type]
+
+
+def test_an_alert_storm_gives_one_capture(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=300)
+    rt.start()
+    for i in range(100):  # 100 distinct alerts within a second, each delivered twice
+        alert = DegradationDetected(alert_id=f"storm-{i}", run=RUN, summary="slow")
+        rt.services.bus.publish(alert)
+        rt.services.bus.publish(alert)
+    assert rt.wait_idle(timeout=60)
+    captures = [m for m in bus_messages(rt.state, "capture-requests")]
+    assert len(captures) == 1
+    (session,) = rt.state.list_sessions(run=RUN)
+    assert (session.trigger, session.kind, session.request_id) == (
+        "alert", "on_demand", captures[0]["body"]["request_id"])
+    # The one capture ran: its only target is down, so it failed with that reason.
+    assert session.state == FAILED and "every target failed" in session.reason
+    assert "unreachable" in session.reason
+
+
+def test_the_hourly_cap_limits_captures_even_without_a_cooldown(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=0,
+                     max_per_hour=3)
+    rt.start()
+    for i in range(10):
+        rt.services.bus.publish(DegradationDetected(alert_id=f"a{i}", run=RUN))
+    assert rt.wait_idle(timeout=60)
+    assert len(bus_messages(rt.state, "capture-requests")) == 3
+
+
+def test_a_disabled_policy_captures_nothing_and_an_unknown_run_is_dead_lettered(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=False)
+    rt.start()
+    rt.services.bus.publish(DegradationDetected(alert_id="a1", run=RUN))
+    rt.services.bus.publish(DegradationDetected(alert_id="a2", run="ghost"))
+    assert rt.wait_idle(timeout=30)
+    assert bus_messages(rt.state, "capture-requests") == []
+    (dead,) = rt.state.list_dead_letters()
+    assert "unknown run 'ghost'" in dead["reason"]
+
+
+def test_auto_kind_snapshots_when_continuous_profiling_is_on(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="auto", duration_s=1.0)
+    (target,) = rt.state.list_targets(RUN)
+    rt.state.update_target(RUN, target.host, target.port, continuous="RING")
+    rt.start()
+    rt.services.bus.publish(DegradationDetected(alert_id="a1", run=RUN))
+    wait_until(lambda: bus_messages(rt.state, "capture-requests"), what="a capture request")
+    assert bus_messages(rt.state, "capture-requests")[0]["body"]["capture"] == "snapshot"
+
+
+# Capture requests
+
+
+def test_a_capture_request_for_a_run_without_targets_is_a_failed_session(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    rt.state.ensure_run(RUN, discovered=False)
+    rt.start()
+    rt.services.bus.publish(CaptureProfile(run=RUN, session="c1"))
+    s = wait_until(lambda: rt.state.get_session(RUN, "c1"), what="session c1")
+    assert s.state == FAILED and "no profiler targets" in s.reason
+
+
+def test_a_capture_request_naming_an_existing_session_does_not_touch_it(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt)
+    rt.start()
+    rt.services.bus.publish(CaptureProfile(run=RUN, session="c1", duration_s=0.2))
+    wait_until(lambda: (s := rt.state.get_session(RUN, "c1")) and s.state == FAILED,
+               what="c1 to fail (its target is down)")
+    before = rt.state.get_session(RUN, "c1")
+    rt.services.bus.publish(CaptureProfile(run=RUN, session="c1", request_id="other"))
+    assert rt.wait_idle(timeout=30)
+    assert rt.state.get_session(RUN, "c1") == before
+    assert any("already exists" in d["reason"] for d in rt.state.list_dead_letters())
+
+
+@pytest.mark.parametrize("body, reason", [
+    ({"kind": "CaptureProfile", "run": "ghost", "session": "s"}, "unknown run"),
+    ({"kind": "CaptureProfile", "run": RUN, "session": "s", "capture": "x"}, "on_demand or"),
+    ({"kind": "CaptureProfile", "run": RUN, "session": "../s"}, "bad session name"),
+    ({"kind": "CaptureProfile", "run": RUN, "session": "s", "targets": ["nope"]},
+     "no target(s) nope"),
+    ({"kind": "CaptureProfile", "run": RUN, "session": "s", "duration_s": -1}, "duration"),
+    ({"kind": "ContinuousProfiling", "run": RUN, "action": "pause"}, "start or stop"),
+])
+def test_bad_capture_requests_are_dead_lettered_with_the_reason(
+        make_runtime: MakeRuntime, body: dict[str, object], reason: str) -> None:
+    rt = make_runtime()
+    _run_with_target(rt)
+    rt.start()
+    rt.bus.publish_raw("capture-requests", json.dumps(body))
+    wait_until(rt.state.list_dead_letters, what="a dead letter")
+    (dead,) = rt.state.list_dead_letters()
+    assert reason in dead["reason"]
+
+
+# The SDK's step-time monitor
+
+
+def test_the_monitor_alerts_once_per_sustained_degradation_and_rearms() -> None:
+    alerts = []
+    m = StepTimeMonitor(alerts.append, warmup=2, min_baseline=10, recent=5, sustain_s=3.0)
+    t = 0.0
+    for _ in range(40):  # healthy: 10 ms steps with jitter
+        t += 0.01
+        m.observe(0.010 + (0.001 if int(t * 100) % 2 else 0.0), t)
+    for _ in range(5):  # one slow checkpoint step is not a degradation
+        t += 0.01
+        m.observe(0.5 if _ == 0 else 0.010, t)
+    assert alerts == []
+    for _ in range(200):  # degraded by 50% for 4 s
+        t += 0.02
+        m.observe(0.015, t)
+    assert len(alerts) == 1
+    assert alerts[0].baseline_s == pytest.approx(0.0105, abs=0.001)
+    assert alerts[0].at - alerts[0].since >= 3.0
+    for _ in range(50):  # recovery, then a second episode alerts again
+        t += 0.01
+        m.observe(0.010, t)
+    for _ in range(200):
+        t += 0.02
+        m.observe(0.02, t)
+    assert len(alerts) == 2
+
+
+def test_the_monitor_does_not_learn_a_degradation_as_its_baseline() -> None:
+    m = StepTimeMonitor(lambda d: None, warmup=0, min_baseline=5, recent=3, sustain_s=1000)
+    for i in range(20):
+        m.observe(0.01, i * 0.01)
+    for i in range(500):
+        m.observe(0.05, 1 + i * 0.05)
+    assert m.baseline_s == pytest.approx(0.01)
