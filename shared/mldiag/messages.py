@@ -101,6 +101,8 @@ class CaptureProfile(Message):
     python_tracer_level: int = 0
     trigger: str = "manual"
     request_id: str = ""
+    # Why it was requested (the alert's summary), shown with the report.
+    note: str = ""
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,8 @@ class SessionRecord:
     progress: str = ""
     # The capture request or alert that created the session, for idempotent redelivery.
     request_id: str = ""
+    # Why the session was captured (an alert's summary), for the report.
+    note: str = ""
 
     @property
     def key(self) -> str:

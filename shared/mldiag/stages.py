@@ -274,6 +274,10 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             return
         snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
         snapshot["session"]["version"] = s.version
+        snapshot["session"]["capture"] = {
+            "kind": s.kind, "trigger": s.trigger, "note": s.note,
+            "failed_hosts": {h: r.reason for h, r in sorted(s.hosts.items())
+                             if r.status == "FAILED"}}
         _write_json(services, s, "health_snapshot.json", snapshot)
         status = triage(snapshot).status
         services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
@@ -414,7 +418,8 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
             services.bus.publish(CaptureProfile(
                 run=run.name, session=session, capture=kind,
                 targets=sorted({t.host for t in targets}), duration_s=policy.duration_s,
-                trigger="alert", request_id=f"alert:{msg.alert_id}"))
+                trigger="alert", request_id=f"alert:{msg.alert_id}",
+                note=f"{msg.source} alert: {msg.summary or msg.alert_id}"[:1000]))
             log.info("alert %s on run %s: %s capture %s (%s)", msg.alert_id, run.name, kind,
                      session, msg.summary)
         else:
@@ -465,7 +470,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     record = SessionRecord(
         run=run.name, session=msg.session, state=CAPTURING, kind=msg.capture,
         trigger=msg.trigger, expected_hosts=[t.host for t in targets], created_at=now,
-        updated_at=now, last_arrival_at=now, timings={CAPTURING: now}, request_id=request_id)
+        updated_at=now, last_arrival_at=now, timings={CAPTURING: now}, request_id=request_id,
+        note=msg.note)
     if not targets:
         record.state, record.reason = FAILED, (
             f"run {run.name} has no profiler targets: register them with "

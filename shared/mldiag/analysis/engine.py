@@ -96,6 +96,9 @@ def build_analysis(
         "tools": tools,
         "follow_ups": follow_ups,
         "investigator": investigation.get("investigator", "rule-based"),
+        # Gemini's evidence check (findings dropped or corrected) and why it fell back to the
+        # rule-based investigator, when it did.
+        **{k: investigation[k] for k in ("fallback", "evidence_check") if k in investigation},
         "xprof_version": snapshot.get("xprof_version"),
         "mldiag_version": mldiag.__version__,
     }

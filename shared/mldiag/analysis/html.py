@@ -29,6 +29,7 @@ header.top{background:#fff;border-bottom:1px solid var(--line);padding:14px 24px
 header.top h1{font-size:20px;margin:0 0 4px;display:flex;gap:12px;align-items:center;
 flex-wrap:wrap}
 .meta{color:var(--muted);font-size:12.5px}.meta span{margin-right:14px}
+.meta.capture span{display:block;margin-top:2px}.meta .warn{color:#b45309}
 nav.toc{position:sticky;top:0;z-index:5;background:#24292f;padding:6px 24px;display:flex;
 gap:4px 18px;flex-wrap:wrap;font-size:13px}
 nav.toc a{color:#e6edf3;text-decoration:none}nav.toc a:hover{text-decoration:underline}
@@ -1530,8 +1531,16 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
 
     session = _map(analysis.get("session"))
     hosts = _list(session.get("hosts"))
+    fallback = _map(analysis.get("fallback"))
+    check = _map(analysis.get("evidence_check"))
     facts = [
         ("Investigator", analysis.get("investigator")),
+        ("Investigator fallback", (f"{_str(fallback.get('from'))} failed, so the rule-based "
+                                   f"investigator ran: {_str(fallback.get('reason'))}")
+         if fallback else "none"),
+        ("Evidence check", (f"{len(_list(check.get('dropped')))} finding(s) dropped, "
+                            f"{len(_list(check.get('corrected')))} value(s) corrected against "
+                            "the tool outputs") if check else "not needed (rule-based)"),
         ("xprof version", analysis.get("xprof_version") or snapshot.get("xprof_version")),
         ("mldiag version", analysis.get("mldiag_version")),
         ("Schema version", analysis.get("schema_version")),
@@ -1567,6 +1576,21 @@ def content_security_policy() -> str:
     return f"default-src 'none'; style-src {style_hash()}; base-uri 'none'; form-action 'none'"
 
 
+def _render_capture(capture: Mapping[str, Any]) -> str:
+    """How the session was captured: kind, trigger, the alert behind it, hosts that failed."""
+    if not capture:
+        return ""
+    kind = _str(capture.get("kind")).replace("_", "-") or "unknown"
+    trigger = _str(capture.get("trigger")) or "unknown"
+    lines = [f"<span>Capture: <b>{_e(kind)}</b>, triggered <b>{_e(trigger)}</b></span>"]
+    note = _str(capture.get("note"))
+    if note:
+        lines.append(f"<span>{_e(note)}</span>")
+    for host, reason in _map(capture.get("failed_hosts")).items():
+        lines.append(f'<span class="warn">Host {_e(host)} not captured: {_e(reason)}</span>')
+    return '<div class="meta capture">' + "".join(lines) + "</div>"
+
+
 def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
     """Render the self-contained summary.html for one analysed session.
 
@@ -1585,6 +1609,7 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
     run = _str(session.get("run")) or "unknown run"
     name = _str(session.get("session")) or "unknown session"
     hosts = _list(session.get("hosts"))
+    capture = _map(session.get("capture"))
     meta = [
         ("Device", device_type or "unknown"),
         ("Hosts", str(len(hosts)) if hosts else "unknown"),
@@ -1603,7 +1628,7 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         f'<span class="badge b-{badge_css}">{_e(status)}</span>'
         f'<span class="mono">{_e(run)} / {_e(name)}</span></h1><div class="meta">'
         + "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in meta)
-        + "</div></header>"
+        + "</div>" + _render_capture(capture) + "</header>"
     )
     body = (
         _render_summary(analysis, snapshot)

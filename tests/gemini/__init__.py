@@ -1,0 +1,1 @@
+"""Tests of the Gemini investigator against a local fake Vertex AI endpoint."""
