@@ -1,0 +1,64 @@
+# Firestore (native mode): runs, targets, sessions, claims, share links, role bindings.
+resource "google_firestore_database" "main" {
+  project     = var.project
+  name        = var.firestore_database
+  location_id = local.firestore_loc
+  type        = "FIRESTORE_NATIVE"
+
+  concurrency_mode                  = "OPTIMISTIC"
+  point_in_time_recovery_enablement = "POINT_IN_TIME_RECOVERY_ENABLED"
+  delete_protection_state           = "DELETE_PROTECTION_ENABLED"
+  # `terraform destroy` leaves the data: delete the database by hand once it is not needed.
+  deletion_policy = "ABANDON"
+
+  depends_on = [google_project_service.apis]
+}
+
+# The indexes of the state store's queries: mldiag.adapters.gcp.state.INDEXES, the adapter's
+# own list in firestore.indexes.json form, is the source; tests/deploy/test_terraform.py checks
+# that this file says the same. `list_sessions` filters sessions on run and/or state and orders
+# them by run and session.
+locals {
+  firestore_indexes = {
+    sessions_by_run_session       = { collection = "sessions", fields = ["run", "session"] }
+    sessions_by_state_run_session = { collection = "sessions", fields = ["state", "run", "session"] }
+    sessions_by_run_state_session = { collection = "sessions", fields = ["run", "state", "session"] }
+  }
+  firestore_index_scope = "COLLECTION"
+
+  # Large JSON fields that no query reads: kept out of the automatic single-field indexes.
+  firestore_unindexed_fields = {
+    runs_data             = { collection = "runs", field = "data" }
+    targets_data          = { collection = "targets", field = "data" }
+    sessions_data         = { collection = "sessions", field = "data" }
+    dead_letters_payload  = { collection = "dead_letters", field = "payload" }
+    captures_times        = { collection = "captures", field = "times" }
+  }
+}
+
+resource "google_firestore_index" "index" {
+  for_each    = local.firestore_indexes
+  project     = var.project
+  database    = google_firestore_database.main.name
+  collection  = each.value.collection
+  query_scope = local.firestore_index_scope
+
+  dynamic "fields" {
+    for_each = each.value.fields
+    content {
+      field_path = fields.value
+      order      = "ASCENDING"
+    }
+  }
+}
+
+resource "google_firestore_field" "unindexed" {
+  for_each   = local.firestore_unindexed_fields
+  project    = var.project
+  database   = google_firestore_database.main.name
+  collection = each.value.collection
+  field      = each.value.field
+
+  # An empty index_config turns off the field's single-field indexes.
+  index_config {}
+}

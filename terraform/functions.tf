@@ -1,0 +1,309 @@
+# One Cloud Function gen2 per directory of functions/, each with its own service account that
+# holds only what its stage touches. tests/deploy/test_terraform.py checks that this table and
+# functions/ name the same functions, and each one's trigger.
+locals {
+  # memory/cpu/timeout: collect runs the 15 xprof tools in parallel on whole profiles, and
+  # investigate its follow-up tools and the Gemini call; both get the Cloud Functions maximum
+  # for event functions (540 s). on_capture_request waits for the profiler's capture window.
+  # storage: roles on the profile bucket (objectUser where an artifact is rewritten in place,
+  # such as analysis/summary.html of the latest version). publishes: the topics it publishes to.
+  functions = {
+    on_profile_object = {
+      memory = "1Gi", cpu = "1", timeout = 300, max_instances = 20
+      storage   = ["roles/storage.objectViewer"]
+      publishes = ["analysis-requests"]
+    }
+    on_degradation_alert = {
+      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 5
+      storage   = []
+      publishes = ["capture-requests"]
+    }
+    on_capture_request = {
+      memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
+      storage   = ["roles/storage.objectViewer", "roles/storage.objectCreator"]
+      publishes = []
+    }
+    collect = {
+      memory = "4Gi", cpu = "2", timeout = 540, max_instances = 10
+      storage   = ["roles/storage.objectUser"]
+      publishes = ["investigation-requests", "report-requests"]
+    }
+    investigate = {
+      memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
+      storage   = ["roles/storage.objectUser"]
+      publishes = ["report-requests"]
+    }
+    render_report = {
+      memory = "1Gi", cpu = "1", timeout = 300, max_instances = 10
+      storage   = ["roles/storage.objectUser"]
+      publishes = []
+    }
+    # Settles quiet sessions (analysis-requests) and re-queues stuck ones (analysis- and
+    # investigation-requests). One instance: ticks never overlap.
+    sweep = {
+      memory = "512Mi", cpu = "1", timeout = 120, max_instances = 1
+      storage   = []
+      publishes = ["analysis-requests", "investigation-requests"]
+    }
+    dead_letters = {
+      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 5
+      storage   = []
+      publishes = []
+    }
+  }
+
+  # Every function but on_profile_object is pushed from a subscription (pubsub.tf).
+  pubsub_functions = { for name, f in local.functions : name => f if name != "on_profile_object" }
+
+  # Service account ids are at most 30 characters: short, stable suffixes.
+  account_ids = {
+    on_profile_object    = "objects"
+    on_degradation_alert = "alerts"
+    on_capture_request   = "capture"
+    collect              = "collect"
+    investigate          = "investigate"
+    render_report        = "report"
+    sweep                = "sweep"
+    dead_letters         = "dead-letters"
+  }
+
+  environment = merge({
+    MLDIAG_BACKEND             = "gcp"
+    MLDIAG_PROJECT             = var.project
+    MLDIAG_BUCKET              = google_storage_bucket.profiles.name
+    MLDIAG_LOCATION            = local.vertex_location
+    MLDIAG_TOPIC_PREFIX        = var.prefix
+    MLDIAG_FIRESTORE_DATABASE  = google_firestore_database.main.name
+    MLDIAG_MAX_ATTEMPTS        = tostring(local.max_delivery_attempts)
+    LOG_EXECUTION_ID           = "true"
+  }, var.extra_environment)
+
+  # Only investigate calls Gemini (and only it holds roles/aiplatform.user); the others keep
+  # the rule-based default.
+  investigator_environment = {
+    MLDIAG_INVESTIGATOR  = var.investigator
+    MLDIAG_GEMINI_MODEL  = var.gemini_model
+  }
+
+  storage_grants = merge([
+    for name, f in local.functions : { for role in f.storage : "${name} ${role}" => { name = name, role = role } }
+  ]...)
+  publish_grants = merge([
+    for name, f in local.functions : { for topic in f.publishes : "${name} ${topic}" => { name = name, topic = topic } }
+  ]...)
+}
+
+resource "google_service_account" "function" {
+  for_each     = local.functions
+  account_id   = "${var.prefix}fn-${local.account_ids[each.key]}"
+  display_name = "mldiag function ${each.key}"
+  description  = "Runtime identity of the ${each.key} Cloud Function."
+}
+
+# Pushes Pub/Sub messages and Eventarc events to the functions: the only invoker.
+resource "google_service_account" "trigger" {
+  account_id   = "${var.prefix}trigger"
+  display_name = "mldiag trigger"
+  description  = "Identity of the Pub/Sub push subscriptions and the Eventarc trigger that invoke the mldiag functions."
+}
+
+# Builds the functions' images (Cloud Build) instead of the default compute service account.
+resource "google_service_account" "build" {
+  account_id   = "${var.prefix}build"
+  display_name = "mldiag function builds"
+  description  = "Cloud Build identity that builds the mldiag functions from their source zips."
+}
+
+# Runtime roles
+
+resource "google_project_iam_member" "function_firestore" {
+  for_each = local.functions
+  project  = var.project
+  role     = "roles/datastore.user"
+  member   = google_service_account.function[each.key].member
+
+  # Only mldiag's database, not every Firestore database of the project.
+  condition {
+    title      = "mldiag-database"
+    expression = "resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}\")"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "function_storage" {
+  for_each = local.storage_grants
+  bucket   = google_storage_bucket.profiles.name
+  role     = each.value.role
+  member   = google_service_account.function[each.value.name].member
+}
+
+resource "google_pubsub_topic_iam_member" "function_publishes" {
+  for_each = local.publish_grants
+  topic    = google_pubsub_topic.topic[each.value.topic].id
+  role     = "roles/pubsub.publisher"
+  member   = google_service_account.function[each.value.name].member
+}
+
+resource "google_project_iam_member" "investigate_vertex" {
+  count   = var.investigator == "gemini" ? 1 : 0
+  project = var.project
+  role    = "roles/aiplatform.user"
+  member  = google_service_account.function["investigate"].member
+}
+
+# Trigger and build roles
+
+resource "google_project_iam_member" "trigger_receives_events" {
+  project = var.project
+  role    = "roles/eventarc.eventReceiver"
+  member  = google_service_account.trigger.member
+}
+
+resource "google_cloud_run_v2_service_iam_member" "trigger_invokes" {
+  for_each = local.functions
+  location = var.region
+  # A gen2 function runs as the Cloud Run service of the same name.
+  name   = each.key == "on_profile_object" ? google_cloudfunctions2_function.on_profile_object.name : google_cloudfunctions2_function.pubsub[each.key].name
+  role   = "roles/run.invoker"
+  member = google_service_account.trigger.member
+}
+
+resource "google_project_iam_member" "build_writes_logs" {
+  project = var.project
+  role    = "roles/logging.logWriter"
+  member  = google_service_account.build.member
+}
+
+resource "google_artifact_registry_repository_iam_member" "build_pushes_images" {
+  location   = google_artifact_registry_repository.functions.location
+  repository = google_artifact_registry_repository.functions.name
+  role       = "roles/artifactregistry.writer"
+  member     = google_service_account.build.member
+}
+
+resource "google_storage_bucket_iam_member" "build_reads_sources" {
+  bucket = google_storage_bucket.sources.name
+  role   = "roles/storage.objectViewer"
+  member = google_service_account.build.member
+}
+
+resource "google_artifact_registry_repository" "functions" {
+  location      = var.region
+  repository_id = "${var.prefix}functions"
+  description   = "Images of the mldiag Cloud Functions."
+  format        = "DOCKER"
+  kms_key_name  = var.kms_key_name
+
+  # Keep the images of the last few deploys only.
+  cleanup_policy_dry_run = false
+  cleanup_policies {
+    id     = "keep-recent"
+    action = "KEEP"
+    most_recent_versions {
+      keep_count = 5
+    }
+  }
+  cleanup_policies {
+    id     = "delete-old"
+    action = "DELETE"
+    condition {
+      older_than = "2592000s"
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# The functions
+
+resource "google_cloudfunctions2_function" "pubsub" {
+  for_each    = local.pubsub_functions
+  name        = "${var.prefix}${replace(each.key, "_", "-")}"
+  location    = var.region
+  description = "mldiag ${each.key}: pushed from Pub/Sub (pubsub.tf)."
+
+  build_config {
+    runtime           = "python312"
+    entry_point       = each.key
+    service_account   = google_service_account.build.id
+    docker_repository = google_artifact_registry_repository.functions.id
+    source {
+      storage_source {
+        bucket = google_storage_bucket.sources.name
+        object = google_storage_bucket_object.source[each.key].name
+      }
+    }
+  }
+
+  service_config {
+    available_memory                 = each.value.memory
+    available_cpu                    = each.value.cpu
+    timeout_seconds                  = each.value.timeout
+    max_instance_count               = each.value.max_instances
+    min_instance_count               = 0
+    max_instance_request_concurrency = 1
+    # Pub/Sub push, Eventarc and Cloud Scheduler count as internal traffic.
+    ingress_settings               = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.function[each.key].email
+    environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {})
+    vpc_connector                  = each.key == "on_capture_request" ? var.capture_vpc_connector : null
+    vpc_connector_egress_settings  = each.key == "on_capture_request" && var.capture_vpc_connector != null ? "PRIVATE_RANGES_ONLY" : null
+  }
+
+  depends_on = [
+    google_project_iam_member.build_writes_logs,
+    google_artifact_registry_repository_iam_member.build_pushes_images,
+    google_storage_bucket_iam_member.build_reads_sources,
+  ]
+}
+
+resource "google_cloudfunctions2_function" "on_profile_object" {
+  name        = "${var.prefix}on-profile-object"
+  location    = var.region
+  description = "mldiag on_profile_object: Eventarc, object finalized in the profile bucket."
+
+  build_config {
+    runtime           = "python312"
+    entry_point       = "on_profile_object"
+    service_account   = google_service_account.build.id
+    docker_repository = google_artifact_registry_repository.functions.id
+    source {
+      storage_source {
+        bucket = google_storage_bucket.sources.name
+        object = google_storage_bucket_object.source["on_profile_object"].name
+      }
+    }
+  }
+
+  service_config {
+    available_memory                 = local.functions.on_profile_object.memory
+    available_cpu                    = local.functions.on_profile_object.cpu
+    timeout_seconds                  = local.functions.on_profile_object.timeout
+    max_instance_count               = local.functions.on_profile_object.max_instances
+    min_instance_count               = 0
+    max_instance_request_concurrency = 1
+    ingress_settings                 = "ALLOW_INTERNAL_ONLY"
+    all_traffic_on_latest_revision   = true
+    service_account_email            = google_service_account.function["on_profile_object"].email
+    environment_variables            = local.environment
+  }
+
+  event_trigger {
+    trigger_region        = lower(google_storage_bucket.profiles.location)
+    event_type            = "google.cloud.storage.object.v1.finalized"
+    retry_policy          = "RETRY_POLICY_RETRY"
+    service_account_email = google_service_account.trigger.email
+    event_filters {
+      attribute = "bucket"
+      value     = google_storage_bucket.profiles.name
+    }
+  }
+
+  depends_on = [
+    google_project_iam_member.build_writes_logs,
+    google_artifact_registry_repository_iam_member.build_pushes_images,
+    google_storage_bucket_iam_member.build_reads_sources,
+    google_project_iam_member.gcs_agent_publishes_events,
+    google_project_iam_member.trigger_receives_events,
+  ]
+}

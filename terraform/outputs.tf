@@ -1,0 +1,50 @@
+output "bucket" {
+  description = "The profile bucket: upload <run>/plugins/profile/<session>/<host>.xplane.pb; reports land in .../<session>/analysis/."
+  value       = google_storage_bucket.profiles.name
+}
+
+output "sources_bucket" {
+  description = "Bucket of the function source zips."
+  value       = google_storage_bucket.sources.name
+}
+
+output "topics" {
+  description = "Message topic ids by mldiag topic name (publish capture requests to capture-requests)."
+  value       = { for name, t in google_pubsub_topic.topic : name => t.id }
+}
+
+output "dead_letter_topics" {
+  description = "Dead-letter topic ids by mldiag topic name."
+  value       = { for name, t in google_pubsub_topic.dead_letter : name => t.id }
+}
+
+output "function_uris" {
+  description = "Cloud Run URIs of the functions (internal ingress only)."
+  value = merge(
+    { for name, f in google_cloudfunctions2_function.pubsub : name => f.service_config[0].uri },
+    { on_profile_object = google_cloudfunctions2_function.on_profile_object.service_config[0].uri },
+  )
+}
+
+output "service_accounts" {
+  description = "Runtime service account of each function, and the trigger and build identities."
+  value = merge(
+    { for name, sa in google_service_account.function : name => sa.email },
+    { trigger = google_service_account.trigger.email, build = google_service_account.build.email },
+  )
+}
+
+output "firestore_database" {
+  description = "Firestore database id (MLDIAG_FIRESTORE_DATABASE)."
+  value       = google_firestore_database.main.name
+}
+
+output "share_link_secret" {
+  description = "Secret Manager secret holding the share-link signing key."
+  value       = google_secret_manager_secret.share_link_key.id
+}
+
+output "environment" {
+  description = "The MLDIAG_* settings of the deployment: export them to point the mldiag CLI at it."
+  value       = local.environment
+}

@@ -1,0 +1,122 @@
+variable "project" {
+  description = "Project that holds everything: bucket, Firestore, Pub/Sub, functions, Vertex AI."
+  type        = string
+}
+
+variable "region" {
+  description = "Region of the functions, the profile bucket, Firestore and Vertex AI calls."
+  type        = string
+  default     = "us-central1"
+}
+
+variable "prefix" {
+  description = "Prefix of every topic, subscription, function and service account name (MLDIAG_TOPIC_PREFIX)."
+  type        = string
+  default     = "mldiag-"
+
+  validation {
+    condition     = can(regex("^[a-z][a-z0-9-]{0,11}$", var.prefix))
+    error_message = "prefix: lower-case letters, digits and '-', at most 12 characters (service account ids are limited to 30)."
+  }
+}
+
+variable "bucket_name" {
+  description = "Profile bucket (MLDIAG_BUCKET): <run>/plugins/profile/<session>/<host>.xplane.pb and the reports. Default: <project>-mldiag-profiles."
+  type        = string
+  default     = null
+}
+
+variable "profile_nearline_after_days" {
+  description = "Move profiles and reports to NEARLINE this many days after upload (0: never)."
+  type        = number
+  default     = 30
+}
+
+variable "profile_retention_days" {
+  description = "Delete profiles and reports this many days after upload (0: keep forever)."
+  type        = number
+  default     = 365
+}
+
+variable "noncurrent_version_retention_days" {
+  description = "Delete overwritten or deleted object versions this many days after they became noncurrent."
+  type        = number
+  default     = 30
+}
+
+variable "kms_key_name" {
+  description = "Optional Cloud KMS key (projects/P/locations/L/keyRings/R/cryptoKeys/K, in var.region) for the buckets and topics. null: Google-managed keys."
+  type        = string
+  default     = null
+}
+
+variable "firestore_database" {
+  description = "Firestore database id (MLDIAG_FIRESTORE_DATABASE). A project's existing \"(default)\" database must be imported first."
+  type        = string
+  default     = "mldiag"
+}
+
+variable "firestore_location" {
+  description = "Firestore location: a region (default: var.region) or a multi-region such as nam5."
+  type        = string
+  default     = null
+}
+
+variable "investigator" {
+  description = "MLDIAG_INVESTIGATOR of the investigate function: \"gemini\" (Vertex AI) or \"rule-based\"."
+  type        = string
+  default     = "gemini"
+
+  validation {
+    condition     = contains(["gemini", "rule-based"], var.investigator)
+    error_message = "investigator must be \"gemini\" or \"rule-based\"."
+  }
+}
+
+variable "gemini_model" {
+  description = "MLDIAG_GEMINI_MODEL: the Vertex AI Gemini model the investigator calls."
+  type        = string
+  default     = "gemini-2.5-flash"
+}
+
+variable "vertex_location" {
+  description = "MLDIAG_LOCATION: Vertex AI location of the Gemini calls (default: var.region)."
+  type        = string
+  default     = null
+}
+
+variable "functions_dist_dir" {
+  description = "Where scripts/package_functions wrote <name>.zip (default: ../dist/functions)."
+  type        = string
+  default     = null
+}
+
+variable "capture_vpc_connector" {
+  description = "Optional Serverless VPC Access connector (projects/P/locations/R/connectors/C) through which on_capture_request reaches the workloads' profiler ports (host:9999)."
+  type        = string
+  default     = null
+}
+
+variable "sweep_schedule" {
+  description = "Cloud Scheduler cron of the sweeper tick on sweep-ticks."
+  type        = string
+  default     = "* * * * *"
+}
+
+variable "extra_environment" {
+  description = "More MLDIAG_* variables for every function (e.g. MLDIAG_STUCK_AFTER_S)."
+  type        = map(string)
+  default     = {}
+}
+
+variable "storage_audit_logs" {
+  description = "Turn on Data Access audit logs (DATA_READ, DATA_WRITE) for Cloud Storage in the project: who read or wrote which profile and report."
+  type        = bool
+  default     = true
+}
+
+variable "share_link_key_version" {
+  description = "Bump to generate a new share-link signing key (links signed with the old one stop verifying)."
+  type        = number
+  default     = 1
+}

@@ -1,0 +1,412 @@
+"""terraform/ against functions/ and the event chain, read with python-hcl2 (no terraform needed).
+
+A function added under functions/ without its terraform resource and trigger, a resource left
+behind for a deleted function, a topic without its dead letter, or a push endpoint the
+functions-framework would not turn into the right CloudEvent fails here, not at deploy time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import functions_framework
+import hcl2
+import pytest
+from cloudevents.http import CloudEvent
+
+from mldiag import entrypoints, stages
+from mldiag.messages import TOPIC_OF, ProfileObjectFinalized
+from mldiag.settings import Settings
+from tests.conftest import REPO
+
+TERRAFORM = REPO / "terraform"
+FUNCTION_NAMES = sorted(p.parent.name for p in (REPO / "functions").glob("*/main.py"))
+
+# DESIGN.md "The event chain": the topic each Pub/Sub function is delivered from.
+PUSHED_FROM = {
+    "on_degradation_alert": "degradation-alerts",
+    "on_capture_request": "capture-requests",
+    "collect": "analysis-requests",
+    "investigate": "investigation-requests",
+    "render_report": "report-requests",
+    "sweep": "sweep-ticks",
+}
+STORAGE_FUNCTION = "on_profile_object"
+DEAD_LETTER_FUNCTION = "dead_letters"
+# Messages that GCP delivers without a topic of ours (Eventarc, from the bucket).
+NOT_PUBSUB = {TOPIC_OF[ProfileObjectFinalized]}
+
+
+@dataclass
+class Terraform:
+    resources: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    locals: dict[str, Any] = field(default_factory=dict)
+    variables: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def resource(self, kind: str, name: str) -> dict[str, Any]:
+        assert name in self.resources.get(kind, {}), f"terraform has no {kind}.{name}"
+        return self.resources[kind][name]
+
+
+def _unquote(value: Any) -> Any:
+    """python-hcl2 >= 8 keeps the quotes of strings and labels; older versions strip them."""
+    if isinstance(value, str):
+        return value[1:-1] if len(value) >= 2 and value[0] == value[-1] == '"' else value
+    if isinstance(value, list):
+        return [_unquote(v) for v in value]
+    if isinstance(value, dict):
+        return {_unquote(k): _unquote(v) for k, v in value.items()
+                if k not in ("__is_block__", "__comments__", "__inline_comments__")}
+    return value
+
+
+def _load(path: Path) -> dict[str, Any]:
+    with path.open() as f:
+        options = getattr(hcl2, "SerializationOptions", None)
+        if options is None:
+            return dict(hcl2.load(f))
+        return dict(hcl2.load(f, serialization_options=options(with_comments=False)))
+
+
+@pytest.fixture(scope="module")
+def tf() -> Terraform:
+    parsed = Terraform()
+    for path in sorted(TERRAFORM.glob("*.tf")):
+        doc = _unquote(_load(path))
+        for block in doc.get("resource", []):
+            for kind, named in block.items():
+                for name, body in named.items():
+                    assert name not in parsed.resources.get(kind, {}), f"{kind}.{name} twice"
+                    parsed.resources.setdefault(kind, {})[name] = body
+        for block in doc.get("locals", []):
+            parsed.locals.update(block)
+        for block in doc.get("variable", []):
+            parsed.variables.update(block)
+    return parsed
+
+
+def one(blocks: Any) -> dict[str, Any]:
+    """A nested block (python-hcl2 gives a list of one)."""
+    assert isinstance(blocks, list) and len(blocks) == 1, blocks
+    return dict(blocks[0])
+
+
+def expr(value: Any) -> str:
+    """`${x}` → `x`, the expression of an interpolation-only string."""
+    assert isinstance(value, str), value
+    match = re.fullmatch(r"\$\{(.*)\}", value, re.S)
+    return match.group(1) if match else value
+
+
+def for_each_keys(tf: Terraform, body: dict[str, Any]) -> list[str]:
+    """The instance keys of a `for_each` over a local (a map or a filtered comprehension)."""
+    local = re.fullmatch(r"local\.(\w+)", expr(body["for_each"]))
+    assert local, f"for_each {body['for_each']!r}: the test reads only `local.<map>`"
+    value = tf.locals[local.group(1)]
+    if isinstance(value, dict):
+        return list(value)
+    comprehension = re.fullmatch(
+        r'\{for (\w+), \w+ in local\.(\w+) : \1 => \w+ if \1 != "(\w+)"\}', expr(value))
+    assert comprehension, f"local.{local.group(1)} = {value!r}: teach the test this form"
+    source = tf.locals[comprehension.group(2)]
+    return [k for k in source if k != comprehension.group(3)]
+
+
+def instances(tf: Terraform, kind: str) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
+    """(resource name, each.key or None, body) of every instance of a resource kind."""
+    for name, body in tf.resources.get(kind, {}).items():
+        if "for_each" in body:
+            for key in for_each_keys(tf, body):
+                yield name, key, body
+        else:
+            yield name, None, body
+
+
+def at(value: str, key: str | None) -> str:
+    """An expression with `each.key` substituted."""
+    if key is None:
+        return value
+    return value.replace("[each.key]", f'["{key}"]').replace("${each.key}", key).replace(
+        "each.key", f'"{key}"')
+
+
+def deployed_functions(tf: Terraform) -> dict[str, tuple[str, str | None, dict[str, Any]]]:
+    """Function entry point → (resource name, each.key, body) of its Cloud Function."""
+    deployed: dict[str, tuple[str, str | None, dict[str, Any]]] = {}
+    for name, key, body in instances(tf, "google_cloudfunctions2_function"):
+        entry_point = at(one(body["build_config"])["entry_point"], key)
+        assert entry_point not in deployed, f"{entry_point} is deployed twice"
+        deployed[entry_point] = (name, key, body)
+    return deployed
+
+
+def test_every_function_directory_is_deployed_and_nothing_else(tf: Terraform) -> None:
+    assert FUNCTION_NAMES, "no functions/<name>/main.py found"
+    assert sorted(deployed_functions(tf)) == FUNCTION_NAMES
+    assert sorted(tf.locals["functions"]) == FUNCTION_NAMES
+
+
+def test_each_function_runs_its_own_source_on_python312(tf: Terraform) -> None:
+    for function, (_, key, body) in deployed_functions(tf).items():
+        build = one(body["build_config"])
+        assert build["runtime"] == "python312", function
+        source = one(one(build["source"])["storage_source"])
+        assert at(source["object"], key) == (
+            f'${{google_storage_bucket_object.source["{function}"].name}}'), function
+    zips = tf.resource("google_storage_bucket_object", "source")
+    assert for_each_keys(tf, zips) == list(tf.locals["functions"])
+    assert "${each.key}.zip" in zips["source"]
+
+
+def test_each_function_has_its_own_service_account(tf: Terraform) -> None:
+    accounts = {}
+    for function, (_, key, body) in deployed_functions(tf).items():
+        accounts[function] = at(one(body["service_config"])["service_account_email"], key)
+    assert accounts == {f: f'${{google_service_account.function["{f}"].email}}'
+                        for f in FUNCTION_NAMES}
+    runtime = tf.resource("google_service_account", "function")
+    assert sorted(for_each_keys(tf, runtime)) == FUNCTION_NAMES
+    # Distinct ids per function, within the 30-character limit with the longest prefix.
+    suffixes = tf.locals["account_ids"]
+    assert sorted(suffixes) == FUNCTION_NAMES
+    assert len(set(suffixes.values())) == len(suffixes)
+    longest_prefix = 12
+    assert all(longest_prefix + len("fn-") + len(s) <= 30 for s in suffixes.values())
+
+
+def test_storage_function_gets_finalize_events_with_retry(tf: Terraform) -> None:
+    _, _, body = deployed_functions(tf)[STORAGE_FUNCTION]
+    trigger = one(body["event_trigger"])
+    assert trigger["event_type"] == entrypoints.STORAGE_FINALIZED
+    assert trigger["retry_policy"] == "RETRY_POLICY_RETRY"
+    assert one(trigger["event_filters"]) == {
+        "attribute": "bucket", "value": "${google_storage_bucket.profiles.name}"}
+    assert trigger["service_account_email"] == "${google_service_account.trigger.email}"
+    # The GCS service agent publishes the events Eventarc delivers.
+    agent = tf.resource("google_project_iam_member", "gcs_agent_publishes_events")
+    assert agent["role"] == "roles/pubsub.publisher"
+
+
+def test_pubsub_functions_are_pushed_from_their_topic_with_retry_and_dead_letter(
+        tf: Terraform) -> None:
+    deployed = deployed_functions(tf)
+    # No Eventarc trigger besides the bucket's: it would deliver each message twice.
+    assert [f for f, (_, _, b) in deployed.items() if "event_trigger" in b] == [STORAGE_FUNCTION]
+
+    push = tf.resource("google_pubsub_subscription", "push")
+    topics: dict[str, str] = tf.locals["topics"]
+    assert for_each_keys(tf, push) == list(topics)
+    assert {function: topic for topic, function in topics.items()} == PUSHED_FROM
+    assert push["topic"] == "${google_pubsub_topic.topic[each.key].id}"
+
+    config = one(push["push_config"])
+    for function in topics.values():
+        resource, key, _ = deployed[function]
+        uri = f"google_cloudfunctions2_function.{resource}"
+        uri += f'["{key}"]' if key else ""
+        endpoint = config["push_endpoint"].replace("[each.value]", f'["{function}"]')
+        assert endpoint.startswith(f"${{{uri}.service_config[0].uri}}/"), endpoint
+    token = one(config["oidc_token"])
+    assert token["service_account_email"] == "${google_service_account.trigger.email}"
+
+    dead = one(push["dead_letter_policy"])
+    assert dead["dead_letter_topic"] == "${google_pubsub_topic.dead_letter[each.key].id}"
+    assert tf.locals["max_delivery_attempts"] == 5
+    assert dead["max_delivery_attempts"] == "${local.max_delivery_attempts}"
+    retry = one(push["retry_policy"])
+    assert retry["minimum_backoff"] != retry["maximum_backoff"]  # exponential, not fixed
+
+    # A delivery is answered within the ack deadline, or Pub/Sub sends it again meanwhile.
+    longest = max(tf.locals["functions"][f]["timeout"] for f in topics.values())
+    assert tf.locals["ack_deadline_seconds"] >= longest
+    assert push["ack_deadline_seconds"] == "${local.ack_deadline_seconds}"
+
+
+def test_every_topic_has_a_dead_letter_topic_read_by_dead_letters(tf: Terraform) -> None:
+    topics = tf.locals["topics"]
+    topic = tf.resource("google_pubsub_topic", "topic")
+    dead = tf.resource("google_pubsub_topic", "dead_letter")
+    assert for_each_keys(tf, topic) == for_each_keys(tf, dead) == list(topics)
+    assert topic["name"] == "${var.prefix}${each.key}"
+    assert dead["name"] == "${var.prefix}${each.key}-dead-letter"
+
+    reader = tf.resource("google_pubsub_subscription", "dead_letter")
+    assert for_each_keys(tf, reader) == list(topics)
+    assert reader["topic"] == "${google_pubsub_topic.dead_letter[each.key].id}"
+    endpoint = one(reader["push_config"])["push_endpoint"]
+    resource, key, _ = deployed_functions(tf)[DEAD_LETTER_FUNCTION]
+    assert endpoint.startswith(
+        f'${{google_cloudfunctions2_function.{resource}["{key}"].service_config[0].uri}}/')
+    assert "dead_letter_policy" not in reader  # a dead letter's dead letter would go nowhere
+
+    # The Pub/Sub service agent forwards: publisher on the dead-letter topics, subscriber on
+    # the subscriptions they come from.
+    publish = tf.resource("google_pubsub_topic_iam_member", "agent_publishes_dead_letters")
+    assert publish["topic"] == "${google_pubsub_topic.dead_letter[each.key].id}"
+    forward = tf.resource("google_pubsub_subscription_iam_member",
+                          "agent_forwards_dead_letters")
+    assert forward["subscription"] == "${google_pubsub_subscription.push[each.key].id}"
+    assert for_each_keys(tf, publish) == for_each_keys(tf, forward) == list(topics)
+
+
+def test_topics_cover_every_published_message(tf: Terraform) -> None:
+    topics = tf.locals["topics"]
+    assert set(TOPIC_OF.values()) - NOT_PUBSUB <= set(topics)
+    # A message type with a stage is pushed to the function named after that stage.
+    for message_type, handler in stages.HANDLERS.items():
+        if TOPIC_OF[message_type] not in NOT_PUBSUB:
+            assert topics[TOPIC_OF[message_type]] == handler.__name__
+    # What each function may publish is a topic of ours.
+    for function, spec in tf.locals["functions"].items():
+        assert set(spec["publishes"]) <= set(topics), function
+
+
+def test_scheduler_ticks_the_sweeper(tf: Terraform) -> None:
+    job = tf.resource("google_cloud_scheduler_job", "sweep")
+    target = one(job["pubsub_target"])
+    assert target["topic_name"] == '${google_pubsub_topic.topic["sweep-ticks"].id}'
+    assert tf.locals["topics"]["sweep-ticks"] == "sweep"
+    assert tf.variables["sweep_schedule"]["default"] == "* * * * *"
+
+
+def test_functions_are_configured_for_gcp(tf: Terraform) -> None:
+    env = tf.locals["environment"]
+    assert expr(env).startswith("merge(")
+    match = re.search(r"merge\(\{(.*?)\}, var\.extra_environment\)", expr(env), re.S)
+    assert match, env
+    names = set(re.findall(r"(\w+)\s*=", match.group(1)))
+    known = {f"MLDIAG_{f.name.upper()}" for f in fields(Settings)}
+    assert {"MLDIAG_BACKEND", "MLDIAG_PROJECT", "MLDIAG_BUCKET", "MLDIAG_LOCATION",
+            "MLDIAG_TOPIC_PREFIX", "MLDIAG_FIRESTORE_DATABASE"} <= names
+    assert names - {"LOG_EXECUTION_ID"} <= known, "every MLDIAG_* variable is a Settings field"
+    assert 'MLDIAG_BACKEND = "gcp"' in match.group(1)
+    assert "MLDIAG_TOPIC_PREFIX = var.prefix" in re.sub(r"\s+", " ", match.group(1))
+    investigator = tf.locals["investigator_environment"]
+    assert set(investigator) == {"MLDIAG_INVESTIGATOR", "MLDIAG_GEMINI_MODEL"} <= known
+    assert tf.variables["prefix"]["default"] == Settings().topic_prefix
+
+
+def test_heavy_stages_get_time_and_memory(tf: Terraform) -> None:
+    functions = tf.locals["functions"]
+    for heavy in ("collect", "investigate"):
+        assert functions[heavy]["timeout"] == 540
+        assert functions[heavy]["memory"] in ("2Gi", "4Gi")
+    assert all(f["timeout"] <= 540 for f in functions.values())
+
+
+def test_runtime_roles_are_least_privilege(tf: Terraform) -> None:
+    # Project-level roles of the function accounts: Firestore (on mldiag's database only) and,
+    # for investigate alone, Vertex AI.
+    project_roles = {body["role"] for body in tf.resources["google_project_iam_member"].values()
+                     if "google_service_account.function" in body["member"]}
+    assert project_roles == {"roles/datastore.user", "roles/aiplatform.user"}
+    vertex = tf.resource("google_project_iam_member", "investigate_vertex")
+    assert vertex["member"] == '${google_service_account.function["investigate"].member}'
+    firestore = tf.resource("google_project_iam_member", "function_firestore")
+    assert "google_firestore_database.main.name" in one(firestore["condition"])["expression"]
+
+    allowed = {"roles/storage.objectViewer", "roles/storage.objectCreator",
+               "roles/storage.objectUser"}
+    for function, spec in tf.locals["functions"].items():
+        assert set(spec["storage"]) <= allowed, function
+    # Nobody but the trigger identity invokes the functions.
+    invoker = tf.resource("google_cloud_run_v2_service_iam_member", "trigger_invokes")
+    assert invoker["member"] == "${google_service_account.trigger.member}"
+    assert sorted(for_each_keys(tf, invoker)) == FUNCTION_NAMES
+    for _, key, body in instances(tf, "google_cloudfunctions2_function"):
+        assert one(body["service_config"])["ingress_settings"] == "ALLOW_INTERNAL_ONLY", key
+    # No secret, no share-link key, in plain text or in state.
+    version = tf.resource("google_secret_manager_secret_version", "share_link_key")
+    assert "secret_data" not in version and "secret_data_wo" in version
+
+
+def test_firestore_indexes_are_the_state_adapters(tf: Terraform) -> None:
+    state = pytest.importorskip("mldiag.adapters.gcp.state")
+    index = tf.resource("google_firestore_index", "index")
+    assert for_each_keys(tf, index) == list(tf.locals["firestore_indexes"])
+    assert index["query_scope"] == "${local.firestore_index_scope}"
+    scope = tf.locals["firestore_index_scope"]
+    fields_block = one(index["dynamic"])["fields"]
+    assert fields_block["for_each"] == "${each.value.fields}"
+    assert one(fields_block["content"]) == {"field_path": "${fields.value}", "order": "ASCENDING"}
+    ours = sorted((i["collection"], scope, tuple((f, "ASCENDING") for f in i["fields"]))
+                  for i in tf.locals["firestore_indexes"].values())
+    theirs = sorted((i["collectionGroup"], i["queryScope"],
+                     tuple((f["fieldPath"], f["order"]) for f in i["fields"]))
+                    for i in state.INDEXES["indexes"])
+    assert ours == theirs
+
+    unindexed = tf.resource("google_firestore_field", "unindexed")
+    assert for_each_keys(tf, unindexed) == list(tf.locals["firestore_unindexed_fields"])
+    assert sorted((f["collection"], f["field"])
+                  for f in tf.locals["firestore_unindexed_fields"].values()) == sorted(
+        (o["collectionGroup"], o["fieldPath"]) for o in state.INDEXES["fieldOverrides"]
+        if o["indexes"] == [])
+
+
+# The push endpoint against functions-framework: a raw push body must become the CloudEvent
+# that mldiag.entrypoints parses, with the topic in its source.
+
+CAPTURE = textwrap.dedent("""
+    import json
+
+    import functions_framework
+
+    @functions_framework.cloud_event
+    def capture(event):
+        with open({out!r}, "w") as f:
+            json.dump({{"attributes": dict(event.get_attributes()), "data": event.get_data()}}, f)
+""")
+
+
+def _push_path(tf: Terraform, resource: str, project: str, topic_name: str) -> str:
+    """The URL path of the push endpoint terraform configures, for one topic."""
+    endpoint = one(tf.resource("google_pubsub_subscription", resource)["push_config"])[
+        "push_endpoint"]
+    match = re.fullmatch(r"\$\{[^}]*\.service_config\[0\]\.uri\}(/.*)", endpoint)
+    assert match, endpoint
+    path = match.group(1).replace("${var.project}", project)
+    return re.sub(r"\$\{google_pubsub_topic\.\w+\[each\.key\]\.name\}", topic_name, path)
+
+
+# functions-framework 3.10.2 computes a default publishTime with datetime.utcnow() even when
+# the message has one.
+@pytest.mark.filterwarnings("ignore:datetime.datetime.utcnow:DeprecationWarning")
+@pytest.mark.parametrize("resource, topic, attributes", [
+    ("push", "mldiag-analysis-requests", {"origin": "test"}),
+    ("dead_letter", "mldiag-analysis-requests-dead-letter", {
+        "CloudPubSubDeadLetterSourceDeliveryCount": "5",
+        "CloudPubSubDeadLetterSourceSubscription": "mldiag-analysis-requests-to-collect"}),
+])
+def test_push_delivery_reaches_the_function_as_a_message_published_event(
+        tf: Terraform, tmp_path: Path, resource: str, topic: str,
+        attributes: dict[str, str]) -> None:
+    out = tmp_path / "event.json"
+    source = tmp_path / "main.py"
+    source.write_text(CAPTURE.format(out=str(out)))
+    app = functions_framework.create_app("capture", str(source), "cloudevent")
+    payload = {"kind": "analyze_session", "run": "r", "session": "s", "version": 1}
+    body = {
+        "message": {"data": base64.b64encode(json.dumps(payload).encode()).decode(),
+                    "attributes": attributes, "messageId": "42",
+                    "publishTime": "2026-01-01T00:00:00Z"},
+        "subscription": f"projects/p/subscriptions/{topic}-sub",
+    }
+    response = app.test_client().post(_push_path(tf, resource, "p", topic), json=body)
+    assert response.status_code == 200, response.get_data(as_text=True)
+
+    received = json.loads(out.read_text())
+    event = CloudEvent(received["attributes"], received["data"])
+    assert event["type"] == entrypoints.PUBSUB_PUBLISHED
+    delivery = entrypoints.PubSubDelivery.from_cloud_event(event)
+    assert delivery.topic == topic
+    assert json.loads(delivery.data) == payload
+    assert delivery.attributes == attributes
+    assert delivery.message_id == "42"
