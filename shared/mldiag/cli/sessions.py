@@ -58,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(s.to_dict(), indent=2))
         return 0
     print(f"session:  {s.key}  (version {s.version}, kind {s.kind}, trigger {s.trigger})")
+    if s.note:
+        print(f"why:      {s.note}")
     print(f"state:    {s.state}" + (f"  reason: {s.reason}" if s.reason else ""))
     print(f"verdict:  {s.verdict or '-'}")
     print(f"report:   {s.report_path or '-'}")
