@@ -18,10 +18,12 @@ locals {
       storage   = []
       publishes = ["capture-requests"]
     }
+    # Writes each target's xplane (objectUser: a redelivered capture rewrites its host's
+    # object) and completes the session when its last host failed (analysis-requests).
     on_capture_request = {
       memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
-      storage   = ["roles/storage.objectViewer", "roles/storage.objectCreator"]
-      publishes = []
+      storage   = ["roles/storage.objectUser"]
+      publishes = ["analysis-requests"]
     }
     collect = {
       memory = "4Gi", cpu = "2", timeout = 540, max_instances = 10

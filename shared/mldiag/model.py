@@ -96,8 +96,10 @@ class TargetRecord:
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
     pid: int = 0
     registered_at: float = 0.0
-    # Why the last control action (continuous start/stop) on this target failed, if it did.
+    # Why the last control action (continuous start/stop) on this target failed, if it did,
+    # and which request that action was (so a CLI waiting on it knows it was handled).
     last_error: str = ""
+    last_request: str = ""
 
     @property
     def service_addr(self) -> str:

@@ -77,9 +77,12 @@ class StateStore(Protocol):
         ...
 
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
-                        max_per_hour: int) -> bool:
+                        max_per_hour: int, key: str = "") -> bool:
         """Atomically record an automatic capture of `run` at `now`, unless one was recorded
-        less than `cooldown_s` ago or `max_per_hour` were recorded in the last 3600 s."""
+        less than `cooldown_s` ago or `max_per_hour` were recorded in the last 3600 s.
+
+        A reservation already recorded under the same non-empty `key` (the alert) is granted
+        again, so a redelivered alert whose first publish failed still gets its capture."""
         ...
 
     def upsert_target(self, target: TargetRecord) -> None: ...

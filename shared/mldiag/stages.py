@@ -67,6 +67,9 @@ from mldiag.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# The longest capture or window: a capture runs inside one Cloud Functions invocation (540 s).
+MAX_CAPTURE_S = 300.0
+
 
 @dataclass
 class Services:
@@ -409,12 +412,14 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
             log.warning("alert %s on run %s: no live profiler target to capture", msg.alert_id,
                         run.name)
         elif services.state.reserve_capture(run.name, now, cooldown_s=policy.cooldown_s,
-                                            max_per_hour=policy.max_per_hour):
+                                            max_per_hour=policy.max_per_hour, key=key):
             kind = policy.kind
             if kind == "auto":
                 kind = "snapshot" if any(t.continuous != "OFF" for t in targets) else "on_demand"
-            digest = hashlib.sha256(msg.alert_id.encode()).hexdigest()[:6]
-            session = f"auto-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now))}-{digest}"
+            # Named after the alert alone, so a redelivery after a lost publish asks for the
+            # same session (the capture stage then treats it as a duplicate).
+            digest = hashlib.sha256(msg.alert_id.encode()).hexdigest()[:10]
+            session = f"auto-{digest}"
             services.bus.publish(CaptureProfile(
                 run=run.name, session=session, capture=kind,
                 targets=sorted({t.host for t in targets}), duration_s=policy.duration_s,
@@ -435,11 +440,21 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
 
 
 def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[TargetRecord]:
+    """The named targets, or (none named) those with a fresh heartbeat; one per host name.
+
+    Named targets are tried even when their heartbeat is stale: the user asked for them, and
+    the capture records why a dead one failed.
+    """
     targets = services.state.list_targets(run)
     unknown = sorted(set(hosts) - {t.host for t in targets})
     if unknown:
         raise PoisonMessage(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
                             f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
+    if not hosts:
+        now = services.clock()
+        targets = [t for t in targets
+                   if now - t.last_heartbeat <= services.settings.target_stale_s]
+    # One file per host name: a host re-registered on another port is its newest record.
     newest: dict[str, TargetRecord] = {}
     for t in targets:
         if (not hosts or t.host in hosts) and (
@@ -455,8 +470,9 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         return
     if msg.capture not in ("on_demand", "snapshot"):
         raise PoisonMessage(f"capture must be on_demand or snapshot, not {msg.capture!r}")
-    if not 0 < msg.duration_s <= 3600:
-        raise PoisonMessage(f"capture duration must be in (0, 3600] s, not {msg.duration_s}")
+    if not 0 < msg.duration_s <= MAX_CAPTURE_S:
+        raise PoisonMessage(f"capture duration must be in (0, {MAX_CAPTURE_S:g}] s, not "
+                            f"{msg.duration_s}")
     try:
         check_name("session", msg.session)
     except ValueError as e:
@@ -474,7 +490,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         note=msg.note)
     if not targets:
         record.state, record.reason = FAILED, (
-            f"run {run.name} has no profiler targets: register them with "
+            f"run {run.name} has no live profiler targets (none registered, or no heartbeat "
+            f"within {services.settings.target_stale_s:g} s): start the workload with "
             "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
         services.state.create_session(record)
         return
@@ -511,13 +528,17 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
 
     failures: dict[str, str] = {}
     if targets:
-        with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="capture") as pool:
+        # One thread per target: they wait on the network, and all must start together.
+        with ThreadPoolExecutor(len(targets), thread_name_prefix="capture") as pool:
             futures = {t.host: pool.submit(one, t) for t in targets}
             for host, future in futures.items():
                 try:
                     future.result()
                 except MldiagError as e:
                     failures[host] = f"{host}: {e}"
+                except Exception as e:  # noqa: BLE001 - one host's failure must not lose the rest
+                    log.exception("capture %s/%s: %s", msg.run, msg.session, host)
+                    failures[host] = f"{host}: {type(e).__name__}: {e}"
     for host, reason in failures.items():
         log.warning("capture %s/%s: %s", msg.run, msg.session, reason)
         record = HostRecord(object_name=f"{directory}/{host}.xplane.pb", generation="",
@@ -537,7 +558,7 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
     """Start or stop continuous profiling (snapshot mode) on the selected targets."""
     if msg.action not in ("start", "stop"):
         raise PoisonMessage(f"continuous action must be start or stop, not {msg.action!r}")
-    if not 0.1 <= msg.window_s <= 600 or msg.max_bytes < 1024**2:
+    if not 0.1 <= msg.window_s <= MAX_CAPTURE_S or msg.max_bytes < 1024**2:
         raise PoisonMessage("continuous window must be in [0.1, 600] s and max_bytes >= 1 MiB")
     run = services.state.get_run(msg.run)
     if run is None:
@@ -551,13 +572,15 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
     def one(target: TargetRecord) -> None:
         try:
             state = set_continuous(target, msg)
-        except MldiagError as e:
+        except Exception as e:  # noqa: BLE001 - recorded on the target, the others go on
+            reason = str(e) if isinstance(e, MldiagError) else f"{type(e).__name__}: {e}"
             services.state.update_target(target.run, target.host, target.port,
-                                         last_error=f"continuous {msg.action}: {e}")
-            errors.append(f"{target.host}: {e}")
+                                         last_error=f"continuous {msg.action}: {reason}",
+                                         last_request=msg.request_id)
+            errors.append(f"{target.host}: {reason}")
             return
         services.state.update_target(target.run, target.host, target.port, continuous=state,
-                                     last_error="")
+                                     last_error="", last_request=msg.request_id)
 
     with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="continuous") as pool:
         list(pool.map(one, targets))
@@ -618,15 +641,34 @@ def sweep(services: Services) -> dict[str, int]:
     """Complete settled sessions and re-queue stuck ones. Safe to run at any rate."""
     now = services.clock()
     settings = services.settings
-    done = {"settled": 0, "requeued": 0}
+    done = {"settled": 0, "requeued": 0, "failed": 0}
     for s in services.state.list_sessions(state=CAPTURING):
         arrived = [h for h, r in s.hosts.items() if r.status == "ARRIVED"]
+        last_moved = max(s.last_arrival_at, s.created_at, s.updated_at)
+        quiet = now - last_moved
         if not arrived:
+            # Nothing will come (a capture that died, an upload that failed): say so rather
+            # than leave the session CAPTURING forever.
+            if last_moved and quiet >= settings.stuck_after_s:
+                failed = "; ".join(r.reason for r in s.hosts.values() if r.reason)
+                _fail(services, s.run, s.session,
+                      f"no host's profile arrived within {settings.stuck_after_s:g} s"
+                      + (f": {failed}" if failed else ""), s.version)
+                done["failed"] += 1
             continue
-        quiet = now - s.last_arrival_at
         waited_enough = (not s.expected_hosts and quiet >= settings.settle_s) or (
             s.expected_hosts and quiet >= settings.stuck_after_s)
-        if waited_enough and complete_session(services, s):
+        if not waited_enough:
+            continue
+        for host in sorted(set(s.expected_hosts) - set(s.hosts)):
+            # Record who is missing, so the report says the analysis lacks that host.
+            anchor = next(iter(s.hosts.values())).object_name.rsplit("/", 1)[0]
+            services.state.register_host(s.run, s.session, host, HostRecord(
+                object_name=f"{anchor}/{host}.xplane.pb", generation="", size=0,
+                arrived_at=now, status="FAILED",
+                reason=f"{host}: did not arrive within {settings.stuck_after_s:g} s"), now)
+        current = services.state.get_session(s.run, s.session)
+        if current is not None and complete_session(services, current):
             done["settled"] += 1
     done["requeued"] = requeue_stuck(services, settings.stuck_after_s)
     return done
@@ -670,6 +712,9 @@ def dead_lettered(services: Services, topic: str, payload: str, reason: str) -> 
     s = services.state.get_session(run, session)
     if s is None or s.state in (REPORTED, FAILED):
         return
+    if data.get("kind") == CaptureProfile.kind and s.request_id != (
+            data.get("request_id") or f"capture:{run}/{session}"):
+        return  # a capture request whose name collided with another session
     if isinstance(version, int) and not isinstance(version, bool) and version != s.version:
         return
     if services.state.transition(run, session, FAILED, expect=[s.state], version=s.version,

@@ -13,12 +13,20 @@ import time
 
 import pytest
 
+from mldiag import stages
 from mldiag.capture.alerts import parse_alert
 from mldiag.errors import PoisonMessage
-from mldiag.messages import CaptureProfile, DegradationDetected
-from mldiag.model import FAILED, AutoCapturePolicy, TargetRecord
+from mldiag.messages import CaptureProfile, DegradationDetected, ProfileObjectFinalized
+from mldiag.model import (
+    CAPTURED,
+    CAPTURING,
+    FAILED,
+    AutoCapturePolicy,
+    SessionRecord,
+    TargetRecord,
+)
 from mldiag.sdk.monitor import StepTimeMonitor
-from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
+from tests.pipeline.helpers import MakeRuntime, SkewedClock, bus_messages, wait_until
 
 RUN = "train"
 
@@ -180,22 +188,84 @@ def test_a_capture_request_for_a_run_without_targets_is_a_failed_session(
     rt.start()
     rt.services.bus.publish(CaptureProfile(run=RUN, session="c1"))
     s = wait_until(lambda: rt.state.get_session(RUN, "c1"), what="session c1")
-    assert s.state == FAILED and "no profiler targets" in s.reason
+    assert s.state == FAILED and "no live profiler targets" in s.reason
 
 
 def test_a_capture_request_naming_an_existing_session_does_not_touch_it(
         make_runtime: MakeRuntime) -> None:
     rt = make_runtime()
     _run_with_target(rt)
+    # A programmatic session still waiting for its host (the SDK created it).
+    rt.state.create_session(SessionRecord(run=RUN, session="prog", state=CAPTURING,
+                                          kind="programmatic", expected_hosts=["h0"],
+                                          created_at=time.time(), updated_at=time.time()))
     rt.start()
-    rt.services.bus.publish(CaptureProfile(run=RUN, session="c1", duration_s=0.2))
-    wait_until(lambda: (s := rt.state.get_session(RUN, "c1")) and s.state == FAILED,
-               what="c1 to fail (its target is down)")
-    before = rt.state.get_session(RUN, "c1")
-    rt.services.bus.publish(CaptureProfile(run=RUN, session="c1", request_id="other"))
-    assert rt.wait_idle(timeout=30)
-    assert rt.state.get_session(RUN, "c1") == before
-    assert any("already exists" in d["reason"] for d in rt.state.list_dead_letters())
+    rt.services.bus.publish(CaptureProfile(run=RUN, session="prog", duration_s=0.2))
+    wait_until(rt.state.list_dead_letters, what="the colliding request to be dead-lettered")
+    assert "already exists" in rt.state.list_dead_letters()[0]["reason"]
+    s = rt.state.get_session(RUN, "prog")
+    assert s is not None and s.state == CAPTURING and s.reason == ""
+
+
+def test_a_redelivered_alert_whose_publish_failed_still_gets_its_capture(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", cooldown_s=300)
+    real_publish, calls = rt.services.bus.publish, []
+
+    def flaky(message: object, attributes: object = None) -> str:
+        calls.append(message)
+        if isinstance(message, CaptureProfile) and len(calls) == 1:
+            raise ConnectionError("pubsub down")
+        return real_publish(message)  # type: ignore[arg-type]
+
+    rt.services.bus.publish = flaky  # type: ignore[method-assign]
+    alert = DegradationDetected(alert_id="a1", run=RUN)
+    with pytest.raises(ConnectionError):
+        stages.on_degradation_alert(alert, rt.services)
+    stages.on_degradation_alert(alert, rt.services)  # the redelivery
+    (capture,) = bus_messages(rt.state, "capture-requests")
+    assert capture["body"]["session"] == "auto-" + capture["body"]["session"][5:]
+    # Another alert inside the cooldown still gets nothing.
+    stages.on_degradation_alert(DegradationDetected(alert_id="a2", run=RUN), rt.services)
+    assert len(bus_messages(rt.state, "capture-requests")) == 1
+
+
+def test_the_sweeper_fails_a_capture_that_never_produced_anything(
+        make_runtime: MakeRuntime) -> None:
+    clock = SkewedClock()
+    rt = make_runtime(clock=clock, stuck_after_s=60)
+    rt.state.ensure_run(RUN, discovered=False)
+    now = clock()
+    rt.state.create_session(SessionRecord(run=RUN, session="lost", state=CAPTURING,
+                                          kind="on_demand", expected_hosts=["h0", "h1"],
+                                          created_at=now, updated_at=now))
+    assert stages.sweep(rt.services)["failed"] == 0
+    clock.advance(61)
+    assert stages.sweep(rt.services)["failed"] == 1
+    s = rt.state.get_session(RUN, "lost")
+    assert s is not None and s.state == FAILED and "no host's profile arrived" in s.reason
+
+
+def test_the_sweeper_records_the_hosts_that_never_arrived(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    clock = SkewedClock()
+    rt = make_runtime(clock=clock, stuck_after_s=60)
+    rt.state.ensure_run(RUN, discovered=False)
+    now = clock()
+    rt.state.create_session(SessionRecord(run=RUN, session="half", state=CAPTURING,
+                                          kind="on_demand", expected_hosts=["h0", "h1"],
+                                          created_at=now, updated_at=now))
+    name = f"{RUN}/plugins/profile/half/h0.xplane.pb"
+    info = rt.storage.write_bytes(name, xplane_bytes)
+    stages.on_profile_object(ProfileObjectFinalized(
+        bucket=rt.storage.bucket, name=name, generation=info.generation, size=info.size),
+        rt.services)
+    clock.advance(61)
+    assert stages.sweep(rt.services)["settled"] == 1
+    s = rt.state.get_session(RUN, "half")
+    assert s is not None and s.state == CAPTURED
+    assert s.hosts["h1"].status == "FAILED" and "did not arrive" in s.hosts["h1"].reason
 
 
 @pytest.mark.parametrize("body, reason", [

@@ -12,6 +12,7 @@ from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile
 from mldiag.model import FAILED, REPORTED, check_name
+from mldiag.stages import MAX_CAPTURE_S
 
 
 def register(sub: Any) -> None:
@@ -38,6 +39,9 @@ def run(args: argparse.Namespace) -> int:
         check_name("session", args.name)
     except ValueError as e:
         raise MldiagError(str(e)) from e
+    if not 0 < args.duration <= MAX_CAPTURE_S:
+        raise MldiagError(f"--duration must be in (0, {MAX_CAPTURE_S:g}] s, not "
+                          f"{args.duration:g} s")
     plane = _control.connect(args.home, need_runtime=True)
     run_record = _control.get_run(plane, args.run)
     hosts = [h for h in args.targets.split(",") if h]
@@ -70,9 +74,16 @@ def run(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.duration + args.timeout
     last = ""
+    dead_before = len(plane.state.list_dead_letters())
     while time.monotonic() < deadline:
         s = plane.state.get_session(run_record.name, args.name)
-        if s is not None:
+        if s is None:
+            # A request the capture stage refused never becomes a session: its reason is in
+            # the dead letters.
+            for dead in plane.state.list_dead_letters()[dead_before:]:
+                if f'"session": "{args.name}"' in str(dead.get("payload", "")):
+                    raise MldiagError(f"capture refused: {dead['reason']}")
+        else:
             line = describe_transition(s)
             if s.state != last:
                 print("  " + line, flush=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+import uuid
 from typing import Any
 
 from mldiag.cli import _control
@@ -51,26 +53,35 @@ def run(args: argparse.Namespace) -> int:
                    "device_tracer_level": args.device_tracer_level,
                    "host_tracer_level": args.host_tracer_level,
                    "python_tracer_level": args.python_tracer_level}
-    before = {(t.host, t.port): t.last_error for t in targets}
+    for reason in down:
+        print(f"mldiag: warning: {reason}", file=sys.stderr)
+    request_id = uuid.uuid4().hex
+    # The stage acts on the newest record of each host; wait for exactly those.
+    newest: dict[str, Any] = {}
+    for t in targets:
+        if t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat:
+            newest[t.host] = t
+    wanted = {(t.host, t.port) for t in newest.values()}
     plane.bus.publish(ContinuousProfiling(run=run_record.name, action=args.verb,
-                                          targets=[t.host for t in targets], **options))
-    want_off = args.verb == "stop"
+                                          targets=sorted(newest), request_id=request_id,
+                                          **options))
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         now = {(t.host, t.port): t for t in plane.state.list_targets(run_record.name)}
         done = {}
-        for key in before:
+        for key in wanted:
             t = now.get(key)
-            if t is None:
+            if t is None or t.last_request != request_id:
                 continue
-            if (t.continuous == "OFF") == want_off:
-                done[key] = f"{t.host}: continuous {t.continuous}"
-            elif t.last_error and t.last_error != before[key]:
-                done[key] = f"{t.host}: FAILED {t.last_error}"
-        if len(done) == len(before):
+            done[key] = (f"{t.host}: FAILED {t.last_error}" if t.last_error
+                         else f"{t.host}: continuous {t.continuous}")
+        if len(done) == len(wanted):
             for line in sorted(done.values()):
                 print(line)
             return 1 if any("FAILED" in v for v in done.values()) else 0
         time.sleep(0.1)
+    dead = [d["reason"] for d in plane.state.list_dead_letters() if request_id in d["payload"]]
+    if dead:
+        raise MldiagError(f"continuous {args.verb} refused: {dead[-1]}")
     raise MldiagError(f"continuous {args.verb} on run {run_record.name}: no answer from the "
-                      f"targets after {args.timeout:.0f} s")
+                      f"targets after {args.timeout:.0f} s (is `mldiag up` still running?)")

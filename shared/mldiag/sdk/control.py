@@ -184,6 +184,8 @@ def _window_headers(start: float, end: float, windows: int) -> dict[str, str]:
 
 class _Handler(BaseHTTPRequestHandler):
     server_version = "mldiag-control/1"
+    # A client that opens a connection and sends nothing must not hold a thread for ever.
+    timeout = 30
 
     @property
     def control(self) -> ControlServer:

@@ -106,8 +106,10 @@ class Xprof:
             self._ring_start = None
             ring = run.ring
             assert ring is not None
-            window = 2.0 * max(1.0, end - start)
-            self.upload = run.upload(session, lambda: ring.collect(start, end, window + 30.0))
+            # The window holding `end` must close first: wait for up to two windows past it.
+            window_s = float(ring.status().get("window_s") or 2.0)
+            timeout = (end - start) + 2 * window_s + 10.0
+            self.upload = run.upload(session, lambda: ring.collect(start, end, timeout))
             return
         tmp = self._tmp
         assert tmp is not None

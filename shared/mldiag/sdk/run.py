@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from mldiag.errors import MldiagError
 from mldiag.messages import DegradationDetected
-from mldiag.model import AutoCapturePolicy, RunRecord, TargetRecord
+from mldiag.model import AutoCapturePolicy, HostRecord, RunRecord, TargetRecord
 from mldiag.sdk.monitor import Degradation, StepTimeMonitor
 from mldiag.settings import Settings
 
@@ -88,12 +88,21 @@ class MLRun:
 
         `data` may be a callable producing the bytes (it runs in the background too).
         """
+        name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
+
         def work() -> str:
-            blob = data if isinstance(data, bytes) else data()
-            if not blob:
-                raise MldiagError(f"session {session}: the profiler wrote an empty trace")
-            name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
-            self.plane.storage.write_bytes(name, blob)
+            try:
+                blob = data if isinstance(data, bytes) else data()
+                if not blob:
+                    raise MldiagError(f"session {session}: the profiler wrote an empty trace")
+                self.plane.storage.write_bytes(name, blob)
+            except Exception as e:
+                # The session expects this host: record why it will not come, so the session
+                # goes on with the other hosts (or fails with this reason) instead of waiting.
+                self.plane.state.register_host(self.name, session, self.host, HostRecord(
+                    object_name=name, generation="", size=0, arrived_at=time.time(),
+                    status="FAILED", reason=f"{self.host}: {e}"), time.time())
+                raise
             log.info("uploaded %s (%d bytes)", name, len(blob))
             return name
 
@@ -102,9 +111,10 @@ class MLRun:
         return future
 
     def wait_uploads(self, timeout: float | None = None) -> list[str]:
-        """Wait for every upload started so far; returns their object names."""
-        done = [f.result(timeout=timeout) for f in list(self._pending)]
-        return done
+        """Wait for every upload started so far; returns their object names (raises the
+        first upload's error)."""
+        pending, self._pending = list(self._pending), []
+        return [f.result(timeout=timeout) for f in pending]
 
     # Continuous profiling (the SDK's portable ring buffer)
 
@@ -139,8 +149,21 @@ class MLRun:
             targets=[self.host], detected_at=found.at)
         self.alerts.append(alert)
         log.warning("mldiag: %s: %s", self.name, alert.summary)
+        if self._closed:
+            return
         # Publish off the training thread: the step must not wait on the control plane.
-        self._pending.append(self._executor.submit(self.plane.bus.publish, alert))
+        threading.Thread(target=self._publish_alert, args=(alert,), name="mldiag-alert",
+                         daemon=True).start()
+
+    def _publish_alert(self, alert: DegradationDetected) -> None:
+        for attempt in range(5):
+            try:
+                self.plane.bus.publish(alert)
+                return
+            except Exception as e:  # noqa: BLE001 - retried, then reported; training goes on
+                log.warning("mldiag: publishing alert %s failed (attempt %d): %s",
+                            alert.alert_id, attempt + 1, e)
+                time.sleep(2.0**attempt)
 
     # Lifetime
 
@@ -159,19 +182,30 @@ class MLRun:
             return
         self._closed = True
         self._stop.set()
+        # Uploads first: one may still be cutting its trace from the ring.
+        for f in list(self._pending):
+            try:
+                f.result(timeout=300)
+            except Exception as e:  # noqa: BLE001 - report every failed upload, then go on
+                log.error("mldiag: an upload failed: %s", e)
+        self._executor.shutdown(wait=True)
         if self.ring is not None and self.ring.active:
             self.ring.stop()
         if self.control is not None:
             self.control.stop()
-        for f in list(self._pending):
-            try:
-                f.result(timeout=120)
-            except Exception as e:  # noqa: BLE001 - report every failed upload, then go on
-                log.error("mldiag: an upload failed: %s", e)
-        self._executor.shutdown(wait=True)
+        if self.profiler_server is not None:
+            import jax
+
+            jax.profiler.stop_server()
+            self.profiler_server = None
         try:
-            self.plane.state.update_target(self.name, self.host, self.target.port,
-                                           continuous="OFF", last_heartbeat=0.0)
+            # Only if the record is still ours: a newer process may own this host and port.
+            mine = [t for t in self.plane.state.list_targets(self.name)
+                    if t.host == self.host and t.port == self.target.port
+                    and t.pid == self.target.pid and t.control_port == self.target.control_port]
+            if mine:
+                self.plane.state.update_target(self.name, self.host, self.target.port,
+                                               continuous="OFF", last_heartbeat=0.0)
         except Exception as e:  # noqa: BLE001 - exiting anyway
             log.warning("mldiag: could not mark the target stopped: %s", e)
         with _current_lock:
@@ -224,6 +258,11 @@ def machinelearning_run(
 
     if not name or "/" in name:
         raise MldiagError(f"run name must be a non-empty name without '/', not {name!r}")
+    with _current_lock:
+        previous = _current
+    if previous is not None:
+        # One run per process at a time: its profiler server and port are taken.
+        previous.close()
     bucket, prefix = _split_gcs_path(gcs_path)
     overrides: dict[str, Any] = {"project": project, "location": region}
     if bucket:
@@ -268,9 +307,7 @@ def machinelearning_run(
     threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
                      daemon=True).start()
     with _current_lock:
-        previous, _current = _current, run
-    if previous is not None:
-        previous.close()
+        _current = run
     metrics.clear()
     if continuous:
         run.start_continuous(**(continuous if isinstance(continuous, dict) else {}))

@@ -37,7 +37,8 @@ CREATE TABLE IF NOT EXISTS targets (
 CREATE TABLE IF NOT EXISTS claims (
     key TEXT PRIMARY KEY, owner TEXT NOT NULL, done INTEGER NOT NULL DEFAULT 0,
     expires_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL,
+    key TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
@@ -145,8 +146,11 @@ class SqliteStateStore:
             return stored
 
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
-                        max_per_hour: int) -> bool:
+                        max_per_hour: int, key: str = "") -> bool:
         with self._tx() as db:
+            if key and db.execute("SELECT 1 FROM captures WHERE run = ? AND key = ?",
+                                  (run, key)).fetchone():
+                return True
             last = db.execute("SELECT MAX(at) FROM captures WHERE run = ?", (run,)).fetchone()[0]
             if last is not None and now - last < cooldown_s:
                 return False
@@ -154,7 +158,7 @@ class SqliteStateStore:
                                    (run, now - 3600.0)).fetchone()
             if recent >= max_per_hour:
                 return False
-            db.execute("INSERT INTO captures (run, at) VALUES (?, ?)", (run, now))
+            db.execute("INSERT INTO captures (run, at, key) VALUES (?, ?, ?)", (run, now, key))
             return True
 
     # Targets
