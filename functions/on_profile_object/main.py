@@ -16,4 +16,6 @@ def on_profile_object(event: CloudEvent) -> None:
     """Handle one `google.cloud.storage.object.v1.finalized` event."""
     services = entrypoints.services()
     with entrypoints.dead_letters(event, services):
-        stages.handle(entrypoints.profile_object_finalized(event), services)
+        msg = entrypoints.profile_object_finalized(event)
+        if not entrypoints.foreign_bucket(msg, services.settings):
+            stages.handle(msg, services)

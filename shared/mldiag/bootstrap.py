@@ -1,7 +1,8 @@
 """One bootstrap: build every service from Settings. Nothing connects or opens files at import.
 
-Today it builds the embedded runtime (local directory, SQLite, in-process bus, rule-based
-investigator); the Google Cloud adapters plug in here later, chosen by settings.
+`bootstrap` builds the embedded runtime (local directory, SQLite, in-process bus, rule-based
+investigator); with `backend == "gcp"`, `gcp_services` and `control_plane` build the Google
+Cloud adapters instead (GCS, Firestore, Pub/Sub), imported only then.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from mldiag.adapters.local.bus import InProcessBus
 from mldiag.adapters.local.periodic import Periodic
 from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.adapters.local.storage import DirectoryWatcher, LocalDirStorage
+from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.errors import MldiagError
 from mldiag.messages import (
     TOPIC_OF,
@@ -143,14 +145,84 @@ class ControlPlane:
 def control_plane(settings: Settings | None = None) -> ControlPlane:
     """Connect to the control plane that `settings` names, without starting any worker.
 
-    Locally, messages published here are rows in the queue that `mldiag up` delivers.
+    Locally, messages published here are rows in the queue that `mldiag up` delivers; with
+    `backend == "gcp"` they go to Pub/Sub, state to Firestore and objects to GCS.
     """
     settings = settings or Settings.from_env()
+    if settings.backend == "gcp":
+        gcp = gcp_adapters(settings)
+        return ControlPlane(settings=settings, state=gcp.state, storage=gcp.storage,
+                            bus=gcp.bus)
     state = SqliteStateStore(settings.state_db)
     bus = InProcessBus(state, max_attempts=settings.max_attempts,
                        backoff_s=settings.retry_backoff_s, workers=0, poll_s=settings.poll_s)
     return ControlPlane(settings=settings, state=state,
                         storage=LocalDirStorage(Path(settings.bucket_dir)), bus=bus)
+
+
+@dataclass
+class GcpAdapters:
+    """The Google Cloud adapters that `settings` name (GCS, Firestore, Pub/Sub)."""
+
+    state: StateStore
+    storage: Storage
+    bus: Bus
+
+
+def gcp_adapters(settings: Settings) -> GcpAdapters:
+    """Build GcsStorage, FirestoreStateStore and PubSubBus from settings, unconnected.
+
+    Their modules (and the Cloud SDKs) are imported here, only when GCP is chosen. Each client
+    is created on first use with the ambient credentials, or the emulators named by
+    STORAGE_EMULATOR_HOST, FIRESTORE_EMULATOR_HOST and PUBSUB_EMULATOR_HOST.
+    """
+    missing = [f"MLDIAG_{k.upper()}" for k in ("project", "bucket") if not getattr(settings, k)]
+    if missing:
+        raise MldiagError(f"MLDIAG_BACKEND=gcp needs {' and '.join(missing)}")
+    try:
+        from mldiag.adapters.gcp.bus import PubSubBus
+        from mldiag.adapters.gcp.state import FirestoreStateStore
+        from mldiag.adapters.gcp.storage import GcsStorage
+    except ImportError as e:
+        raise MldiagError(f"MLDIAG_BACKEND=gcp needs the gcp extra (pip install "
+                          f"'mldiag[gcp]'): {e}") from e
+    return GcpAdapters(
+        state=FirestoreStateStore(project=settings.project,
+                                  database=settings.firestore_database),
+        storage=GcsStorage(settings.bucket, project=settings.project),
+        bus=PubSubBus(settings.project, settings.topic_prefix),
+    )
+
+
+def gcp_services(
+    settings: Settings,
+    *,
+    investigator: Investigator | None = None,
+    clock: Callable[[], float] = time.time,
+) -> Services:
+    """The stages' services on Google Cloud: what each Cloud Function instance builds once.
+
+    Delivery, retries and dead letters are Pub/Sub's and Eventarc's, so there is no runtime
+    to start; the sweeper is a Cloud Scheduler job.
+    """
+    gcp = gcp_adapters(settings)
+    services = Services(settings=settings, storage=gcp.storage, state=gcp.state, bus=gcp.bus,
+                        clock=clock)
+    services.investigator = investigator or make_investigator(settings)
+    return services
+
+
+def make_investigator(settings: Settings) -> Investigator:
+    """The investigator that settings choose: rule-based, or Gemini on Vertex AI (which falls
+    back to the rule-based one per session, with the reason, when Vertex fails)."""
+    if settings.investigator == "gemini":
+        from mldiag.adapters.gcp.gemini import GeminiInvestigator
+
+        return GeminiInvestigator.from_settings(settings)
+    if settings.investigator not in ("rule-based", ""):
+        raise MldiagError(f"MLDIAG_INVESTIGATOR must be rule-based or gemini, not "
+                          f"{settings.investigator!r}")
+    return RuleBasedInvestigator()
 
 
 def bootstrap(
@@ -178,8 +250,7 @@ def bootstrap(
                                                     generation=info.generation, size=info.size))
 
     storage.on_finalize = finalized
-    if investigator is not None:
-        services.investigator = investigator
+    services.investigator = investigator or make_investigator(settings)
 
     def dead(topic: str, payload: str, reason: str) -> None:
         dead_lettered(services, topic, payload, reason)

@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from mldiag.bootstrap import bootstrap
+from mldiag.bootstrap import bootstrap, gcp_services
 from mldiag.errors import PoisonMessage
 from mldiag.messages import TOPIC_OF, Message, ProfileObjectFinalized, parse
 from mldiag.settings import Settings
@@ -90,6 +90,19 @@ def profile_object_finalized(event: CloudEventLike) -> ProfileObjectFinalized:
         raise PoisonMessage(f"storage object event: size {values['size']!r} is not a byte count")
     return ProfileObjectFinalized(bucket=values["bucket"], name=values["name"],
                                   generation=values["generation"], size=int(values["size"]))
+
+
+def foreign_bucket(msg: ProfileObjectFinalized, settings: Settings) -> bool:
+    """Whether a finalize event comes from a bucket other than ours (then it is ignored).
+
+    A trigger on the wrong bucket, or a copied event, must not register objects this
+    deployment cannot read. Without a configured bucket (the embedded runtime) none is foreign.
+    """
+    if settings.bucket and msg.bucket != settings.bucket:
+        log.warning("ignored finalize of gs://%s/%s: not the profile bucket %s", msg.bucket,
+                    msg.name, settings.bucket)
+        return True
+    return False
 
 
 def pubsub_topic(event: CloudEventLike) -> str | None:
@@ -165,8 +178,12 @@ def services() -> Services:
     global _services
     with _services_lock:
         if _services is None:
-            # The bootstrap is the one place adapters are chosen (embedded today, GCP later).
-            _services = bootstrap(Settings.from_env()).services
+            # The bootstrap is the one place adapters are chosen.
+            settings = Settings.from_env()
+            if settings.backend == "gcp":
+                _services = gcp_services(settings)
+            else:
+                _services = bootstrap(settings).services
         return _services
 
 
@@ -221,7 +238,8 @@ def record_dead_letter(event: CloudEventLike, services: Services) -> None:
     """A message Pub/Sub gave up on (forwarded to a dead-letter topic): record it, and fail
     the session it names while that session still waits on it."""
     topic, payload = _dead_letter_view(event)
-    original = topic[: -len("-dead-letter")] if topic.endswith("-dead-letter") else topic
+    # `mldiag-analysis-requests-dead-letter` → `analysis-requests`, the topic as TOPIC_OF names it.
+    original = topic.removesuffix("-dead-letter").removeprefix(services.settings.topic_prefix)
     data = event.get_data()
     message = data.get("message") if isinstance(data, dict) else None
     attributes = message.get("attributes") if isinstance(message, dict) else None

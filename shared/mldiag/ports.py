@@ -38,9 +38,12 @@ class Storage(Protocol):
     def read_bytes(self, name: str) -> bytes: ...
 
     def write_bytes(
-        self, name: str, data: bytes, *, content_type: str = "application/octet-stream"
+        self, name: str, data: bytes, *, content_type: str = "application/octet-stream",
+        if_absent: bool = False,
     ) -> ObjectInfo:
-        """Write an object; the write emits an object-finalize event like any other."""
+        """Write an object; the write emits an object-finalize event like any other.
+
+        With `if_absent`, only create it: FileExistsError when it exists already."""
         ...
 
     def list(self, prefix: str) -> list[ObjectInfo]: ...

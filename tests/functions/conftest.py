@@ -187,7 +187,10 @@ class Pipeline:
 @pytest.fixture(scope="session")
 def clients() -> dict[str, FlaskClient]:
     """A functions-framework test client per function, each loaded from functions/<name>."""
-    names = [handler.__name__ for handler in stages.HANDLERS.values()]
+    # The stages' functions, plus the two that no message type routes to: the sweeper (Cloud
+    # Scheduler) and the dead-letter topics' function.
+    names = sorted({handler.__name__ for handler in stages.HANDLERS.values()}
+                   | {"sweep", "dead_letters"})
     return {
         name: functions_framework.create_app(
             target=name, source=str(FUNCTIONS / name / "main.py"),

@@ -1,4 +1,4 @@
-"""The four Cloud Functions, posted real CloudEvents through functions-framework."""
+"""The Cloud Functions, posted real CloudEvents through functions-framework."""
 
 from __future__ import annotations
 
@@ -262,3 +262,82 @@ def test_services_are_built_from_the_environment_on_first_invocation(
         assert entrypoints.services() is built
     finally:
         entrypoints.set_services(None)
+
+
+# Capture, alerts, sweeper and dead letters
+
+
+MONITORED_EVENT = {
+    "analyzerReports": [{"analyzer": "Step Time Analyzer", "detectionState": "DETECTED",
+                         "details": "step time up 40%"}],
+    "name": "projects/p/locations/us-central1/machineLearningRuns/run1/monitoredEvents/ev-1",
+    "startTime": "2026-11-29T12:00:00Z",
+    "type": "PERFORMANCE_DEGRADATION",
+}
+
+
+def _run_with_live_target(pipeline: Pipeline) -> None:
+    import socket
+    import time
+
+    from mldiag.model import AutoCapturePolicy, TargetRecord
+
+    with socket.socket() as s:  # a port nobody listens on: the capture fails fast
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = pipeline.services.state
+    state.ensure_run("run1", discovered=False)
+    state.upsert_target(TargetRecord(run="run1", host="h0", port=port,
+                                     last_heartbeat=time.time() + 3600))
+    state.set_auto_capture("run1", AutoCapturePolicy(enabled=True, kind="on_demand",
+                                                     duration_s=0.5).to_dict())
+
+
+def test_a_workload_monitoring_alert_becomes_one_capture(pipeline: Pipeline) -> None:
+    _run_with_live_target(pipeline)
+    for _ in range(3):  # redelivered: still one capture
+        response = pipeline.post("on_degradation_alert",
+                                 pubsub_event(json.dumps(MONITORED_EVENT), "degradation-alerts"))
+        assert response.status_code == 200
+    assert pipeline.pubsub.kinds() == ["CaptureProfile"]
+    pipeline.drain()
+    (session,) = pipeline.services.state.list_sessions(run="run1")
+    assert session.trigger == "alert" and "Step Time Analyzer" in session.note
+    # Its only target is down: the session says so instead of waiting forever.
+    assert session.state == FAILED and "unreachable" in session.reason
+
+
+def test_a_closed_incident_is_acknowledged_and_captures_nothing(pipeline: Pipeline) -> None:
+    _run_with_live_target(pipeline)
+    closed = {"incident": {"incident_id": "i-1", "state": "closed",
+                           "metric": {"labels": {"run": "run1"}}}, "version": "1.2"}
+    response = pipeline.post("on_degradation_alert",
+                             pubsub_event(json.dumps(closed), "degradation-alerts"))
+    assert response.status_code == 200
+    assert pipeline.pubsub.published == []
+
+
+def test_a_dead_lettered_message_fails_its_session(pipeline: Pipeline) -> None:
+    pipeline.drop_xplane()
+    pipeline.services.state.ensure_run("run1", discovered=True)
+    pipeline.post("on_profile_object", storage_event(XPLANE_NAME, size=1000))
+    pipeline.sweep()
+    payload = next(p.payload for p in pipeline.pubsub.published if p.topic == "analysis-requests")
+    event = pubsub_event(payload, "mldiag-analysis-requests-dead-letter", attributes={
+        "CloudPubSubDeadLetterSourceDeliveryCount": "5",
+        "CloudPubSubDeadLetterSourceSubscription": "mldiag-collect"})
+    assert pipeline.post("dead_letters", event).status_code == 200
+    session = pipeline.services.state.get_session("run1", "s1")
+    assert session is not None and session.state == FAILED
+    assert session.reason == "dead-lettered after 5 delivery attempt(s) on analysis-requests"
+    (dead,) = pipeline.services.state.list_dead_letters()
+    assert dead["topic"] == "analysis-requests" and dead["attempts"] == 5
+
+
+def test_the_sweep_function_settles_a_quiet_session(pipeline: Pipeline) -> None:
+    pipeline.drop_xplane()
+    pipeline.post("on_profile_object", storage_event(XPLANE_NAME, size=1000))
+    assert pipeline.pubsub.kinds() == []  # no expected hosts: waits for the settle window
+    tick = pubsub_event("{}", "mldiag-sweep-ticks")
+    assert pipeline.post("sweep", tick).status_code == 200
+    assert pipeline.pubsub.kinds() == ["AnalyzeSession"]

@@ -70,11 +70,11 @@ def run(args: argparse.Namespace) -> int:
         now = {(t.host, t.port): t for t in plane.state.list_targets(run_record.name)}
         done = {}
         for key in wanted:
-            t = now.get(key)
-            if t is None or t.last_request != request_id:
+            got = now.get(key)
+            if got is None or got.last_request != request_id:
                 continue
-            done[key] = (f"{t.host}: FAILED {t.last_error}" if t.last_error
-                         else f"{t.host}: continuous {t.continuous}")
+            done[key] = (f"{got.host}: FAILED {got.last_error}" if got.last_error
+                         else f"{got.host}: continuous {got.continuous}")
         if len(done) == len(wanted):
             for line in sorted(done.values()):
                 print(line)

@@ -46,6 +46,8 @@ class LocalDirStorage:
     def _path(self, name: str) -> Path:
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
             raise ValueError(f"unsafe object name {name!r}")
+        if any(ord(c) < 32 or ord(c) == 127 for c in name):
+            raise ValueError(f"unsafe object name {name!r}: control characters")
         # Segments were checked above, so the path stays inside the bucket lexically; files
         # in it may still be symlinks to elsewhere (a user's way of handing a profile over).
         return self.root / name
@@ -64,13 +66,24 @@ class LocalDirStorage:
         return self._path(name).read_bytes()
 
     def write_bytes(
-        self, name: str, data: bytes, *, content_type: str = "application/octet-stream"
+        self, name: str, data: bytes, *, content_type: str = "application/octet-stream",
+        if_absent: bool = False,
     ) -> ObjectInfo:
+        """Write atomically; with `if_absent`, FileExistsError if the object exists."""
         path = self._path(name)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
         tmp.write_bytes(data)
-        tmp.replace(path)
+        if if_absent:
+            try:
+                # link() fails if the name exists: a create-only write, atomically.
+                os.link(tmp, path)
+            except FileExistsError:
+                tmp.unlink()
+                raise FileExistsError(f"object {name} already exists") from None
+            tmp.unlink()
+        else:
+            tmp.replace(path)
         info = self._info(name, path.stat())
         self.emit(info)
         return info
@@ -106,6 +119,9 @@ class LocalDirStorage:
         parents = {p.parent for p in paths}
         if len(parents) != 1:
             raise ValueError("local_files needs objects of one directory")
+        missing = [n for n, p in zip(names, paths, strict=True) if not p.is_file()]
+        if missing:
+            raise FileNotFoundError(f"no such object(s): {', '.join(missing)}")
         yield parents.pop()
 
 

@@ -1,0 +1,469 @@
+"""FirestoreStateStore: runs, targets, sessions, claims and dead letters in Firestore.
+
+The semantics are SqliteStateStore's, with Firestore transactions where SQLite takes
+`BEGIN IMMEDIATE`: every read-modify-write (host registration, transitions, claim takeover and
+release, run registration, capture reservations, target updates) runs in one transaction, and
+creates that must happen once (a claim, a run, a session) are conditional creates.
+
+Layout (document ids are the natural keys, escaped by `doc_id`):
+
+- `runs/{run}`: the RunRecord; `runs/{run}/targets/{host:port}`: its TargetRecords;
+- `sessions/{run}~{session}`: the SessionRecord, with `run`, `state` and `session` as fields
+  for the queries of `list_sessions` (see `INDEXES`);
+- `claims/{sha256(key)}`: idempotency claims, the key itself kept as a field;
+- `captures/{run}`: the times of a run's recent automatic captures, and under
+  `captures/{run}/keys/{sha256(key)}` the alerts that reserved one;
+- `dead_letters/{auto id}`: messages given up on, with the reason.
+
+Each record is stored whole as JSON in `data` (what the embedded store keeps too): user
+configs may carry keys Firestore maps cannot (empty, `__x__`), and records round-trip exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, TypeVar
+
+from google.api_core import exceptions as gexc
+from google.cloud import firestore
+
+from mldiag.model import (
+    CAPTURING,
+    REPORTED,
+    REQUESTED,
+    HostRecord,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+)
+
+T = TypeVar("T")
+
+RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
+CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
+
+# The orderings of list_sessions, by which filters it has: (by run, by state) -> order fields.
+# Each filtered shape needs the composite index of INDEXES with the same fields.
+SESSION_QUERIES: dict[tuple[bool, bool], tuple[str, ...]] = {
+    (False, False): ("run", "session"),
+    (True, False): ("session",),
+    (False, True): ("run", "session"),
+    (True, True): ("session",),
+}
+
+
+def _field(path: str) -> dict[str, str]:
+    return {"fieldPath": path, "order": "ASCENDING"}
+
+
+# The database's indexes, in `firestore.indexes.json` form (terraform creates them). The
+# composite ones serve list_sessions; the overrides keep the large JSON fields out of the
+# automatic single-field indexes (an indexed string over 1500 bytes is wasted work).
+INDEXES: dict[str, list[dict[str, Any]]] = {
+    "indexes": [
+        {"collectionGroup": SESSIONS, "queryScope": "COLLECTION",
+         "fields": [_field("run"), _field("session")]},
+        {"collectionGroup": SESSIONS, "queryScope": "COLLECTION",
+         "fields": [_field("state"), _field("run"), _field("session")]},
+        {"collectionGroup": SESSIONS, "queryScope": "COLLECTION",
+         "fields": [_field("run"), _field("state"), _field("session")]},
+    ],
+    "fieldOverrides": [
+        {"collectionGroup": group, "fieldPath": path, "indexes": []}
+        for group, path in ((RUNS, "data"), (TARGETS, "data"), (SESSIONS, "data"),
+                            (DEAD_LETTERS, "payload"), (CAPTURES, "times"))
+    ],
+}
+
+# A Firestore document holds at most 1 MiB; a Pub/Sub message may hold 10 MB.
+MAX_DEAD_LETTER_PAYLOAD = 512 * 1024
+# A document id is at most 1500 bytes.
+_MAX_ID_BYTES = 1500
+
+
+def doc_id(value: str) -> str:
+    """A Firestore document id for `value`, one-to-one.
+
+    "%", "/" and "~" are percent-escaped ("/" separates path segments, "~" joins a session's
+    run and name), as is the first character of ".", ".." and `__x__`, which Firestore
+    reserves. Every other name, the usual case, is its own id, readable in the console.
+    """
+    if not value:
+        raise ValueError("empty name")
+    out = value.replace("%", "%25").replace("/", "%2F").replace("~", "%7E")
+    if out in (".", "..") or (out.startswith("__") and out.endswith("__")):
+        out = f"%{ord(out[0]):02X}{out[1:]}"
+    if len(out.encode()) > _MAX_ID_BYTES:
+        raise ValueError(f"name too long for a Firestore id ({len(out.encode())} bytes)")
+    return out
+
+
+def claim_id(key: str) -> str:
+    """The document id of a claim: keys such as `object:bucket/a/b#gen` are not valid ids."""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def _dumps(data: Mapping[str, Any]) -> str:
+    return json.dumps(data, sort_keys=True, allow_nan=False)
+
+
+class FirestoreStateStore:
+    """The state port on a Firestore database (Native mode). Safe to share between threads.
+
+    `client` is a `google.cloud.firestore.Client` (built from `project` and `database` when
+    omitted, which uses the ambient credentials). `max_attempts` bounds the retries of a
+    contended transaction.
+    """
+
+    def __init__(self, *, client: firestore.Client | None = None, project: str | None = None,
+                 database: str = "(default)", max_attempts: int = 20) -> None:
+        self._client = client
+        self._project = project
+        self._database = database
+        self.max_attempts = max_attempts
+        self._listeners: list[Callable[[SessionRecord], None]] = []
+        self._lock = threading.Lock()
+        self._doc_locks = [threading.Lock() for _ in range(64)]
+
+    @property
+    def client(self) -> firestore.Client:
+        # Built on first use, not in the constructor: nothing connects at bootstrap.
+        with self._lock:
+            if self._client is None:
+                self._client = firestore.Client(project=self._project or None,
+                                                database=self._database)
+            return self._client
+
+    def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
+        """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction.
+
+        Contenders in this process queue on a lock per document first: the client retries an
+        aborted transaction only after a backoff that starts at about a second, so threads of
+        one instance (a Cloud Function serving concurrent requests) would otherwise abort
+        each other and sleep. The transaction still guards against other instances.
+        """
+        with self._doc_locks[hash(ref.path) % len(self._doc_locks)]:
+            transaction = self.client.transaction(max_attempts=self.max_attempts)
+            result: T = firestore.transactional(fn)(transaction)
+        return result
+
+    def add_listener(self, listener: Callable[[SessionRecord], None]) -> None:
+        """Call `listener` with the session after every committed change of its state (in
+        this process: other instances' changes are not seen)."""
+        self._listeners.append(listener)
+
+    def _notify(self, before: str | None, after: SessionRecord) -> None:
+        if before != after.state:
+            for listener in self._listeners:
+                listener(after)
+
+    # References
+
+    def _run_ref(self, name: str) -> Any:
+        return self.client.collection(RUNS).document(doc_id(name))
+
+    def _target_ref(self, run: str, host: str, port: int) -> Any:
+        return self._run_ref(run).collection(TARGETS).document(doc_id(f"{host}:{port}"))
+
+    def _session_ref(self, run: str, session: str) -> Any:
+        return self.client.collection(SESSIONS).document(f"{doc_id(run)}~{doc_id(session)}")
+
+    def _claim_ref(self, key: str) -> Any:
+        return self.client.collection(CLAIMS).document(claim_id(key))
+
+    # Runs
+
+    @staticmethod
+    def _run_doc(run: RunRecord) -> dict[str, Any]:
+        return {"name": run.name, "discovered": run.discovered, "created_at": run.created_at,
+                "data": _dumps(run.to_dict())}
+
+    @staticmethod
+    def _run(snap: Any) -> RunRecord:
+        return RunRecord(**json.loads(snap.get("data")))
+
+    def ensure_run(self, name: str, *, discovered: bool, now: float = 0.0) -> RunRecord:
+        ref = self._run_ref(name)
+        run = RunRecord(name=name, discovered=discovered, created_at=now)
+        try:
+            # A conditional create is atomic on its own: no transaction (and no contention)
+            # for the common case of many files arriving in one run.
+            ref.create(self._run_doc(run))
+            return run
+        except gexc.AlreadyExists:
+            return self._run(ref.get())
+
+    def get_run(self, name: str) -> RunRecord | None:
+        snap = self._run_ref(name).get()
+        return self._run(snap) if snap.exists else None
+
+    def list_runs(self) -> list[RunRecord]:
+        runs = [self._run(s) for s in self.client.collection(RUNS).stream()]
+        return sorted(runs, key=lambda r: r.name)
+
+    def register_run(self, run: RunRecord) -> RunRecord:
+        ref = self._run_ref(run.name)
+
+        def tx(transaction: Any) -> RunRecord:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                stored = RunRecord(**{**run.to_dict(), "discovered": False})
+            else:
+                stored = self._run(snap)
+                stored.run_group = run.run_group
+                stored.configs = dict(run.configs)
+                stored.storage_prefix = run.storage_prefix
+                stored.on_demand = run.on_demand
+                stored.discovered = False
+            transaction.set(ref, self._run_doc(stored))
+            return stored
+
+        return self._tx(ref, tx)
+
+    def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
+        ref = self._run_ref(run)
+
+        def tx(transaction: Any) -> RunRecord | None:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                return None
+            stored = self._run(snap)
+            stored.auto_capture = dict(policy)
+            transaction.set(ref, self._run_doc(stored))
+            return stored
+
+        return self._tx(ref, tx)
+
+    def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
+                        max_per_hour: int, key: str = "") -> bool:
+        ref = self.client.collection(CAPTURES).document(doc_id(run))
+        # A keyed reservation is remembered in its own document, for as long as the run's.
+        key_ref = ref.collection("keys").document(claim_id(key)) if key else None
+
+        def tx(transaction: Any) -> bool:
+            if key_ref is not None and key_ref.get(transaction=transaction).exists:
+                return True  # the same alert again: its reservation stands
+            snap = ref.get(transaction=transaction)
+            times = [float(t) for t in (snap.get("times") if snap.exists else None) or []]
+            if times and now - max(times) < cooldown_s:
+                return False
+            if sum(t > now - 3600.0 for t in times) >= max_per_hour:
+                return False
+            # Keep the last hour (the rate limit) and the newest (the cooldown may be longer).
+            kept = {t for t in times if t > now - 3600.0} | {max(times, default=now)}
+            transaction.set(ref, {"run": run, "times": sorted({*kept, now})})
+            if key_ref is not None:
+                transaction.set(key_ref, {"key": key, "at": now})
+            return True
+
+        return self._tx(ref, tx)
+
+    # Targets
+
+    @staticmethod
+    def _target_doc(t: TargetRecord) -> dict[str, Any]:
+        return {"run": t.run, "host": t.host, "port": t.port, "data": _dumps(t.to_dict())}
+
+    def upsert_target(self, target: TargetRecord) -> None:
+        self._target_ref(target.run, target.host, target.port).set(self._target_doc(target))
+
+    def update_target(self, run: str, host: str, port: int,
+                      **fields: Any) -> TargetRecord | None:
+        ref = self._target_ref(run, host, port)
+
+        def tx(transaction: Any) -> TargetRecord | None:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                return None
+            target = TargetRecord(**{**json.loads(snap.get("data")), **fields})
+            transaction.set(ref, self._target_doc(target))
+            return target
+
+        return self._tx(ref, tx)
+
+    def list_targets(self, run: str) -> list[TargetRecord]:
+        docs = self._run_ref(run).collection(TARGETS).stream()
+        targets = [TargetRecord(**json.loads(d.get("data"))) for d in docs]
+        return sorted(targets, key=lambda t: (t.host, t.port))
+
+    # Sessions
+
+    @staticmethod
+    def _session_doc(s: SessionRecord) -> dict[str, Any]:
+        return {"run": s.run, "session": s.session, "state": s.state, "version": s.version,
+                "updated_at": s.updated_at, "data": _dumps(s.to_dict())}
+
+    @staticmethod
+    def _session(snap: Any) -> SessionRecord:
+        return SessionRecord.from_dict(json.loads(snap.get("data")))
+
+    def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
+        """Insert a session unless one of that name exists: (stored session, created)."""
+        ref = self._session_ref(record.run, record.session)
+        try:
+            ref.create(self._session_doc(record))
+        except gexc.AlreadyExists:
+            return self._session(ref.get()), False
+        self._notify(None, record)
+        return record, True
+
+    def register_host(
+        self, run: str, session: str, host: str, record: HostRecord, now: float,
+        expected_hosts: Sequence[str] = (),
+    ) -> tuple[SessionRecord, bool]:
+        ref = self._session_ref(run, session)
+
+        def tx(transaction: Any) -> tuple[str | None, SessionRecord, bool]:
+            snap = ref.get(transaction=transaction)
+            s = self._session(snap) if snap.exists else None
+            before = s.state if s else None
+            if s is None:
+                s = SessionRecord(run=run, session=session, state=CAPTURING, created_at=now,
+                                  timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
+            existing = s.hosts.get(host)
+            new = existing is None or existing.generation != record.generation
+            if new:
+                s.hosts[host] = record
+                s.last_arrival_at = now
+                if s.state == REQUESTED:
+                    s.state = CAPTURING
+                    s.timings[CAPTURING] = now
+                elif s.state != CAPTURING:
+                    # As in SqliteStateStore: a host after the analysis started starts the next
+                    # version; the old version's messages stop at their version check.
+                    s.version += 1
+                    s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
+                    s.report_path = ""
+                    s.timings[CAPTURING] = now
+                s.updated_at = now
+                transaction.set(ref, self._session_doc(s))
+            return before, s, new
+
+        before, s, new = self._tx(ref, tx)
+        if new:
+            self._notify(before, s)
+        return s, new
+
+    def transition(
+        self,
+        run: str,
+        session: str,
+        to: str,
+        *,
+        expect: Sequence[str] | None = None,
+        version: int | None = None,
+        now: float,
+        **fields: Any,
+    ) -> SessionRecord | None:
+        ref = self._session_ref(run, session)
+
+        def tx(transaction: Any) -> tuple[str, SessionRecord] | None:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                return None
+            s = self._session(snap)
+            if expect is not None and s.state not in expect:
+                return None
+            if version is not None and s.version != version:
+                return None
+            before = s.state
+            s.state = to
+            for k, v in fields.items():
+                setattr(s, k, v)
+            if before != to:
+                s.timings[to] = now
+            s.updated_at = now
+            if to == REPORTED:
+                s.reported_version = s.version
+            transaction.set(ref, self._session_doc(s))
+            return before, s
+
+        result = self._tx(ref, tx)
+        if result is None:
+            return None
+        self._notify(*result)
+        return result[1]
+
+    def get_session(self, run: str, session: str) -> SessionRecord | None:
+        snap = self._session_ref(run, session).get()
+        return self._session(snap) if snap.exists else None
+
+    def sessions_query(self, run: str | None = None, state: str | None = None) -> Any:
+        """The query list_sessions runs (each filtered shape has its index in INDEXES)."""
+        query: Any = self.client.collection(SESSIONS)
+        if run is not None:
+            query = query.where(filter=firestore.FieldFilter("run", "==", run))
+        if state is not None:
+            query = query.where(filter=firestore.FieldFilter("state", "==", state))
+        for path in SESSION_QUERIES[(run is not None, state is not None)]:
+            query = query.order_by(path)
+        return query
+
+    def list_sessions(
+        self, run: str | None = None, state: str | None = None
+    ) -> list[SessionRecord]:
+        return [self._session(s) for s in self.sessions_query(run, state).stream()]
+
+    # Claims
+
+    def claim(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        ref = self._claim_ref(key)
+        doc = {"key": key, "owner": owner, "done": False, "expires_at": now + lease_s}
+        try:
+            # The conditional create: of concurrent first deliveries, exactly one succeeds.
+            ref.create(doc)
+            return True
+        except gexc.AlreadyExists:
+            pass
+
+        def takeover(transaction: Any) -> bool:
+            snap = ref.get(transaction=transaction)
+            if snap.exists and (snap.get("done") or snap.get("expires_at") > now):
+                return False
+            transaction.set(ref, doc)
+            return True
+
+        return self._tx(ref, takeover)
+
+    def release(self, key: str, owner: str) -> None:
+        ref = self._claim_ref(key)
+
+        def tx(transaction: Any) -> None:
+            snap = ref.get(transaction=transaction)
+            if snap.exists and snap.get("owner") == owner and not snap.get("done"):
+                transaction.delete(ref)
+
+        self._tx(ref, tx)
+
+    def complete(self, key: str, owner: str) -> None:
+        ref = self._claim_ref(key)
+
+        def tx(transaction: Any) -> None:
+            snap = ref.get(transaction=transaction)
+            if snap.exists and snap.get("owner") == owner:
+                transaction.update(ref, {"done": True})
+
+        self._tx(ref, tx)
+
+    # Dead letters
+
+    def record_dead_letter(
+        self, topic: str, payload: str, reason: str, attempts: int, now: float
+    ) -> None:
+        truncated = len(payload.encode()) > MAX_DEAD_LETTER_PAYLOAD
+        if truncated:
+            payload = payload.encode()[:MAX_DEAD_LETTER_PAYLOAD].decode(errors="ignore")
+        self.client.collection(DEAD_LETTERS).add({
+            "topic": topic, "payload": payload, "reason": reason[:4096], "attempts": attempts,
+            "at": now, "payload_truncated": truncated,
+            # The order of recording; `at` is the caller's clock, which tests may skew.
+            "recorded_at": firestore.SERVER_TIMESTAMP,
+        })
+
+    def list_dead_letters(self) -> list[dict[str, Any]]:
+        docs = self.client.collection(DEAD_LETTERS).order_by("recorded_at").stream()
+        keys = ("topic", "payload", "reason", "attempts", "at")
+        return [{"id": d.id, **{k: d.get(k) for k in keys}} for d in docs]

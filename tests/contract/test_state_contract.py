@@ -1,0 +1,393 @@
+"""The StateStore port: SqliteStateStore and FirestoreStateStore (on the Firestore emulator)
+keep one contract: conditional creates, transactions that exactly one contender wins, host
+registration with versions, capture reservations and dead letters."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mldiag.adapters.local.state import SqliteStateStore
+from mldiag.model import (
+    ANALYZING,
+    CAPTURED,
+    CAPTURING,
+    FAILED,
+    INVESTIGATING,
+    REPORTED,
+    REQUESTED,
+    HostRecord,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+)
+from tests.contract.conftest import Subject, unique
+from tests.emulators import Emulators
+
+
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    if request.param == "sqlite":
+        yield Subject("SqliteStateStore", SqliteStateStore(tmp_path / "state.db"),
+                      twin=SqliteStateStore(tmp_path / "state.db"))
+        return
+    from mldiag.adapters.gcp.state import FirestoreStateStore
+
+    emu: Emulators = request.getfixturevalue("emu")
+    # A database per test: the emulator keeps each apart, so nothing needs clearing.
+    database = unique("contract-")
+    yield Subject("FirestoreStateStore",
+                  FirestoreStateStore(client=emu.firestore_client(database)),
+                  twin=FirestoreStateStore(client=emu.firestore_client(database)))
+
+
+def host(name: str, generation: str = "1", size: int = 10) -> HostRecord:
+    return HostRecord(object_name=f"r/plugins/profile/s/{name}.xplane.pb", generation=generation,
+                      size=size, arrived_at=0.0)
+
+
+def contend[T](n: int, fn: Callable[[int], T]) -> list[T]:
+    """Run fn(0..n-1) in n threads released at once; their results, in any order."""
+    barrier = threading.Barrier(n)
+    results: list[T] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def run(i: int) -> None:
+        barrier.wait()
+        try:
+            value = fn(i)
+        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
+            with lock:
+                errors.append(e)
+            return
+        with lock:
+            results.append(value)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    if errors:
+        raise errors[0]
+    assert len(results) == n
+    return results
+
+
+# Runs
+
+
+def test_ensure_run_creates_once_and_keeps_the_first(state: Subject) -> None:
+    s = state.adapter
+    first = s.ensure_run("r1", discovered=True, now=5)
+    again = s.ensure_run("r1", discovered=False, now=9)
+    assert (first.discovered, first.created_at) == (True, 5)
+    assert (again.discovered, again.created_at) == (True, 5)
+    s.ensure_run("r0", discovered=False)
+    assert [r.name for r in s.list_runs()] == ["r0", "r1"]
+    assert s.get_run("nope") is None
+
+
+def test_register_run_updates_the_registration_and_keeps_the_rest(state: Subject) -> None:
+    s = state.adapter
+    s.ensure_run("r", discovered=True, now=5)
+    s.set_auto_capture("r", {"enabled": True, "cooldown_s": 60.0})
+    stored = s.register_run(RunRecord(name="r", run_group="g", configs={"lr": 0.1, "": 1},
+                                      storage_prefix="p", on_demand=True, discovered=True,
+                                      created_at=99, auto_capture={}))
+    assert (stored.run_group, stored.configs, stored.storage_prefix, stored.on_demand) == (
+        "g", {"lr": 0.1, "": 1}, "p", True)
+    assert not stored.discovered and stored.created_at == 5
+    assert stored.auto_capture == {"enabled": True, "cooldown_s": 60.0}
+    assert s.get_run("r") == stored
+    fresh = s.register_run(RunRecord(name="new", created_at=7, discovered=True))
+    assert not fresh.discovered and fresh.created_at == 7 and s.get_run("new") == fresh
+
+
+def test_set_auto_capture_replaces_the_policy_of_a_known_run(state: Subject) -> None:
+    s = state.adapter
+    assert s.set_auto_capture("ghost", {"enabled": True}) is None
+    s.ensure_run("r", discovered=False)
+    s.set_auto_capture("r", {"enabled": True, "kind": "snapshot"})
+    run = s.set_auto_capture("r", {"enabled": False})
+    assert run is not None and run.auto_capture == {"enabled": False}
+    assert s.get_run("r").auto_capture == {"enabled": False}  # type: ignore[union-attr]
+
+
+def test_names_with_separators_and_reserved_forms_stay_apart(state: Subject) -> None:
+    s = state.adapter
+    names = ["a/b", "a%2Fb", "a~b", "..", "__x__", "r 1", "ü"]
+    for n in names:
+        s.ensure_run(n, discovered=True)
+    assert sorted(r.name for r in s.list_runs()) == sorted(names)
+    s.register_host("a~b", "c", "h", host("h"), now=1)
+    s.register_host("a", "b~c", "h", host("h"), now=2)
+    assert [x.key for x in s.list_sessions()] == ["a/b~c", "a~b/c"]
+
+
+# Capture reservations
+
+
+def test_reserve_capture_applies_the_cooldown_and_the_hourly_cap(state: Subject) -> None:
+    s = state.adapter
+    assert s.reserve_capture("r", 1000.0, cooldown_s=100, max_per_hour=3)
+    assert not s.reserve_capture("r", 1050.0, cooldown_s=100, max_per_hour=3), "cooldown"
+    assert s.reserve_capture("r", 1100.0, cooldown_s=100, max_per_hour=3)
+    assert s.reserve_capture("r", 1200.0, cooldown_s=100, max_per_hour=3)
+    assert not s.reserve_capture("r", 1300.0, cooldown_s=100, max_per_hour=3), "3 per hour"
+    assert s.reserve_capture("r", 4601.0, cooldown_s=100, max_per_hour=3), "an hour later"
+    assert s.reserve_capture("other", 1050.0, cooldown_s=100, max_per_hour=3), "per run"
+    # A cooldown longer than the hour still counts from the newest capture.
+    assert not s.reserve_capture("r", 8000.0, cooldown_s=7200, max_per_hour=3)
+
+
+def test_a_redelivered_alert_keeps_its_reservation(state: Subject) -> None:
+    s = state.adapter
+    assert s.reserve_capture("r", 1000.0, cooldown_s=300, max_per_hour=1, key="alert-1")
+    assert s.reserve_capture("r", 1010.0, cooldown_s=300, max_per_hour=1, key="alert-1")
+    assert not s.reserve_capture("r", 1010.0, cooldown_s=300, max_per_hour=1, key="alert-2")
+    assert not s.reserve_capture("r", 1010.0, cooldown_s=300, max_per_hour=1)
+    assert s.reserve_capture("other", 1010.0, cooldown_s=300, max_per_hour=1, key="alert-1")
+
+
+def test_an_alert_storm_reserves_one_capture(state: Subject) -> None:
+    stores = (state.adapter, state.twin)
+    won = contend(8, lambda i: stores[i % 2].reserve_capture("r", 1000.0 + i / 100,
+                                                             cooldown_s=300, max_per_hour=4))
+    assert sum(won) == 1
+
+
+# Targets
+
+
+def test_targets_upsert_list_and_update(state: Subject) -> None:
+    s = state.adapter
+    s.upsert_target(TargetRecord(run="r", host="h1", port=9999, process_index=1))
+    s.upsert_target(TargetRecord(run="r", host="h0", port=9999))
+    s.upsert_target(TargetRecord(run="r", host="h0", port=9998))
+    s.upsert_target(TargetRecord(run="other", host="h9"))
+    assert [(t.host, t.port) for t in s.list_targets("r")] == [
+        ("h0", 9998), ("h0", 9999), ("h1", 9999)]
+    updated = s.update_target("r", "h1", 9999, last_heartbeat=42.0, continuous="RING")
+    assert updated is not None and (updated.last_heartbeat, updated.continuous) == (42.0, "RING")
+    assert updated.process_index == 1, "other fields are kept"
+    assert [t for t in s.list_targets("r") if t.host == "h1"] == [updated]
+    assert s.update_target("r", "h7", 9999, last_heartbeat=1.0) is None
+    s.upsert_target(TargetRecord(run="r", host="h1", port=9999, process_index=5))
+    assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
+
+
+# Sessions
+
+
+def test_create_session_inserts_once(state: Subject) -> None:
+    s = state.adapter
+    rec = SessionRecord(run="r", session="s", state=REQUESTED, kind="on_demand",
+                        expected_hosts=["h0", "h1"], created_at=1)
+    stored, created = s.create_session(rec)
+    assert created and stored == rec
+    other = SessionRecord(run="r", session="s", state=CAPTURING, kind="snapshot")
+    stored, created = s.create_session(other)
+    assert not created and stored == rec
+    assert s.get_session("r", "s") == rec
+
+
+def test_register_host_creates_the_session_and_dedupes_by_generation(state: Subject) -> None:
+    s = state.adapter
+    got, new = s.register_host("r", "s", "h0", host("h0", "g1"), now=1,
+                               expected_hosts=["h0", "h1"])
+    assert new and (got.state, got.version, list(got.hosts)) == (CAPTURING, 1, ["h0"])
+    assert got.expected_hosts == ["h0", "h1"] and got.timings == {CAPTURING: 1}
+    got, new = s.register_host("r", "s", "h0", host("h0", "g1"), now=2)
+    assert not new and got.last_arrival_at == 1
+    got, new = s.register_host("r", "s", "h1", host("h1", "g1"), now=3, expected_hosts=["x"])
+    assert new and got.complete() and got.expected_hosts == ["h0", "h1"]
+    assert s.get_session("r", "s") == got
+
+
+def test_the_first_host_of_a_requested_session_starts_capturing(state: Subject) -> None:
+    s = state.adapter
+    s.create_session(SessionRecord(run="r", session="s", state=REQUESTED,
+                                   expected_hosts=["h0", "h1"]))
+    got, new = s.register_host("r", "s", "h0", host("h0"), now=1)
+    assert new and (got.state, got.version) == (CAPTURING, 1) and not got.complete()
+
+
+@pytest.mark.parametrize("during", [CAPTURED, ANALYZING, INVESTIGATING, REPORTED])
+def test_a_new_host_after_capture_starts_the_next_version(state: Subject, during: str) -> None:
+    s = state.adapter
+    s.register_host("r", "s", "h0", host("h0"), now=1)
+    s.transition("r", "s", during, now=2, verdict="OPTIMAL", progress="collected:OPTIMAL",
+                 report_path="gs://b/x.html")
+    got, new = s.register_host("r", "s", "h0", host("h0"), now=3)
+    assert not new and (got.state, got.version) == (during, 1)
+    got, new = s.register_host("r", "s", "h1", host("h1"), now=4)
+    assert new and (got.state, got.version) == (CAPTURING, 2)
+    assert (got.verdict, got.progress, got.report_path, got.reason) == (None, "", "", "")
+    assert got.reported_version == (1 if during == REPORTED else 0)
+    assert s.transition("r", "s", FAILED, expect=[during], version=1, now=5) is None
+    # A rewrite of a known host (a new generation) is new data too.
+    got, new = s.register_host("r", "s", "h0", host("h0", "2"), now=6)
+    assert new and (got.state, got.version) == (CAPTURING, 2), "still capturing: same version"
+
+
+def test_transition_checks_the_expected_state_and_version(state: Subject) -> None:
+    s = state.adapter
+    s.register_host("r", "s", "h0", host("h0"), now=1)
+    assert s.transition("r", "s", CAPTURED, expect=[ANALYZING], now=2) is None
+    assert s.transition("r", "s", CAPTURED, expect=[CAPTURING], version=2, now=2) is None
+    moved = s.transition("r", "s", CAPTURED, expect=[CAPTURING], version=1, now=3)
+    assert moved is not None and moved.state == CAPTURED and moved.timings[CAPTURED] == 3
+    assert s.get_session("r", "s") == moved
+    assert s.transition("r", "nope", CAPTURED, now=4) is None
+    # Staying in a state keeps when it was entered; fields change; REPORTED records the version.
+    s.transition("r", "s", CAPTURED, expect=[CAPTURED], now=5, progress="p")
+    done = s.transition("r", "s", REPORTED, now=6, verdict="NEEDS_ATTENTION",
+                        report_path="gs://b/r/summary.html")
+    assert done is not None and done.timings[CAPTURED] == 3 and done.progress == "p"
+    assert (done.verdict, done.reported_version, done.updated_at) == ("NEEDS_ATTENTION", 1, 6)
+    assert s.get_session("r", "s") == done
+
+
+def test_eight_concurrent_transitions_have_exactly_one_winner(state: Subject) -> None:
+    s, stores = state.adapter, (state.adapter, state.twin)
+    s.register_host("r", "s", "h0", host("h0"), now=1)
+    # Half the contenders in each of two instances: the store's own locks cannot decide.
+    results = contend(8, lambda i: stores[i % 2].transition("r", "s", CAPTURED,
+                                                            expect=[CAPTURING], version=1,
+                                                            now=2 + i))
+    assert sum(r is not None for r in results) == 1
+
+
+def test_concurrent_hosts_of_one_session_are_all_registered(state: Subject) -> None:
+    s, stores = state.adapter, (state.adapter, state.twin)
+    contend(4, lambda i: stores[i % 2].register_host("r", "s", f"h{i}", host(f"h{i}"),
+                                                     now=1 + i))
+    got = s.get_session("r", "s")
+    assert got is not None and sorted(got.hosts) == [f"h{i}" for i in range(4)]
+    assert got.version == 1
+
+
+def test_list_sessions_filters_by_run_and_state(state: Subject) -> None:
+    s = state.adapter
+    s.register_host("b", "s1", "h", host("h"), now=1)
+    s.register_host("a", "s2", "h", host("h"), now=1)
+    s.register_host("a", "s1", "h", host("h"), now=1)
+    s.transition("a", "s2", FAILED, now=2, reason="x")
+    assert [x.key for x in s.list_sessions()] == ["a/s1", "a/s2", "b/s1"]
+    assert [x.key for x in s.list_sessions(run="a")] == ["a/s1", "a/s2"]
+    assert [x.key for x in s.list_sessions(state=CAPTURING)] == ["a/s1", "b/s1"]
+    assert [x.key for x in s.list_sessions(run="a", state=FAILED)] == ["a/s2"]
+    assert s.list_sessions(run="zzz") == []
+
+
+def test_listeners_see_each_state_change(state: Subject) -> None:
+    s = state.adapter
+    seen: list[tuple[str, str]] = []
+    s.add_listener(lambda rec: seen.append((rec.state, rec.reason)))
+    s.register_host("r", "s", "h0", host("h0"), now=1)
+    s.transition("r", "s", CAPTURING, now=2, progress="x")
+    s.transition("r", "s", FAILED, now=3, reason="h0: empty file (0 bytes)")
+    assert seen == [(CAPTURING, ""), (FAILED, "h0: empty file (0 bytes)")]
+
+
+# Claims
+
+
+def test_claim_is_a_conditional_create(state: Subject) -> None:
+    s = state.adapter
+    assert s.claim("object:b/r/plugins/profile/s/h.xplane.pb#1", "a", lease_s=10, now=0)
+    assert not s.claim("object:b/r/plugins/profile/s/h.xplane.pb#1", "b", lease_s=10, now=1)
+    assert not s.claim("object:b/r/plugins/profile/s/h.xplane.pb#1", "a", lease_s=10, now=2)
+    assert s.claim("object:b/r/plugins/profile/s/h.xplane.pb#2", "b", lease_s=10, now=2)
+
+
+def test_an_expired_claim_can_be_taken_over(state: Subject) -> None:
+    s = state.adapter
+    assert s.claim("k", "a", lease_s=10, now=0)
+    assert not s.claim("k", "b", lease_s=10, now=9.9)
+    assert s.claim("k", "b", lease_s=10, now=10.1)
+    s.release("k", "a")  # the previous holder's release no longer touches it
+    assert not s.claim("k", "c", lease_s=10, now=11)
+
+
+def test_a_released_claim_can_be_taken_again(state: Subject) -> None:
+    s = state.adapter
+    assert s.claim("k", "a", lease_s=10, now=0)
+    s.release("k", "b")  # not the holder: nothing happens
+    assert not s.claim("k", "c", lease_s=10, now=1)
+    s.release("k", "a")
+    assert s.claim("k", "b", lease_s=10, now=1)
+
+
+def test_a_completed_claim_never_expires_and_cannot_be_released(state: Subject) -> None:
+    s = state.adapter
+    assert s.claim("k", "a", lease_s=10, now=0)
+    s.complete("k", "a")
+    s.release("k", "a")
+    assert not s.claim("k", "b", lease_s=10, now=1e9)
+
+
+def test_eight_threads_claiming_one_key_give_one_winner(state: Subject) -> None:
+    stores = (state.adapter, state.twin)
+    won = contend(8, lambda i: stores[i % 2].claim("event#1", f"w{i}", lease_s=60, now=0))
+    assert sum(won) == 1
+
+
+def test_eight_threads_taking_over_an_expired_claim_give_one_winner(state: Subject) -> None:
+    s, stores = state.adapter, (state.adapter, state.twin)
+    assert s.claim("event#2", "dead", lease_s=1, now=0)
+    won = contend(8, lambda i: stores[i % 2].claim("event#2", f"w{i}", lease_s=60, now=5))
+    assert sum(won) == 1
+
+
+# Dead letters
+
+
+def test_dead_letters_are_kept_in_order_with_their_reason(state: Subject) -> None:
+    s = state.adapter
+    assert s.list_dead_letters() == []
+    s.record_dead_letter("analysis-requests", "\x00garbage", "poison message: not JSON", 1, 5.0)
+    s.record_dead_letter("report-requests", '{"kind": "RenderReport"}', "failed 5 times", 5, 4.0)
+    letters: list[dict[str, Any]] = s.list_dead_letters()
+    assert [(d["topic"], d["payload"], d["reason"], d["attempts"], d["at"]) for d in letters] == [
+        ("analysis-requests", "\x00garbage", "poison message: not JSON", 1, 5.0),
+        ("report-requests", '{"kind": "RenderReport"}', "failed 5 times", 5, 4.0)]
+    assert len({d["id"] for d in letters}) == 2
+
+
+# Indexes (Firestore needs a composite index for each filtered, ordered query)
+
+
+def _query_shape(query: Any) -> tuple[set[str], tuple[str, ...]]:
+    proto = query._to_protobuf()
+    where = proto.where
+    filters = ([f.field_filter for f in where.composite_filter.filters]
+               if "composite_filter" in where else
+               [where.field_filter] if "field_filter" in where else [])
+    return ({f.field.field_path for f in filters},
+            tuple(o.field.field_path for o in proto.order_by))
+
+
+@pytest.mark.parametrize("run,state_", [(None, None), ("r", None), (None, FAILED), ("r", FAILED)])
+def test_every_session_query_has_its_composite_index(run: str | None,
+                                                     state_: str | None) -> None:
+    from google.auth.credentials import AnonymousCredentials
+    from google.cloud import firestore
+
+    from mldiag.adapters.gcp.state import INDEXES, FirestoreStateStore
+
+    # Building a query connects to nothing.
+    client = firestore.Client(project="p", credentials=AnonymousCredentials())
+    equal, order = _query_shape(FirestoreStateStore(client=client).sessions_query(run, state_))
+    assert equal == {k for k, v in (("run", run), ("state", state_)) if v is not None}
+    indexes = [tuple(f["fieldPath"] for f in ix["fields"]) for ix in INDEXES["indexes"]
+               if ix["collectionGroup"] == "sessions"]
+    if len(equal) + len(order) > 1:
+        assert any(set(ix[:len(equal)]) == equal and ix[len(equal):] == order
+                   for ix in indexes), f"no index for where {equal} order by {order}"

@@ -1,0 +1,264 @@
+"""The whole pipeline on Google Cloud's emulators, through the deployed functions.
+
+A real TPU xplane is uploaded to fake-gcs-server; its finalize notification reaches the
+Pub/Sub emulator; the relay delivers it to `on_profile_object` as Eventarc would, and every
+message the stages publish to the function of its topic; state lands in the Firestore
+emulator and `summary.html` in the bucket. The functions build their services themselves,
+from MLDIAG_BACKEND=gcp and the emulator variables, as a deployed instance does.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import requests
+
+from mldiag import entrypoints
+from mldiag.adapters.gcp.bus import ensure_topology
+from mldiag.adapters.gcp.state import FirestoreStateStore
+from mldiag.adapters.gcp.storage import GcsStorage
+from mldiag.entrypoints import PUBSUB_PUBLISHED
+from mldiag.messages import TOPIC_OF, AnalyzeSession, InvestigateSession, RenderReport
+from mldiag.model import ANALYZING, FAILED, REPORTED, HostRecord, SessionRecord
+from tests.conftest import REPO, SHARED_FIXTURES
+from tests.emulators import Emulators
+from tests.gcp.relay import FunctionServer, Relay, Route
+
+pytestmark = pytest.mark.emulator
+
+TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+FUNCTIONS = REPO / "functions"
+# The function each pipeline topic is delivered to (as terraform's push subscriptions do).
+FUNCTION_OF = {TOPIC_OF[AnalyzeSession]: "collect",
+               TOPIC_OF[InvestigateSession]: "investigate",
+               TOPIC_OF[RenderReport]: "render_report"}
+_ids = itertools.count(1)
+
+
+def wait_for[T](fn: Any, what: str, timeout: float = 180.0) -> T:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = fn()
+        if value:
+            return value  # type: ignore[no-any-return]
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+@dataclass
+class Deployment:
+    """The emulated project: functions, relay, and direct handles on its state and bucket."""
+
+    emu: Emulators
+    prefix: str
+    relay: Relay
+    state: FirestoreStateStore
+    storage: GcsStorage
+    publisher: Any
+    dead_letter_deliveries: Any
+
+    def topic(self, name: str) -> str:
+        return f"projects/{self.emu.project}/topics/{self.prefix}{name}"
+
+
+@pytest.fixture(scope="module")
+def deployment(emu: Emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    if not TPU_XPLANE.is_file():
+        pytest.fail(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
+                    "the repo)", pytrace=False)
+    n = next(_ids)
+    prefix, database = f"gcp{n}-", f"pipeline-{n}"
+    client = emu.storage_client()
+    if client.lookup_bucket(emu.events_bucket) is None:
+        client.create_bucket(emu.events_bucket)
+    publisher, subscriber = emu.publisher(), emu.subscriber()
+    # Fast retries, so a nacked message is redelivered in the test's time.
+    topology = ensure_topology(emu.project, prefix, publisher=publisher, subscriber=subscriber,
+                               ack_deadline_s=600, min_backoff_s=0.1, max_backoff_s=1.0)
+    notifications = subscriber.create_subscription(
+        name=subscriber.subscription_path(emu.project, f"{prefix}gcs-to-on-profile-object"),
+        topic=publisher.topic_path(emu.project, emu.notification_topic),
+        ack_deadline_seconds=600).name
+    with pytest.MonkeyPatch.context() as mp:
+        # What terraform sets on every function; clients find the emulators by their variables.
+        for key, value in {"MLDIAG_BACKEND": "gcp", "MLDIAG_PROJECT": emu.project,
+                           "MLDIAG_BUCKET": emu.events_bucket, "MLDIAG_TOPIC_PREFIX": prefix,
+                           "MLDIAG_FIRESTORE_DATABASE": database, "MLDIAG_SETTLE_S": "0.5",
+                           "MLDIAG_HOME": str(tmp_path_factory.mktemp("home")),
+                           "MLDIAG_INVESTIGATOR": "rule-based"}.items():
+            mp.setenv(key, value)
+        entrypoints.set_services(None)
+        names = ["on_profile_object", "collect", "investigate", "render_report",
+                 "dead_letters", "sweep"]
+        servers = {name: FunctionServer(FUNCTIONS / name, name) for name in names}
+        routes = [Route(notifications, publisher.topic_path(emu.project, emu.notification_topic),
+                        servers["on_profile_object"], storage=True)]
+        routes += [Route(topology.subscriptions[t], topology.topics[t], servers[f])
+                   for t, f in FUNCTION_OF.items()]
+        routes += [Route(topology.dead_letter_subscriptions[t], topology.dead_letter_topics[t],
+                         servers["dead_letters"]) for t in topology.topics]
+        relay = Relay(subscriber, routes, storage_copies=2)
+        relay.start()
+        stop = threading.Event()
+        # Cloud Scheduler's part: a sweep tick every quarter second, to the sweep function.
+        ticker = threading.Thread(target=_tick, args=(servers["sweep"].url, stop), daemon=True)
+        ticker.start()
+        try:
+            yield Deployment(
+                emu=emu, prefix=prefix, relay=relay,
+                state=FirestoreStateStore(client=emu.firestore_client(database)),
+                storage=GcsStorage(emu.events_bucket, client=client),
+                publisher=publisher,
+                dead_letter_deliveries=lambda: relay.to("dead_letters"))
+        finally:
+            stop.set()
+            ticker.join(10)
+            relay.stop()
+            for server in servers.values():
+                server.stop()
+            subscriber.close()
+            entrypoints.set_services(None)
+
+
+def _tick(url: str, stop: threading.Event) -> None:
+    for i in itertools.count():
+        if stop.wait(0.25):
+            return
+        body = {"message": {"data": base64.b64encode(b"{}").decode(), "messageId": f"t{i}"},
+                "subscription": "projects/p/subscriptions/sweep"}
+        requests.post(url, json=body, timeout=60, headers={
+            "ce-specversion": "1.0", "ce-type": PUBSUB_PUBLISHED, "ce-id": f"tick-{i}",
+            "ce-source": "//pubsub.googleapis.com/projects/p/topics/sweep-ticks"})
+
+
+@pytest.fixture(scope="module")
+def reported(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """A user's copy of a real xplane into the bucket, analysed to the end."""
+    local = tmp_path_factory.mktemp("upload") / "host0.xplane.pb"
+    shutil.copyfile(TPU_XPLANE, local)  # the team's fixture is read-only: upload a copy
+    run = f"run-{deployment.prefix.rstrip('-')}"
+    name = f"{run}/plugins/profile/s1/host0.xplane.pb"
+    blob = deployment.storage.client.bucket(deployment.storage.bucket).blob(name)
+    started = time.monotonic()
+    blob.upload_from_filename(str(local))
+    session = wait_for(
+        lambda: (s := deployment.state.get_session(run, "s1")) and s.state in (REPORTED, FAILED)
+        and s, "the session to be REPORTED")
+    return {"run": run, "name": name, "generation": str(blob.generation),
+            "size": local.stat().st_size, "session": session,
+            "seconds": time.monotonic() - started}
+
+
+def test_a_dropped_xplane_is_analysed_and_its_report_lands_in_the_bucket(
+        deployment: Deployment, reported: dict[str, Any]) -> None:
+    run, session = reported["run"], reported["session"]
+    assert session.state == REPORTED, session.reason
+    assert session.verdict in ("OPTIMAL", "NEEDS_ATTENTION") and session.version == 1
+    base = f"{run}/plugins/profile/s1/analysis"
+    assert session.report_path == f"gs://{deployment.emu.events_bucket}/{base}/summary.html"
+    html = deployment.storage.read_bytes(f"{base}/summary.html").decode()
+    assert html.lstrip().lower().startswith("<!doctype html") and run in html
+    analysis = json.loads(deployment.storage.read_bytes(f"{base}/analysis.json"))
+    assert analysis["status"] == session.verdict
+    assert deployment.storage.stat(f"{base}/v1/health_snapshot.json") is not None
+    stored_run = deployment.state.get_run(run)
+    assert stored_run is not None and stored_run.discovered, "a dropped file registers its run"
+    assert session.hosts["host0"].generation == reported["generation"]
+    assert session.hosts["host0"].size == reported["size"]
+
+
+def test_a_finalize_delivered_twice_gives_one_session_and_one_analysis(
+        deployment: Deployment, reported: dict[str, Any]) -> None:
+    run = reported["run"]
+    relay = deployment.relay
+    finalizes = [d for d in relay.to("on_profile_object", name=reported["name"])]
+    assert len(finalizes) == 2 and all(d.status == 204 or d.status == 200 for d in finalizes)
+    assert len({d.message_id for d in finalizes}) == 1, "the same event, twice"
+    assert [s.session for s in deployment.state.list_sessions(run=run)] == ["s1"]
+    analyses = relay.to("collect", kind="AnalyzeSession", run=run, session="s1")
+    assert len(analyses) == 1
+    # A late redelivery of the same event, after the report: a duplicate, acknowledged.
+    (route,) = [r for r in relay.routes if r.storage]
+    first = finalizes[0]
+    status = relay.post(route, *_finalize_event(deployment, first), first.message_id, 3,
+                        first.data, first.attributes)
+    assert 200 <= status < 300
+    time.sleep(1.0)
+    after = deployment.state.get_session(run, "s1")
+    assert after is not None and (after.state, after.version) == (REPORTED, 1)
+    assert len(relay.to("collect", kind="AnalyzeSession", run=run, session="s1")) == 1
+
+
+def _finalize_event(deployment: Deployment, delivery: Any) -> tuple[dict[str, str], bytes]:
+    obj = json.loads(delivery.data)
+    return ({"ce-specversion": "1.0", "ce-type": "google.cloud.storage.object.v1.finalized",
+             "ce-source": f"//storage.googleapis.com/projects/_/buckets/{obj['bucket']}",
+             "ce-subject": f"objects/{obj['name']}", "ce-id": delivery.message_id,
+             "Content-Type": "application/json"}, delivery.data)
+
+
+def test_a_poison_message_is_dead_lettered_once_and_the_session_is_untouched(
+        deployment: Deployment, reported: dict[str, Any]) -> None:
+    run = reported["run"]
+    topic = deployment.topic(TOPIC_OF[AnalyzeSession])
+    garbage = deployment.publisher.publish(topic, b"\xff\x00 not json").result(timeout=30)
+    wrong = json.dumps({"kind": "AnalyzeSession", "run": run, "session": "s1",
+                        "version": "one"}).encode()
+    mistyped = deployment.publisher.publish(topic, wrong).result(timeout=30)
+    letters = wait_for(lambda: [d for d in deployment.state.list_dead_letters()
+                                if d["reason"].startswith("poison message")
+                                and d["topic"].endswith(TOPIC_OF[AnalyzeSession])]
+                       if len(deployment.relay.of_message(mistyped)) else None,
+                       "the dead letters", timeout=60)
+    wait_for(lambda: len([d for d in deployment.state.list_dead_letters()
+                          if d["reason"].startswith("poison message")]) >= 2,
+             "both dead letters", timeout=60)
+    time.sleep(2.0)  # long enough for several redeliveries, were the messages nacked
+    for message_id in (garbage, mistyped):
+        deliveries = deployment.relay.of_message(message_id)
+        assert len(deliveries) == 1 and 200 <= deliveries[0].status < 300, deliveries
+    reasons = [d["reason"] for d in deployment.state.list_dead_letters()]
+    assert any("not JSON" in r for r in reasons) and any("version" in r for r in reasons)
+    assert letters
+    assert deployment.dead_letter_deliveries() == [], "acknowledged: never reached the DLQ"
+    session = deployment.state.get_session(run, "s1")
+    assert session is not None and (session.state, session.version) == (REPORTED, 1)
+
+
+def test_a_message_that_keeps_failing_reaches_the_dead_letter_topic(
+        deployment: Deployment, reported: dict[str, Any]) -> None:
+    # A session being analysed whose health snapshot is missing: its report request fails
+    # (a transient error, as far as the function can tell) at every delivery.
+    run = reported["run"]
+    deployment.state.create_session(SessionRecord(
+        # Touched now: the sweeper would otherwise take it for stuck and re-queue its analysis.
+        run=run, session="s-dlq", state=ANALYZING, created_at=time.time(),
+        updated_at=time.time(),
+        hosts={"host0": HostRecord(object_name=f"{run}/plugins/profile/s-dlq/host0.xplane.pb",
+                                   generation="1", size=1, arrived_at=time.time())}))
+    msg = RenderReport(run=run, session="s-dlq", version=1)
+    message_id = deployment.publisher.publish(
+        deployment.topic(TOPIC_OF[RenderReport]), msg.to_json().encode(),
+        kind=msg.kind).result(timeout=30)
+    dead = wait_for(lambda: deployment.dead_letter_deliveries(), "the dead letter", timeout=90)
+    tries = [d for d in deployment.relay.of_message(message_id) if d.function == "render_report"]
+    assert sorted(d.attempt for d in tries) == [1, 2, 3, 4, 5]
+    assert all(d.status >= 500 for d in tries)
+    assert len(dead) == 1 and 200 <= dead[0].status < 300
+    assert dead[0].attributes["CloudPubSubDeadLetterSourceDeliveryCount"] == "5"
+    session = deployment.state.get_session(run, "s-dlq")
+    assert session is not None and session.state == FAILED
+    assert "dead-lettered after 5" in session.reason
+    assert any(d["reason"].startswith("dead-lettered") and d["topic"] == "report-requests"
+               for d in deployment.state.list_dead_letters())
+    other = deployment.state.get_session(run, "s1")
+    assert other is not None and other.state == REPORTED, "other sessions are untouched"
