@@ -172,3 +172,20 @@ def test_demo_names_the_injected_stall_at_p0_and_cleans_up(tmp_path: Path) -> No
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True,
                               text=True)
     assert leftover.stdout.strip() == "", "the demo left processes behind"
+
+
+def test_tpu_targets_use_xprofs_native_continuous_profiling(
+        runtime: LocalRuntime, launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
+    # xprof's native continuous profiling is TPU-only: on a CPU profiler server it answers OK
+    # and records nothing. Posing as a TPU target drives the native path against a real server
+    # and shows that an empty native snapshot fails the host with the reason.
+    launch("w0")
+    (target,) = runtime.state.list_targets(RUN)
+    runtime.state.update_target(RUN, target.host, target.port, platform="tpu")
+    assert cli(runtime, "continuous", "start", "--run", RUN) == 0
+    assert runtime.state.list_targets(RUN)[0].continuous == "NATIVE"
+    assert cli(runtime, "capture", "nat1", "--run", RUN, "--kind", "snapshot") == 1
+    s = finished(runtime, "nat1")
+    assert s.state == FAILED and "wrote no .xplane.pb" in s.hosts["w0"].reason
+    assert cli(runtime, "continuous", "stop", "--run", RUN) == 0
+    assert runtime.state.list_targets(RUN)[0].continuous == "OFF"
