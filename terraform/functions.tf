@@ -25,13 +25,15 @@ locals {
       storage   = ["roles/storage.objectUser"]
       publishes = ["analysis-requests"]
     }
+    # /tmp is memory on gen2: a 2 GiB host (the default cap) is 2 GiB of RAM before xprof
+    # parses it. Raise memory with MLDIAG_MAX_HOST_BYTES and the hosts per session.
     collect = {
-      memory = "4Gi", cpu = "2", timeout = 540, max_instances = 10
+      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage   = ["roles/storage.objectUser"]
       publishes = ["investigation-requests", "report-requests"]
     }
     investigate = {
-      memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
+      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage   = ["roles/storage.objectUser"]
       publishes = ["report-requests"]
     }
@@ -77,6 +79,9 @@ locals {
     MLDIAG_TOPIC_PREFIX        = var.prefix
     MLDIAG_FIRESTORE_DATABASE  = google_firestore_database.main.name
     MLDIAG_MAX_ATTEMPTS        = tostring(local.max_delivery_attempts)
+    # Hosts of one dropped multi-host session upload seconds apart: wait longer than locally
+    # before analysing a session that expects no particular hosts.
+    MLDIAG_SETTLE_S            = tostring(var.settle_seconds)
     LOG_EXECUTION_ID           = "true"
   }, var.extra_environment)
 
@@ -127,7 +132,7 @@ resource "google_project_iam_member" "function_firestore" {
   # Only mldiag's database, not every Firestore database of the project.
   condition {
     title      = "mldiag-database"
-    expression = "resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}\")"
+    expression = "resource.name == \"projects/${var.project}/databases/${google_firestore_database.main.name}\" || resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}/\")"
   }
 }
 
@@ -308,4 +313,33 @@ resource "google_cloudfunctions2_function" "on_profile_object" {
     google_project_iam_member.gcs_agent_publishes_events,
     google_project_iam_member.trigger_receives_events,
   ]
+}
+
+# The workloads' own identities (the SDK in each training process): it registers the run and
+# its targets, heartbeats them, uploads programmatic captures and publishes its monitor's
+# alerts. Without these, heartbeats fail and captures see no live target.
+resource "google_project_iam_member" "workload_firestore" {
+  for_each = toset(var.workload_service_accounts)
+  project  = var.project
+  role     = "roles/datastore.user"
+  member   = "serviceAccount:${each.value}"
+
+  condition {
+    title      = "mldiag-database"
+    expression = "resource.name == \"projects/${var.project}/databases/${google_firestore_database.main.name}\" || resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}/\")"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "workload_storage" {
+  for_each = toset(var.workload_service_accounts)
+  bucket   = google_storage_bucket.profiles.name
+  role     = "roles/storage.objectUser"
+  member   = "serviceAccount:${each.value}"
+}
+
+resource "google_pubsub_topic_iam_member" "workload_alerts" {
+  for_each = toset(var.workload_service_accounts)
+  topic    = google_pubsub_topic.topic["degradation-alerts"].id
+  role     = "roles/pubsub.publisher"
+  member   = "serviceAccount:${each.value}"
 }

@@ -120,3 +120,15 @@ variable "share_link_key_version" {
   type        = number
   default     = 1
 }
+
+variable "workload_service_accounts" {
+  description = "Service accounts of the training workloads that use mldiag.sdk: they get Firestore access to the mldiag database, objectUser on the profile bucket and publish on degradation-alerts."
+  type        = list(string)
+  default     = []
+}
+
+variable "settle_seconds" {
+  description = "Seconds without a new host before a session with no expected hosts (a dropped file) is analysed."
+  type        = number
+  default     = 30
+}

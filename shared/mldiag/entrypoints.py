@@ -229,6 +229,8 @@ def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
         yield
     except PoisonMessage as e:
         topic, payload = _dead_letter_view(event)
+        # Recorded under the topic's own name (as the local runtime records it), unprefixed.
+        topic = topic.removeprefix(services.settings.topic_prefix)
         reason = f"poison message: {e}"
         log.warning("dead-lettered event %s from %s: %s", event.get("id"), topic, reason)
         services.state.record_dead_letter(topic, payload, reason, 1, services.clock())

@@ -110,6 +110,21 @@ class TargetRecord:
         return asdict(self)
 
 
+REASON_MAX = 500
+
+
+def short_reason(*reasons: str, limit: int = 4000) -> str:
+    """Reasons joined with "; ", each and all bounded (a state document has a size limit)."""
+    parts = [r if len(r) <= REASON_MAX else r[: REASON_MAX - 1] + "…" for r in reasons if r]
+    out: list[str] = []
+    for i, part in enumerate(parts):
+        if sum(len(p) + 2 for p in out) + len(part) > limit:
+            out.append(f"… and {len(parts) - i} more")
+            break
+        out.append(part)
+    return "; ".join(out)
+
+
 @dataclass
 class HostRecord:
     """One host's xplane in a session."""
@@ -150,6 +165,8 @@ class SessionRecord:
     request_id: str = ""
     # Why the session was captured (an alert's summary), for the report.
     note: str = ""
+    # How often the sweeper re-queued this version's work (a stage that crashed or timed out).
+    requeues: int = 0
 
     @property
     def key(self) -> str:

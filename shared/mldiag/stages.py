@@ -61,6 +61,7 @@ from mldiag.model import (
     check_name,
     parse_object_name,
     session_dir,
+    short_reason,
 )
 from mldiag.ports import Bus, Investigator, StateStore, Storage
 from mldiag.settings import Settings
@@ -87,6 +88,7 @@ class Services:
 def _fail(services: Services, run: str, session: str, reason: str,
           version: int | None = None) -> None:
     """Mark the session FAILED; with `version`, only if no newer version has started."""
+    reason = short_reason(reason, limit=8000) if len(reason) > 8000 else reason
     if services.state.transition(run, session, FAILED, version=version, now=services.clock(),
                                  reason=reason) is not None:
         log.info("session %s/%s FAILED: %s", run, session, reason)
@@ -262,8 +264,8 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             return
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         if not names:
-            _fail(services, msg.run, msg.session, "no host's profile arrived: " + "; ".join(
-                r.reason or h for h, r in s.hosts.items()), msg.version)
+            _fail(services, msg.run, msg.session, "no host's profile arrived: " + short_reason(
+                *(r.reason or h for h, r in s.hosts.items())), msg.version)
             services.state.complete(key, services.owner)
             return
         try:
@@ -542,14 +544,15 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     for host, reason in failures.items():
         log.warning("capture %s/%s: %s", msg.run, msg.session, reason)
         record = HostRecord(object_name=f"{directory}/{host}.xplane.pb", generation="",
-                            size=0, arrived_at=services.clock(), status="FAILED", reason=reason)
+                            size=0, arrived_at=services.clock(), status="FAILED",
+                            reason=short_reason(reason))
         services.state.register_host(msg.run, msg.session, host, record, services.clock())
     s = services.state.get_session(msg.run, msg.session)
     if s is None or s.state != CAPTURING or not s.complete():
         return
     if not any(h.status == "ARRIVED" for h in s.hosts.values()):
-        _fail(services, msg.run, msg.session, "every target failed: " + "; ".join(
-            h.reason for h in s.hosts.values() if h.reason), s.version)
+        _fail(services, msg.run, msg.session, "every target failed: " + short_reason(
+            *(h.reason for h in s.hosts.values())), s.version)
     else:
         complete_session(services, s)
 
@@ -650,7 +653,7 @@ def sweep(services: Services) -> dict[str, int]:
             # Nothing will come (a capture that died, an upload that failed): say so rather
             # than leave the session CAPTURING forever.
             if last_moved and quiet >= settings.stuck_after_s:
-                failed = "; ".join(r.reason for r in s.hosts.values() if r.reason)
+                failed = short_reason(*(r.reason for r in s.hosts.values()))
                 _fail(services, s.run, s.session,
                       f"no host's profile arrived within {settings.stuck_after_s:g} s"
                       + (f": {failed}" if failed else ""), s.version)
@@ -686,9 +689,17 @@ def requeue_stuck(services: Services, stuck_after_s: float) -> int:
                         (INVESTIGATING, InvestigateSession)):
         for s in services.state.list_sessions(state=state):
             if now - s.updated_at >= stuck_after_s:
+                if stuck_after_s > 0 and s.requeues >= services.settings.max_attempts:
+                    # The stage keeps dying without an error it could report (killed for
+                    # memory, past its timeout): stop paying for it.
+                    _fail(services, s.run, s.session,
+                          f"the {state.lower()} stage did not finish after {s.requeues + 1} "
+                          "attempts (crashed, out of memory or past its timeout?)", s.version)
+                    continue
                 # Touch the session so it is re-queued once per deadline, not every sweep.
                 services.state.transition(s.run, s.session, s.state, expect=[s.state],
-                                          version=s.version, now=now)
+                                          version=s.version, now=now,
+                                          requeues=s.requeues + (1 if stuck_after_s > 0 else 0))
                 services.bus.publish(make(run=s.run, session=s.session, version=s.version))
                 requeued += 1
     return requeued

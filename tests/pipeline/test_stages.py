@@ -560,3 +560,19 @@ def test_a_new_version_forgets_the_old_report_path(
     rt.storage.write_bytes(object_name("h0"), b"\x00" * 5000)  # rewritten, now corrupt
     s = wait_state(rt, FAILED, version=2)
     assert s.report_path == "" and "not a readable XSpace" in s.reason
+
+
+def test_a_stage_that_never_finishes_is_failed_after_max_attempts(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    # A stage killed for memory or past its timeout reports nothing: only the sweeper sees it.
+    clock = SkewedClock()
+    rt = make_runtime(clock=clock, stuck_after_s=60, max_attempts=3)
+    _stranded_session(rt, xplane_bytes, ANALYZING, clock())
+    for _ in range(3):
+        clock.advance(61)
+        assert sweep(rt.services)["requeued"] == 1
+    clock.advance(61)
+    assert sweep(rt.services)["requeued"] == 0
+    s = session_of(rt)
+    assert s.state == FAILED
+    assert s.reason.startswith("the analyzing stage did not finish after 4 attempts")

@@ -286,7 +286,9 @@ def machinelearning_run(
     token = secrets.token_urlsafe(24)
     # The control endpoint reports continuous state changes to the run, built just below.
     holder: list[MLRun] = []
-    control = ControlServer(ring, token, host=address, port=0,
+    # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
+    control = ControlServer(ring, token, host=address,
+                            port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
                             on_change=lambda state: holder[0]._set_continuous(state))
     control_port = control.start()
     target = TargetRecord(

@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -110,6 +112,10 @@ def _dumps(data: Mapping[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, allow_nan=False)
 
 
+# Rounds of (client retries, then a jittered backoff) before a contended transaction fails.
+_CONTENDED_ROUNDS = 6
+
+
 class FirestoreStateStore:
     """The state port on a Firestore database (Native mode). Safe to share between threads.
 
@@ -146,9 +152,21 @@ class FirestoreStateStore:
         each other and sleep. The transaction still guards against other instances.
         """
         with self._doc_locks[hash(ref.path) % len(self._doc_locks)]:
-            transaction = self.client.transaction(max_attempts=self.max_attempts)
-            result: T = firestore.transactional(fn)(transaction)
-        return result
+            for attempt in range(_CONTENDED_ROUNDS):
+                transaction = self.client.transaction(max_attempts=self.max_attempts)
+                try:
+                    result: T = firestore.transactional(fn)(transaction)
+                    return result
+                except ValueError as e:
+                    # The client retries an aborted commit at once, keeping its place in line;
+                    # under heavy contention from other instances (a hot session document)
+                    # all its attempts can abort. Back off with jitter and try again before
+                    # giving up, which would make the whole delivery be retried.
+                    if "Failed to commit transaction" not in str(e) or (
+                            attempt == _CONTENDED_ROUNDS - 1):
+                        raise
+                    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
+        raise AssertionError("unreachable")
 
     def add_listener(self, listener: Callable[[SessionRecord], None]) -> None:
         """Call `listener` with the session after every committed change of its state (in
