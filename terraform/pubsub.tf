@@ -135,3 +135,12 @@ resource "google_service_account_iam_member" "agent_signs_push_tokens" {
   role               = "roles/iam.serviceAccountTokenCreator"
   member             = local.pubsub_agent
 }
+
+# Cloud Monitoring alert policies can notify mldiag through a Pub/Sub notification channel on
+# degradation-alerts (on_degradation_alert parses incident notifications); the channel
+# publishes as the project's Monitoring notification service agent.
+resource "google_pubsub_topic_iam_member" "monitoring_notifications" {
+  topic  = google_pubsub_topic.topic["degradation-alerts"].id
+  role   = "roles/pubsub.publisher"
+  member = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
+}

@@ -156,7 +156,9 @@ class StateStore(Protocol):
         self, topic: str, payload: str, reason: str, attempts: int, now: float
     ) -> None: ...
 
-    def list_dead_letters(self) -> list[dict[str, Any]]: ...
+    def list_dead_letters(self, since: float = 0.0) -> list[dict[str, Any]]:
+        """Dead letters recorded after `since` (all by default), oldest first."""
+        ...
 
 
 class Bus(Protocol):

@@ -359,6 +359,11 @@ def test_dead_letters_are_kept_in_order_with_their_reason(state: Subject) -> Non
         ("analysis-requests", "\x00garbage", "poison message: not JSON", 1, 5.0),
         ("report-requests", '{"kind": "RenderReport"}', "failed 5 times", 5, 4.0)]
     assert len({d["id"] for d in letters}) == 2
+    # A CLI waiting on its request reads only what was recorded since it published.
+    s.record_dead_letter("capture-requests", '{"session": "s9"}', "unknown run", 1, 9.0)
+    assert [d["payload"] for d in s.list_dead_letters(since=4.5)] == [
+        "\x00garbage", '{"session": "s9"}']
+    assert s.list_dead_letters(since=9.0) == []
 
 
 # Indexes (Firestore needs a composite index for each filtered, ordered query)

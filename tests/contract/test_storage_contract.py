@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import tracemalloc
@@ -140,3 +141,18 @@ def test_a_large_object_is_materialised_without_holding_it_in_memory(
     assert peak < size / 4, f"materialising held {peak / MIB:.1f} MiB of a {size} B object"
     if hasattr(s, "ranged_reads"):
         assert s.ranged_reads == 11, "40 MiB in 4 MiB ranges is 11 ranged reads"
+
+
+def test_a_gzip_encoded_gcs_object_is_refused_with_the_reason(storage: Subject) -> None:
+    from mldiag.adapters.gcp.storage import GcsStorage
+    from mldiag.errors import ProfileUnreadable
+
+    s = storage.adapter
+    if not isinstance(s, GcsStorage):
+        pytest.skip("only GCS objects carry a Content-Encoding")
+    name = "r/plugins/profile/s/gz.xplane.pb"
+    blob = s.client.bucket(s.bucket).blob(name)
+    blob.content_encoding = "gzip"
+    blob.upload_from_string(gzip.compress(b"x" * 10_000))
+    with pytest.raises(ProfileUnreadable, match="gzip-encoded"), s.local_files([name]):
+        pass

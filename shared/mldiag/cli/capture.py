@@ -74,13 +74,14 @@ def run(args: argparse.Namespace) -> int:
         return 0
     deadline = time.monotonic() + args.duration + args.timeout
     last = ""
-    dead_before = len(plane.state.list_dead_letters())
+    # Published just now: a refusal is a dead letter recorded from now on.
+    since = time.time() - 5.0
     while time.monotonic() < deadline:
         s = plane.state.get_session(run_record.name, args.name)
         if s is None:
             # A request the capture stage refused never becomes a session: its reason is in
             # the dead letters.
-            for dead in plane.state.list_dead_letters()[dead_before:]:
+            for dead in plane.state.list_dead_letters(since=since):
                 if f'"session": "{args.name}"' in str(dead.get("payload", "")):
                     raise MldiagError(f"capture refused: {dead['reason']}")
         else:

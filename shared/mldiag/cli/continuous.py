@@ -56,6 +56,7 @@ def run(args: argparse.Namespace) -> int:
     for reason in down:
         print(f"mldiag: warning: {reason}", file=sys.stderr)
     request_id = uuid.uuid4().hex
+    started = time.time()
     # The stage acts on the newest record of each host; wait for exactly those.
     newest: dict[str, Any] = {}
     for t in targets:
@@ -80,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
                 print(line)
             return 1 if any("FAILED" in v for v in done.values()) else 0
         time.sleep(0.1)
-    dead = [d["reason"] for d in plane.state.list_dead_letters() if request_id in d["payload"]]
+    dead = [d["reason"] for d in plane.state.list_dead_letters(since=started - 5.0)
+            if request_id in d["payload"]]
     if dead:
         raise MldiagError(f"continuous {args.verb} refused: {dead[-1]}")
     raise MldiagError(f"continuous {args.verb} on run {run_record.name}: no answer from the "

@@ -165,8 +165,14 @@ def _drop_demo(args: argparse.Namespace, settings: Settings) -> int:
         _say(f"runtime up on {settings.home} (bucket {runtime.storage.root})")
         with tempfile.TemporaryDirectory(prefix="mldiag-demo-") as tmp:
             _say(f"profiling scripts/workloads/{script.name} ...")
-            subprocess.run([sys.executable, str(script), "--logdir", tmp], check=True)
-            (xplane,) = Path(tmp).glob("plugins/profile/*/*.xplane.pb")
+            done = subprocess.run([sys.executable, str(script), "--logdir", tmp])
+            if done.returncode != 0:
+                raise MldiagError(f"scripts/workloads/{script.name} failed (exit "
+                                  f"{done.returncode}); its output is above")
+            found = sorted(Path(tmp).glob("plugins/profile/*/*.xplane.pb"))
+            if not found:
+                raise MldiagError(f"scripts/workloads/{script.name} wrote no .xplane.pb")
+            xplane = found[-1]
             session = f"{args.workload}-{time.strftime('%Y%m%d-%H%M%S')}"
             target = runtime.storage.root / "demo" / "plugins" / "profile" / session
             target.mkdir(parents=True, exist_ok=True)

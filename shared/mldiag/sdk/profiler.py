@@ -30,8 +30,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def default_session_id() -> str:
-    """A session id like jax.profiler's: the UTC start time."""
-    return time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime())
+    """A session id like jax.profiler's (the UTC start time), to the millisecond, so that two
+    captures in one second (a decorated function called twice) stay two sessions."""
+    now = time.time()
+    return time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime(now)) + f"_{int(now * 1000) % 1000:03d}"
 
 
 class Xprof:

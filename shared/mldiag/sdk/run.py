@@ -107,7 +107,9 @@ class MLRun:
             return name
 
         future = self._executor.submit(work)
-        self._pending.append(future)
+        # Keep only unfinished uploads (and failed ones, for wait_uploads to report).
+        self._pending = [f for f in self._pending
+                         if not f.done() or f.exception() is not None] + [future]
         return future
 
     def wait_uploads(self, timeout: float | None = None) -> list[str]:
@@ -281,11 +283,15 @@ def machinelearning_run(
     host = host_name or os.environ.get("MLDIAG_HOST_NAME") or socket.gethostname()
     address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
         "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
+    # The control endpoint and the monitor report to the run, built once the servers are up.
+    holder: list[MLRun] = []
+    # Bad monitor options fail here, before any server starts or the target is registered.
+    step_monitor = (StepTimeMonitor(lambda found: holder[0]._alert(found),
+                                    **(monitor if isinstance(monitor, dict) else {}))
+                    if monitor else None)
     server = jax.profiler.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
     token = secrets.token_urlsafe(24)
-    # The control endpoint reports continuous state changes to the run, built just below.
-    holder: list[MLRun] = []
     # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
     control = ControlServer(ring, token, host=address,
                             port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
@@ -303,17 +309,19 @@ def machinelearning_run(
                 target=target, plane=plane, storage_prefix=prefix, ring=ring, control=control,
                 profiler_server=server)
     holder.append(run)
-    if monitor:
-        options = monitor if isinstance(monitor, dict) else {}
-        run.monitor = StepTimeMonitor(run._alert, **options)
+    run.monitor = step_monitor
+    atexit.register(run.close)
     threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
                      daemon=True).start()
     with _current_lock:
         _current = run
     metrics.clear()
     if continuous:
-        run.start_continuous(**(continuous if isinstance(continuous, dict) else {}))
-    atexit.register(run.close)
+        try:
+            run.start_continuous(**(continuous if isinstance(continuous, dict) else {}))
+        except BaseException:
+            run.close()  # bad ring options: leave no server or live target behind
+            raise
     log.info("mldiag: run %s registered; target %s (%s:%d, control %d)", name, host, address,
              port, control_port)
     return run

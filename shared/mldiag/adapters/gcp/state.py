@@ -481,7 +481,13 @@ class FirestoreStateStore:
             "recorded_at": firestore.SERVER_TIMESTAMP,
         })
 
-    def list_dead_letters(self) -> list[dict[str, Any]]:
-        docs = self.client.collection(DEAD_LETTERS).order_by("recorded_at").stream()
+    def list_dead_letters(self, since: float = 0.0) -> list[dict[str, Any]]:
+        collection = self.client.collection(DEAD_LETTERS)
+        if since:
+            from google.cloud.firestore_v1.base_query import FieldFilter
+
+            docs = collection.where(filter=FieldFilter("at", ">", since)).order_by("at").stream()
+        else:
+            docs = collection.order_by("recorded_at").stream()
         keys = ("topic", "payload", "reason", "attempts", "at")
         return [{"id": d.id, **{k: d.get(k) for k in keys}} for d in docs]

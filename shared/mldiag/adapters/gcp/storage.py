@@ -26,6 +26,7 @@ from google.api_core.retry import Retry
 from google.cloud.storage import Bucket, Client
 from google.cloud.storage.retry import DEFAULT_RETRY
 
+from mldiag.errors import ProfileUnreadable
 from mldiag.ports import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -184,6 +185,12 @@ class GcsStorage:
         blob = self._bucket().get_blob(name, timeout=self.timeout_s)
         if blob is None:
             raise FileNotFoundError(f"{self.uri(name)} does not exist")
+        if (blob.content_encoding or "").lower() == "gzip":
+            # Ranged reads of a gzip-encoded object return decompressed bytes of the whole:
+            # it cannot be fetched in parts, and xprof wants the raw xplane anyway.
+            raise ProfileUnreadable(
+                f"{self.uri(name)} is stored gzip-encoded (Content-Encoding: gzip, as "
+                "`gcloud storage cp -Z` uploads): upload the .xplane.pb without compression")
         size, generation = int(blob.size or 0), int(blob.generation)
         with path.open("wb") as f:
             # The file gets its final size first; each range then writes in place.

@@ -334,10 +334,10 @@ class SqliteStateStore:
                 "INSERT INTO dead_letters (topic, payload, reason, attempts, at) "
                 "VALUES (?, ?, ?, ?, ?)", (topic, payload, reason, attempts, now))
 
-    def list_dead_letters(self) -> list[dict[str, Any]]:
+    def list_dead_letters(self, since: float = 0.0) -> list[dict[str, Any]]:
         rows = self.connection().execute(
-            "SELECT id, topic, payload, reason, attempts, at FROM dead_letters ORDER BY id"
-        ).fetchall()
+            "SELECT id, topic, payload, reason, attempts, at FROM dead_letters WHERE at > ? "
+            "ORDER BY id", (since,)).fetchall()
         keys = ("id", "topic", "payload", "reason", "attempts", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
 
