@@ -250,6 +250,15 @@ class _Handler(BaseHTTPRequestHandler):
         if length < 0:
             raise _HttpError(HTTPStatus.BAD_REQUEST, f"bad Content-Length {raw_length!r}")
         if length > MAX_JSON_BYTES:
+            # Drain a modestly oversized body (in chunks, discarded) so the client, still
+            # sending, reads the 413 instead of a connection reset; a huge one is cut off.
+            left = length if length <= 8 * MAX_JSON_BYTES else 0
+            while left > 0:
+                chunk = self.rfile.read(min(left, 64 * 1024))
+                if not chunk:
+                    break
+                left -= len(chunk)
+            self.close_connection = True
             raise _HttpError(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
                              f"body of {length} bytes is over the {MAX_JSON_BYTES} byte limit")
         raw = self.rfile.read(length) if length else b""
