@@ -28,6 +28,9 @@ def main() -> int:
     parser.add_argument("--programmatic", default="")
     parser.add_argument("--process-index-list", default="")
     parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--wait-targets", type=int, default=1,
+                        help="start the programmatic capture once this many targets are live "
+                        "(what jax.distributed's start-up barrier gives a real multi-host job)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run = machinelearning_run(name=args.run, on_demand_xprof=True, port=args.port,
@@ -38,6 +41,12 @@ def main() -> int:
     jax.block_until_ready(step(w, x))
     print("ready", flush=True)
     if args.programmatic:
+        deadline = time.monotonic() + 60
+        while len([t for t in run.plane.state.list_targets(args.run)
+                   if time.time() - t.last_heartbeat < 30]) < args.wait_targets:
+            if time.monotonic() > deadline:
+                raise SystemExit("the other targets never registered")
+            time.sleep(0.05)
         indices = [int(i) for i in args.process_index_list.split(",") if i] or None
         with xprof(process_index_list=indices, session_id=args.programmatic):
             for i in range(10):

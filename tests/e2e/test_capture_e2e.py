@@ -3,6 +3,7 @@ capture, CLI errors, and the demo (degradation → alert → auto-capture → re
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -136,11 +137,26 @@ def test_continuous_snapshot_and_on_demand_served_from_the_ring(
 
 
 def test_programmatic_xprof_uploads_one_session(runtime: LocalRuntime, launch: Launch) -> None:
-    launch("w0", "--programmatic", "prog1", wait_target=False)
+    proc = launch("w0", "--programmatic", "prog1", wait_target=False)
     s = finished(runtime, "prog1")
     assert s.state == REPORTED, s.reason
     assert s.kind == "programmatic" and s.expected_hosts == ["w0"]
     assert (runtime.storage.root / RUN / "plugins/profile/prog1/w0.xplane.pb").is_file()
+    # Uploaded as soon as the trace was written, while the job still trains.
+    assert proc.poll() is None
+
+
+def test_one_session_id_on_two_hosts_is_one_multi_host_session(
+        runtime: LocalRuntime, launch: Launch) -> None:
+    for host in ("w0", "w1"):
+        launch(host, "--programmatic", "shared", "--wait-targets", "2", wait_target=False)
+    s = finished(runtime, "shared")
+    assert s.state == REPORTED, s.reason
+    assert sorted(s.expected_hosts) == ["w0", "w1"] and sorted(s.hosts) == ["w0", "w1"]
+    assert s.version == 1  # analysed once, with both hosts
+    analysis = json.loads((runtime.storage.root / RUN / "plugins/profile/shared/analysis"
+                           / "analysis.json").read_text())
+    assert sorted(analysis["session"]["hosts"]) == ["w0", "w1"]
 
 
 def test_control_commands_fail_with_one_clear_line(
