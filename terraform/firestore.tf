@@ -62,3 +62,16 @@ resource "google_firestore_field" "unindexed" {
   # An empty index_config turns off the field's single-field indexes.
   index_config {}
 }
+
+# Claims and dead letters carry a `purge_at` timestamp (mldiag.adapters.gcp.state.TTL_FIELDS):
+# Firestore deletes them after it, so these collections do not grow for ever.
+resource "google_firestore_field" "ttl" {
+  for_each   = toset(["claims", "dead_letters"])
+  project    = var.project
+  database   = google_firestore_database.main.name
+  collection = each.value
+  field      = "purge_at"
+
+  ttl_config {}
+  index_config {}
+}

@@ -354,6 +354,15 @@ def test_firestore_indexes_are_the_state_adapters(tf: Terraform) -> None:
         (o["collectionGroup"], o["fieldPath"]) for o in state.INDEXES["fieldOverrides"]
         if o["indexes"] == [])
 
+    # The collections the adapter stamps with a purge time have Firestore's TTL policy on it.
+    ttl = tf.resource("google_firestore_field", "ttl")
+    assert "ttl_config" in ttl
+    fields = {f for _, f in state.TTL_FIELDS}
+    assert ttl["field"] in fields and len(fields) == 1
+    assert sorted(ttl["for_each"].removeprefix("${toset(").removesuffix(")}").strip("[]")
+                  .replace('"', "").replace(" ", "").split(",")) == sorted(
+        c for c, _ in state.TTL_FIELDS)
+
 
 # The push endpoint against functions-framework: a raw push body must become the CloudEvent
 # that mldiag.entrypoints parses, with the topic in its source.

@@ -27,6 +27,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from google.api_core import exceptions as gexc
@@ -46,6 +47,15 @@ T = TypeVar("T")
 
 RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
 CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
+# How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
+CLAIM_RETENTION_S = 30 * 86400.0
+DEAD_LETTER_RETENTION_S = 90 * 86400.0
+# (collection, field) pairs with a TTL policy: terraform's firestore.tf mirrors this.
+TTL_FIELDS = ((CLAIMS, "purge_at"), (DEAD_LETTERS, "purge_at"))
+
+
+def _purge_at(now: float, keep_s: float) -> datetime:
+    return datetime.fromtimestamp(now + keep_s, UTC)
 
 # The orderings of list_sessions, by which filters it has: (by run, by state) -> order fields.
 # Each filtered shape needs the composite index of INDEXES with the same fields.
@@ -429,7 +439,10 @@ class FirestoreStateStore:
 
     def claim(self, key: str, owner: str, lease_s: float, now: float) -> bool:
         ref = self._claim_ref(key)
-        doc = {"key": key, "owner": owner, "done": False, "expires_at": now + lease_s}
+        doc = {"key": key, "owner": owner, "done": False, "expires_at": now + lease_s,
+               # Firestore's TTL policy (terraform) deletes claims once no redelivery of
+               # their event can still come (Pub/Sub keeps messages at most 7 days).
+               "purge_at": _purge_at(now, CLAIM_RETENTION_S)}
         try:
             # The conditional create: of concurrent first deliveries, exactly one succeeds.
             ref.create(doc)
@@ -477,6 +490,7 @@ class FirestoreStateStore:
         self.client.collection(DEAD_LETTERS).add({
             "topic": topic, "payload": payload, "reason": reason[:4096], "attempts": attempts,
             "at": now, "payload_truncated": truncated,
+            "purge_at": _purge_at(now, DEAD_LETTER_RETENTION_S),
             # The order of recording; `at` is the caller's clock, which tests may skew.
             "recorded_at": firestore.SERVER_TIMESTAMP,
         })
