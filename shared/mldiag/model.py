@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -171,6 +172,55 @@ class SessionRecord:
     @property
     def key(self) -> str:
         return f"{self.run}/{self.session}"
+
+    @classmethod
+    def arriving(cls, run: str, session: str, now: float,
+                 expected_hosts: Sequence[str] = ()) -> SessionRecord:
+        """A session created by its first host's arrival."""
+        return cls(run=run, session=session, state=CAPTURING, created_at=now,
+                   timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
+
+    def add_host(self, host: str, record: HostRecord, now: float) -> bool:
+        """Register a host's object; False when this generation is already registered.
+
+        A host arriving after the analysis started (or after the report) starts the next
+        version: the current version's hosts are fixed, and the old version's messages stop
+        at their version check. Every state store applies this inside its transaction.
+        """
+        existing = self.hosts.get(host)
+        if existing is not None and existing.generation == record.generation:
+            return False
+        self.hosts[host] = record
+        self.last_arrival_at = now
+        if self.state == REQUESTED:
+            self.state = CAPTURING
+            self.timings[CAPTURING] = now
+        elif self.state != CAPTURING:
+            self.version += 1
+            self.state, self.reason, self.verdict, self.progress = CAPTURING, "", None, ""
+            self.report_path = ""  # the old version's report stays at analysis/v<n>/
+            self.timings[CAPTURING] = now
+        self.updated_at = now
+        return True
+
+    def move(self, to: str, now: float, *, expect: Sequence[str] | None = None,
+             version: int | None = None, **fields: Any) -> bool:
+        """Go to state `to` (setting `fields`) if in one of `expect` and at `version`."""
+        if expect is not None and self.state not in expect:
+            return False
+        if version is not None and self.version != version:
+            return False
+        before = self.state
+        self.state = to
+        for k, v in fields.items():
+            setattr(self, k, v)
+        if before != to:
+            # When the state was entered: progress updates and the sweeper's touch keep it.
+            self.timings[to] = now
+        self.updated_at = now
+        if to == REPORTED:
+            self.reported_version = self.version
+        return True
 
     def complete(self) -> bool:
         """All expected hosts arrived (False when none are expected: the settle window decides)."""

@@ -34,9 +34,6 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from mldiag.model import (
-    CAPTURING,
-    REPORTED,
-    REQUESTED,
     HostRecord,
     RunRecord,
     SessionRecord,
@@ -349,24 +346,9 @@ class FirestoreStateStore:
             s = self._session(snap) if snap.exists else None
             before = s.state if s else None
             if s is None:
-                s = SessionRecord(run=run, session=session, state=CAPTURING, created_at=now,
-                                  timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
-            existing = s.hosts.get(host)
-            new = existing is None or existing.generation != record.generation
+                s = SessionRecord.arriving(run, session, now, expected_hosts)
+            new = s.add_host(host, record, now)
             if new:
-                s.hosts[host] = record
-                s.last_arrival_at = now
-                if s.state == REQUESTED:
-                    s.state = CAPTURING
-                    s.timings[CAPTURING] = now
-                elif s.state != CAPTURING:
-                    # As in SqliteStateStore: a host after the analysis started starts the next
-                    # version; the old version's messages stop at their version check.
-                    s.version += 1
-                    s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
-                    s.report_path = ""
-                    s.timings[CAPTURING] = now
-                s.updated_at = now
                 transaction.set(ref, self._session_doc(s))
             return before, s, new
 
@@ -393,19 +375,9 @@ class FirestoreStateStore:
             if not snap.exists:
                 return None
             s = self._session(snap)
-            if expect is not None and s.state not in expect:
-                return None
-            if version is not None and s.version != version:
-                return None
             before = s.state
-            s.state = to
-            for k, v in fields.items():
-                setattr(s, k, v)
-            if before != to:
-                s.timings[to] = now
-            s.updated_at = now
-            if to == REPORTED:
-                s.reported_version = s.version
+            if not s.move(to, now, expect=expect, version=version, **fields):
+                return None
             transaction.set(ref, self._session_doc(s))
             return before, s
 

@@ -16,9 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from mldiag.model import (
-    CAPTURING,
-    REPORTED,
-    REQUESTED,
     HostRecord,
     RunRecord,
     SessionRecord,
@@ -210,25 +207,9 @@ class SqliteStateStore:
             s = self._load(db, run, session)
             before = s.state if s else None
             if s is None:
-                s = SessionRecord(run=run, session=session, state=CAPTURING, created_at=now,
-                                  timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
-            existing = s.hosts.get(host)
-            new = existing is None or existing.generation != record.generation
+                s = SessionRecord.arriving(run, session, now, expected_hosts)
+            new = s.add_host(host, record, now)
             if new:
-                s.hosts[host] = record
-                s.last_arrival_at = now
-                if s.state == REQUESTED:
-                    s.state = CAPTURING
-                    s.timings[CAPTURING] = now
-                elif s.state != CAPTURING:
-                    # A host after the analysis started (or after the report): the current
-                    # version's hosts are fixed, so the next version covers it. Messages of
-                    # the old version become stale and stop at their version check.
-                    s.version += 1
-                    s.state, s.reason, s.verdict, s.progress = CAPTURING, "", None, ""
-                    s.report_path = ""  # the old version's report stays at analysis/v<n>/
-                    s.timings[CAPTURING] = now
-                s.updated_at = now
                 self._save(db, s)
         if new:
             self._notify(before, s)
@@ -263,20 +244,9 @@ class SqliteStateStore:
             s = self._load(db, run, session)
             if s is None:
                 return None
-            if expect is not None and s.state not in expect:
-                return None
-            if version is not None and s.version != version:
-                return None
             before = s.state
-            s.state = to
-            for k, v in fields.items():
-                setattr(s, k, v)
-            if before != to:
-                # When the state was entered: progress updates and the sweeper's touch keep it.
-                s.timings[to] = now
-            s.updated_at = now
-            if to == REPORTED:
-                s.reported_version = s.version
+            if not s.move(to, now, expect=expect, version=version, **fields):
+                return None
             self._save(db, s)
         self._notify(before, s)
         return s
