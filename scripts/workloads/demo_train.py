@@ -1,6 +1,7 @@
 """Demo training job instrumented with mldiag.sdk: healthy steps, then an input stall.
 
-A small MLP trains on CPU (or any JAX backend). Every step records its STEP_TIME, so the SDK's
+A two-layer MLP (batch 256, width 1024, batches prefetched onto the device) trains on CPU or
+any JAX backend: a healthy step is device work. Every step records its STEP_TIME, so the SDK's
 degradation monitor learns a baseline. Once the file named by ``--stall-flag`` exists, the
 host-side batch reader starts sleeping ``--stall-ms`` per step (a slow disk or decoder), so
 each step becomes mostly host time with the device idle. The monitor notices, the run's
@@ -26,7 +27,8 @@ import numpy as np
 from mldiag.sdk import machinelearning_run, metrics
 from mldiag.sdk.metric_types import MetricType
 
-BATCH, WIDTH = 128, 256
+BATCH, WIDTH = 256, 1024
+PREFETCHED = 8
 
 
 def train_step(params: tuple[jax.Array, jax.Array], x: jax.Array,
@@ -66,6 +68,11 @@ def main(argv: list[str] | None = None) -> int:
               jax.random.normal(key, (WIDTH, 16)) / WIDTH**0.5)
     step = jax.jit(train_step)
     rng = np.random.default_rng(0)
+    # A healthy input pipeline: batches prepared ahead and already on the device, so a step
+    # is all device work. The stall below is the reader falling behind.
+    batches = [(jnp.asarray(rng.standard_normal((BATCH, WIDTH), dtype=np.float32)),
+                jnp.asarray(rng.standard_normal((BATCH, 16), dtype=np.float32)))
+               for _ in range(PREFETCHED)]
     flag = Path(args.stall_flag)
     stalled = False
     started = time.monotonic()
@@ -73,19 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     while time.monotonic() - started < args.max_seconds:
         t0 = time.perf_counter()
         with jax.profiler.StepTraceAnnotation("train", step_num=i):
-            x = rng.standard_normal((BATCH, WIDTH), dtype=np.float32)
-            y = rng.standard_normal((BATCH, 16), dtype=np.float32)
+            x, y = batches[i % PREFETCHED]
             if stalled:
-                time.sleep(args.stall_ms / 1e3)  # the slow reader
-            params = jax.block_until_ready(step(params, jnp.asarray(x), jnp.asarray(y)))
+                time.sleep(args.stall_ms / 1e3)  # the reader no longer keeps up
+            params = jax.block_until_ready(step(params, x, y))
         metrics.record(MetricType.STEP_TIME, time.perf_counter() - t0, step=i)
         if not stalled and i % 20 == 0 and flag.exists():
             stalled = True
             print(f"demo_train: step {i}: input stall injected ({args.stall_ms:g} ms per "
                   "batch)", flush=True)
         i += 1
-        # A healthy step is ~1 ms on CPU; a little pacing keeps traces small.
-        time.sleep(0.004)
     return 0
 
 

@@ -184,6 +184,7 @@ def test_demo_names_the_injected_stall_at_p0_and_cleans_up(tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout + done.stderr
     assert "P0 host_bound" in done.stdout
     assert "(trigger: alert, kind: snapshot)" in done.stdout
+    assert "baseline (healthy):" in done.stdout and "before → after the stall" in done.stdout
     assert time.monotonic() - started < 180
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True,
                               text=True)

@@ -25,7 +25,7 @@ from typing import Any
 from mldiag.bootstrap import bootstrap
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
-from mldiag.messages import ContinuousProfiling
+from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import FAILED, REPORTED, AutoCapturePolicy, SessionRecord
 from mldiag.settings import Settings
 
@@ -120,7 +120,18 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
             runtime.state.set_auto_capture(run_name, policy.to_dict())
             _say("auto-capture policy: on degradation, snapshot 2 s of the ring (cooldown "
                  "10 min)")
-            time.sleep(4.0)  # healthy steps: the monitor learns its baseline
+            # A healthy reference first, on demand (served from the ring, which holds the
+            # profiler); meanwhile the monitor learns its step-time baseline.
+            runtime.services.bus.publish(CaptureProfile(run=run_name, session="baseline",
+                                                        duration_s=1.0))
+            baseline = _until("the baseline capture's report", 120.0, lambda: (
+                s if (s := runtime.state.get_session(run_name, "baseline"))
+                and s.state in (REPORTED, FAILED) else None), proc)
+            if baseline.state == FAILED:
+                raise MldiagError(f"baseline capture FAILED: {baseline.reason}")
+            before = _analysis(baseline)
+            _say(f"baseline (healthy): {_headline(before)}")
+            time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
             flag.touch()
             _say("injecting an input-pipeline stall (the batch reader sleeps 40 ms a step); "
                  "waiting for the step-time monitor to raise an alert ...")
@@ -139,8 +150,31 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
     if final.state == FAILED:
         raise MldiagError(f"session {run_name}/{final.session} FAILED: {final.reason}")
     _print_report(final, f"{run_name}/{final.session}")
+    after = _analysis(final)
+    m0, m1 = before["metrics"], after["metrics"]
+    print(f"before → after the stall: step time {_num(m0.get('step_time_ms'))} → "
+          f"{_num(m1.get('step_time_ms'))} ms, device idle "
+          f"{_num(m0.get('device_idle_percent'))}% → {_num(m1.get('device_idle_percent'))}%")
     _say(f"done in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _analysis(s: SessionRecord) -> dict[str, Any]:
+    path = Path(s.report_path.removeprefix("file://")).with_name("analysis.json")
+    return dict(json.loads(path.read_text()))
+
+
+def _num(value: Any) -> str:
+    return f"{value:.1f}" if isinstance(value, int | float) else "n/a"
+
+
+def _headline(analysis: dict[str, Any]) -> str:
+    findings = analysis.get("findings") or []
+    top = (f"{findings[0]['priority']} {findings[0]['category']}" if findings
+           else "no bottleneck found")
+    m = analysis.get("metrics") or {}
+    return (f"{top}; step time {_num(m.get('step_time_ms'))} ms, device idle "
+            f"{_num(m.get('device_idle_percent'))}%")
 
 
 def _print_report(final: SessionRecord, label: str) -> None:
