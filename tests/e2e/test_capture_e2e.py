@@ -106,6 +106,8 @@ def test_on_demand_capture_keeps_the_hosts_that_answered(
     assert "unreachable" in s.hosts["w2"].reason
     out = capsys.readouterr()
     assert "host w2 failed" in out.out and "target down: w2" in out.err
+    # The verdict and its findings, read back from analysis.json.
+    assert "NEEDS_ATTENTION: " in out.out or "OPTIMAL: " in out.out
     session_dir = runtime.storage.root / RUN / "plugins" / "profile" / "od1"
     assert sorted(p.name for p in session_dir.glob("*.xplane.pb")) == [
         "w0.xplane.pb", "w1.xplane.pb"]

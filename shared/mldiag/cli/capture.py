@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from typing import Any
@@ -93,7 +94,25 @@ def run(args: argparse.Namespace) -> int:
                 for host, h in sorted(s.hosts.items()):
                     if h.status == "FAILED":
                         print(f"  host {host} failed: {h.reason}")
+                if s.state == REPORTED:
+                    _print_findings(plane, s)
                 return 0 if s.state == REPORTED else 1
         time.sleep(0.1)
     raise MldiagError(f"session {run_record.name}/{args.name} not finished after "
                       f"{args.timeout:.0f} s (see `mldiag sessions describe`)")
+
+
+def _print_findings(plane: Any, s: Any) -> None:
+    """The verdict and the prioritized findings, from the session's analysis.json."""
+    arrived = [h.object_name for h in s.hosts.values() if h.status == "ARRIVED"]
+    if not arrived:
+        return
+    name = f"{arrived[0].rsplit('/', 1)[0]}/analysis/analysis.json"
+    try:
+        analysis = json.loads(plane.storage.read_bytes(name))
+    except (OSError, ValueError) as e:
+        print(f"  (could not read {name}: {e})")
+        return
+    print(f"{analysis.get('status')}: {analysis.get('summary', '')}")
+    for f in analysis.get("findings", []):
+        print(f"  {f['priority']} {f['category']:<16} {f['title']}")
