@@ -27,7 +27,14 @@ from mldiag.adapters.gcp.bus import ensure_topology
 from mldiag.adapters.gcp.state import FirestoreStateStore
 from mldiag.adapters.gcp.storage import GcsStorage
 from mldiag.entrypoints import PUBSUB_PUBLISHED
-from mldiag.messages import TOPIC_OF, AnalyzeSession, InvestigateSession, RenderReport
+from mldiag.messages import (
+    TOPIC_OF,
+    AnalyzeSession,
+    CaptureProfile,
+    DegradationDetected,
+    InvestigateSession,
+    RenderReport,
+)
 from mldiag.model import ANALYZING, FAILED, REPORTED, HostRecord, SessionRecord
 from tests.conftest import REPO, SHARED_FIXTURES
 from tests.emulators import Emulators
@@ -40,7 +47,9 @@ FUNCTIONS = REPO / "functions"
 # The function each pipeline topic is delivered to (as terraform's push subscriptions do).
 FUNCTION_OF = {TOPIC_OF[AnalyzeSession]: "collect",
                TOPIC_OF[InvestigateSession]: "investigate",
-               TOPIC_OF[RenderReport]: "render_report"}
+               TOPIC_OF[RenderReport]: "render_report",
+               TOPIC_OF[DegradationDetected]: "on_degradation_alert",
+               TOPIC_OF[CaptureProfile]: "on_capture_request"}
 _ids = itertools.count(1)
 
 
@@ -98,7 +107,7 @@ def deployment(emu: Emulators, tmp_path_factory: pytest.TempPathFactory) -> Iter
             mp.setenv(key, value)
         entrypoints.set_services(None)
         names = ["on_profile_object", "collect", "investigate", "render_report",
-                 "dead_letters", "sweep"]
+                 "dead_letters", "sweep", "on_degradation_alert", "on_capture_request"]
         servers = {name: FunctionServer(FUNCTIONS / name, name) for name in names}
         routes = [Route(notifications, publisher.topic_path(emu.project, emu.notification_topic),
                         servers["on_profile_object"], storage=True)]
@@ -262,3 +271,54 @@ def test_a_message_that_keeps_failing_reaches_the_dead_letter_topic(
                for d in deployment.state.list_dead_letters())
     other = deployment.state.get_session(run, "s1")
     assert other is not None and other.state == REPORTED, "other sessions are untouched"
+
+
+def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
+        deployment: Deployment) -> None:
+    """The SDK on MLDIAG_BACKEND=gcp registers its run and target in Firestore; a workload-
+    monitoring alert on degradation-alerts becomes, through the functions, an on-demand
+    capture of that process, uploaded to the bucket and analysed there."""
+    import os
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from mldiag.model import AutoCapturePolicy
+
+    run = f"live-{deployment.prefix.rstrip('-')}"
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MLDIAG_HOST_NAME": "w0", "MLDIAG_TARGET_ADDRESS": "127.0.0.1",
+           "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests/e2e/sdk_workload.py"),
+                             "--run", run, "--port", str(port)], env=env,
+                            start_new_session=True)
+    try:
+        target = wait_for(lambda: next((t for t in deployment.state.list_targets(run)
+                                        if t.pid == proc.pid), None),
+                          "the SDK to register its target in Firestore", timeout=120)
+        assert (target.host, target.platform, target.control_port > 0) == ("w0", "cpu", True)
+        deployment.state.set_auto_capture(run, AutoCapturePolicy(
+            enabled=True, kind="on_demand", duration_s=1.0).to_dict())
+        alert = {"type": "PERFORMANCE_DEGRADATION", "startTime": "2026-11-29T12:00:00Z",
+                 "name": f"projects/p/locations/l/machineLearningRuns/{run}/monitoredEvents/e1",
+                 "analyzerReports": [{"analyzer": "Step Time Analyzer",
+                                      "detectionState": "DETECTED", "details": "slower"}]}
+        data = json.dumps(alert).encode()
+        for _ in range(3):  # an alert storm, delivered thrice: one capture
+            deployment.publisher.publish(deployment.topic("degradation-alerts"), data).result()
+        session = wait_for(lambda: next(
+            (s for s in deployment.state.list_sessions(run=run)
+             if s.state in (REPORTED, FAILED)), None), "the auto-captured session's report")
+        assert session.state == REPORTED, session.reason
+        assert (session.trigger, session.kind, sorted(session.hosts)) == (
+            "alert", "on_demand", ["w0"])
+        base = f"{run}/plugins/profile/{session.session}"
+        assert deployment.storage.stat(f"{base}/w0.xplane.pb") is not None
+        assert deployment.storage.stat(f"{base}/analysis/summary.html") is not None
+        assert [s.session for s in deployment.state.list_sessions(run=run)] == [session.session]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

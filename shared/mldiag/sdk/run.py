@@ -32,6 +32,23 @@ _current: MLRun | None = None
 _current_lock = threading.Lock()
 
 
+def _at_exit(fn: Callable[[], None]) -> None:
+    """Call `fn` when the interpreter exits, while threads may still be started.
+
+    Plain atexit handlers run after threading's shutdown, when the Cloud clients (gRPC) can no
+    longer start threads, so the final target update and pending uploads would fail. The
+    hook concurrent.futures uses for the same reason runs earlier; fall back to atexit.
+    """
+    register = getattr(threading, "_register_atexit", None)
+    if register is None:
+        atexit.register(fn)
+        return
+    try:
+        register(fn)
+    except RuntimeError:  # already shutting down
+        atexit.register(fn)
+
+
 def current_run() -> MLRun | None:
     """The run this process registered last (what `xprof()` and `metrics` use by default)."""
     return _current
@@ -310,7 +327,7 @@ def machinelearning_run(
                 profiler_server=server)
     holder.append(run)
     run.monitor = step_monitor
-    atexit.register(run.close)
+    _at_exit(run.close)
     threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
                      daemon=True).start()
     with _current_lock:
