@@ -120,7 +120,7 @@ def _dumps(data: Mapping[str, Any]) -> str:
 
 
 # Rounds of (client retries, then a jittered backoff) before a contended transaction fails.
-_CONTENDED_ROUNDS = 6
+_CONTENDED_ROUNDS = 10
 
 
 class FirestoreStateStore:
