@@ -33,6 +33,7 @@ locals {
     sessions_data         = { collection = "sessions", field = "data" }
     dead_letters_payload  = { collection = "dead_letters", field = "payload" }
     captures_times        = { collection = "captures", field = "times" }
+    captures_keys         = { collection = "captures", field = "keys" }
   }
 }
 

@@ -21,6 +21,7 @@ configs may carry keys Firestore maps cannot (empty, `__x__`), and records round
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import random
@@ -83,7 +84,8 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
     "fieldOverrides": [
         {"collectionGroup": group, "fieldPath": path, "indexes": []}
         for group, path in ((RUNS, "data"), (TARGETS, "data"), (SESSIONS, "data"),
-                            (DEAD_LETTERS, "payload"), (CAPTURES, "times"))
+                            (DEAD_LETTERS, "payload"), (CAPTURES, "times"),
+                            (CAPTURES, "keys"))
     ],
 }
 
@@ -119,6 +121,10 @@ def _dumps(data: Mapping[str, Any]) -> str:
     return json.dumps(data, sort_keys=True, allow_nan=False)
 
 
+# Conditional writes tried on a contended session document before giving up.
+_SWAP_ATTEMPTS = 200
+# How long a reservation's alert key is remembered (Pub/Sub redelivers for up to 7 days).
+_RESERVATION_KEY_S = 7 * 86400.0
 # Rounds of (client retries, then a jittered backoff) before a contended transaction fails.
 _CONTENDED_ROUNDS = 10
 
@@ -265,35 +271,37 @@ class FirestoreStateStore:
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
                         max_per_hour: int, key: str = "") -> bool:
         ref = self.client.collection(CAPTURES).document(doc_id(run))
-        # A keyed reservation is remembered in its own document, for as long as the run's.
-        key_ref = ref.collection("keys").document(claim_id(key)) if key else None
-
-        # A plain read settles most of a storm without a transaction (and its contention):
-        # a reservation by this key, or one inside the cooldown, can only stay true.
-        if key_ref is not None and key_ref.get().exists:
-            return True
-        seen = ref.get()
-        recent = [float(t) for t in (seen.get("times") if seen.exists else None) or []]
-        if recent and now - max(recent) < cooldown_s:
-            return False
-
-        def tx(transaction: Any) -> bool:
-            if key_ref is not None and key_ref.get(transaction=transaction).exists:
-                return True  # the same alert again: its reservation stands
-            snap = ref.get(transaction=transaction)
+        digest = claim_id(key) if key else ""
+        for attempt in range(_SWAP_ATTEMPTS):
+            snap = ref.get()
             times = [float(t) for t in (snap.get("times") if snap.exists else None) or []]
+            # Keys of recent reservations (an alert redelivered within a week finds its own).
+            keys = {k: float(v) for k, v in
+                    ((snap.get("keys") if snap.exists else None) or {}).items()}
+            if digest and digest in keys:
+                return True  # the same alert again: its reservation stands
             if times and now - max(times) < cooldown_s:
                 return False
             if sum(t > now - 3600.0 for t in times) >= max_per_hour:
                 return False
             # Keep the last hour (the rate limit) and the newest (the cooldown may be longer).
             kept = {t for t in times if t > now - 3600.0} | {max(times, default=now)}
-            transaction.set(ref, {"run": run, "times": sorted({*kept, now})})
-            if key_ref is not None:
-                transaction.set(key_ref, {"key": key, "at": now})
-            return True
-
-        return self._tx(ref, tx)
+            keys = {k: v for k, v in keys.items() if v > now - _RESERVATION_KEY_S}
+            if digest:
+                keys[digest] = now
+            doc = {"run": run, "times": sorted({*kept, now}), "keys": keys}
+            try:
+                # Conditional on the document as read: a storm's racers cannot both reserve.
+                if snap.exists:
+                    ref.update(doc, option=self.client.write_option(
+                        last_update_time=snap.update_time))
+                else:
+                    ref.create(doc)
+                return True
+            except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.Aborted, gexc.NotFound):
+                time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.random())
+        raise RuntimeError(f"captures of run {run}: still contended after {_SWAP_ATTEMPTS} "
+                           "conditional writes")
 
     # Targets
 
@@ -344,33 +352,54 @@ class FirestoreStateStore:
         self._notify(None, record)
         return record, True
 
+    def _swap_session(
+        self, run: str, session: str,
+        change: Callable[[SessionRecord | None], SessionRecord | None],
+    ) -> tuple[SessionRecord | None, SessionRecord | None]:
+        """Compare-and-swap on a session document: (before, after), after None if unchanged.
+
+        `change` gets the stored session (None if absent) and returns the new one, or None to
+        leave it. The write is conditional on the document being as read (create when absent,
+        else its update time), and a lost race reads again. Sessions are the documents many
+        deliveries touch at once (hosts arriving, duplicate stage messages): a conditional
+        write takes no lock, where a transaction's read lock makes contenders wait on each
+        other and abort.
+        """
+        ref = self._session_ref(run, session)
+        for attempt in range(_SWAP_ATTEMPTS):
+            snap = ref.get()
+            stored = self._session(snap) if snap.exists else None
+            changed = change(copy.deepcopy(stored))
+            if changed is None:
+                return stored, None
+            doc = self._session_doc(changed)
+            try:
+                if snap.exists:
+                    ref.update(doc, option=self.client.write_option(
+                        last_update_time=snap.update_time))
+                else:
+                    ref.create(doc)
+                return stored, changed
+            except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.Aborted, gexc.NotFound):
+                # Someone wrote in between: read again (jittered, so racers spread out).
+                time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.random())
+        raise RuntimeError(f"session {run}/{session}: still contended after "
+                           f"{_SWAP_ATTEMPTS} conditional writes")
+
     def register_host(
         self, run: str, session: str, host: str, record: HostRecord, now: float,
         expected_hosts: Sequence[str] = (),
     ) -> tuple[SessionRecord, bool]:
-        ref = self._session_ref(run, session)
-        seen = ref.get()
-        if seen.exists:
-            known = self._session(seen)
-            existing = known.hosts.get(host)
-            if existing is not None and existing.generation == record.generation:
-                return known, False  # a redelivered event: nothing to write
+        def change(s: SessionRecord | None) -> SessionRecord | None:
+            s = s or SessionRecord.arriving(run, session, now, expected_hosts)
+            return s if s.add_host(host, record, now) else None
 
-        def tx(transaction: Any) -> tuple[str | None, SessionRecord, bool]:
-            snap = ref.get(transaction=transaction)
-            s = self._session(snap) if snap.exists else None
-            before = s.state if s else None
-            if s is None:
-                s = SessionRecord.arriving(run, session, now, expected_hosts)
-            new = s.add_host(host, record, now)
-            if new:
-                transaction.set(ref, self._session_doc(s))
-            return before, s, new
-
-        before, s, new = self._tx(ref, tx)
-        if new:
-            self._notify(before, s)
-        return s, new
+        before, after = self._swap_session(run, session, change)
+        if after is None:
+            assert before is not None  # unchanged only when this generation is registered
+            return before, False
+        self._notify(before.state if before else None, after)
+        return after, True
 
     def transition(
         self,
@@ -383,30 +412,17 @@ class FirestoreStateStore:
         now: float,
         **fields: Any,
     ) -> SessionRecord | None:
-        ref = self._session_ref(run, session)
-        # Of concurrent deliveries only one wins; the others mostly see its result with a
-        # plain read and stop there, instead of contending for the document's lock.
-        seen = ref.get()
-        if not seen.exists or not self._session(seen).move(to, now, expect=expect,
-                                                            version=version, **fields):
-            return None
-
-        def tx(transaction: Any) -> tuple[str, SessionRecord] | None:
-            snap = ref.get(transaction=transaction)
-            if not snap.exists:
+        def change(s: SessionRecord | None) -> SessionRecord | None:
+            if s is None or not s.move(to, now, expect=expect, version=version, **fields):
                 return None
-            s = self._session(snap)
-            before = s.state
-            if not s.move(to, now, expect=expect, version=version, **fields):
-                return None
-            transaction.set(ref, self._session_doc(s))
-            return before, s
+            return s
 
-        result = self._tx(ref, tx)
-        if result is None:
+        before, after = self._swap_session(run, session, change)
+        if after is None:
             return None
-        self._notify(*result)
-        return result[1]
+        assert before is not None
+        self._notify(before.state, after)
+        return after
 
     def get_session(self, run: str, session: str) -> SessionRecord | None:
         snap = self._session_ref(run, session).get()
@@ -443,14 +459,20 @@ class FirestoreStateStore:
         except gexc.AlreadyExists:
             pass
 
-        def takeover(transaction: Any) -> bool:
-            snap = ref.get(transaction=transaction)
-            if snap.exists and (snap.get("done") or snap.get("expires_at") > now):
-                return False
-            transaction.set(ref, doc)
-            return True
-
-        return self._tx(ref, takeover)
+        # Take over an expired claim with a write conditional on the claim as read: of several
+        # takers one write lands, the others fail their precondition and lose.
+        snap = ref.get()
+        if snap.exists and (snap.get("done") or snap.get("expires_at") > now):
+            return False
+        try:
+            if snap.exists:
+                ref.update(doc, option=self.client.write_option(
+                    last_update_time=snap.update_time))
+            else:  # released meanwhile
+                ref.create(doc)
+        except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound, gexc.Aborted):
+            return False
+        return True
 
     def release(self, key: str, owner: str) -> None:
         ref = self._claim_ref(key)
