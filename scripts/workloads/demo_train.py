@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     run = machinelearning_run(
         name=args.run, run_group="demo", configs={"batch": BATCH, "width": WIDTH},
         on_demand_xprof=True, port=args.port, heartbeat_s=2.0,
-        monitor={"sustain_s": 3.0, "warmup": 10})
+        monitor={"sustain_s": 4.0, "warmup": 10})
     print(f"demo_train: run {run.name} registered, target {run.host} "
           f"(profiler :{args.port}, control :{run.target.control_port})", flush=True)
 
