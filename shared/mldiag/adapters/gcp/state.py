@@ -272,36 +272,27 @@ class FirestoreStateStore:
                         max_per_hour: int, key: str = "") -> bool:
         ref = self.client.collection(CAPTURES).document(doc_id(run))
         digest = claim_id(key) if key else ""
-        for attempt in range(_SWAP_ATTEMPTS):
-            snap = ref.get()
+
+        def change(snap: Any) -> tuple[bool, dict[str, Any] | None]:
             times = [float(t) for t in (snap.get("times") if snap.exists else None) or []]
             # Keys of recent reservations (an alert redelivered within a week finds its own).
             keys = {k: float(v) for k, v in
                     ((snap.get("keys") if snap.exists else None) or {}).items()}
             if digest and digest in keys:
-                return True  # the same alert again: its reservation stands
+                return True, None  # the same alert again: its reservation stands
             if times and now - max(times) < cooldown_s:
-                return False
+                return False, None
             if sum(t > now - 3600.0 for t in times) >= max_per_hour:
-                return False
+                return False, None
             # Keep the last hour (the rate limit) and the newest (the cooldown may be longer).
             kept = {t for t in times if t > now - 3600.0} | {max(times, default=now)}
             keys = {k: v for k, v in keys.items() if v > now - _RESERVATION_KEY_S}
             if digest:
                 keys[digest] = now
-            doc = {"run": run, "times": sorted({*kept, now}), "keys": keys}
-            try:
-                # Conditional on the document as read: a storm's racers cannot both reserve.
-                if snap.exists:
-                    ref.update(doc, option=self.client.write_option(
-                        last_update_time=snap.update_time))
-                else:
-                    ref.create(doc)
-                return True
-            except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.Aborted, gexc.NotFound):
-                time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.random())
-        raise RuntimeError(f"captures of run {run}: still contended after {_SWAP_ATTEMPTS} "
-                           "conditional writes")
+            return True, {"run": run, "times": sorted({*kept, now}), "keys": keys}
+
+        # Conditional on the document as read: a storm's racers cannot both reserve.
+        return self._swap(ref, change, f"captures of run {run}")
 
     # Targets
 
@@ -352,39 +343,49 @@ class FirestoreStateStore:
         self._notify(None, record)
         return record, True
 
-    def _swap_session(
-        self, run: str, session: str,
-        change: Callable[[SessionRecord | None], SessionRecord | None],
-    ) -> tuple[SessionRecord | None, SessionRecord | None]:
-        """Compare-and-swap on a session document: (before, after), after None if unchanged.
+    def _swap(self, ref: Any, change: Callable[[Any], tuple[T, dict[str, Any] | None]],
+              what: str) -> T:
+        """Compare-and-swap on one document; returns change's result.
 
-        `change` gets the stored session (None if absent) and returns the new one, or None to
-        leave it. The write is conditional on the document being as read (create when absent,
-        else its update time), and a lost race reads again. Sessions are the documents many
-        deliveries touch at once (hosts arriving, duplicate stage messages): a conditional
+        `change(snapshot)` returns (result, new document), or (result, None) to leave the
+        document as it is. The write is conditional on the document being as read (created
+        when it was absent, else unchanged since its update time); after a lost race the
+        document is read again. The documents many deliveries touch at once (sessions while
+        hosts arrive, claims, a storm's capture reservations) change this way: a conditional
         write takes no lock, where a transaction's read lock makes contenders wait on each
         other and abort.
         """
-        ref = self._session_ref(run, session)
         for attempt in range(_SWAP_ATTEMPTS):
             snap = ref.get()
-            stored = self._session(snap) if snap.exists else None
-            changed = change(copy.deepcopy(stored))
-            if changed is None:
-                return stored, None
-            doc = self._session_doc(changed)
+            result, doc = change(snap)
+            if doc is None:
+                return result
             try:
                 if snap.exists:
                     ref.update(doc, option=self.client.write_option(
                         last_update_time=snap.update_time))
                 else:
                     ref.create(doc)
-                return stored, changed
+                return result
             except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.Aborted, gexc.NotFound):
                 # Someone wrote in between: read again (jittered, so racers spread out).
                 time.sleep(min(0.5, 0.01 * 2 ** min(attempt, 6)) * random.random())
-        raise RuntimeError(f"session {run}/{session}: still contended after "
-                           f"{_SWAP_ATTEMPTS} conditional writes")
+        raise RuntimeError(f"{what}: still contended after {_SWAP_ATTEMPTS} conditional writes")
+
+    def _swap_session(
+        self, run: str, session: str,
+        change: Callable[[SessionRecord | None], SessionRecord | None],
+    ) -> tuple[SessionRecord | None, SessionRecord | None]:
+        """`_swap` on a session: (stored, changed), changed None when left as it was."""
+
+        def on_snapshot(snap: Any) -> tuple[tuple[SessionRecord | None, SessionRecord | None],
+                                            dict[str, Any] | None]:
+            stored = self._session(snap) if snap.exists else None
+            changed = change(copy.deepcopy(stored))
+            return (stored, changed), None if changed is None else self._session_doc(changed)
+
+        return self._swap(self._session_ref(run, session), on_snapshot,
+                          f"session {run}/{session}")
 
     def register_host(
         self, run: str, session: str, host: str, record: HostRecord, now: float,
@@ -459,20 +460,14 @@ class FirestoreStateStore:
         except gexc.AlreadyExists:
             pass
 
-        # Take over an expired claim with a write conditional on the claim as read: of several
-        # takers one write lands, the others fail their precondition and lose.
-        snap = ref.get()
-        if snap.exists and (snap.get("done") or snap.get("expires_at") > now):
-            return False
-        try:
-            if snap.exists:
-                ref.update(doc, option=self.client.write_option(
-                    last_update_time=snap.update_time))
-            else:  # released meanwhile
-                ref.create(doc)
-        except (gexc.FailedPrecondition, gexc.AlreadyExists, gexc.NotFound, gexc.Aborted):
-            return False
-        return True
+        # Take over an expired claim: of several takers one write lands; the others read the
+        # claim again, find it held, and lose.
+        def take_over(snap: Any) -> tuple[bool, dict[str, Any] | None]:
+            if snap.exists and (snap.get("done") or snap.get("expires_at") > now):
+                return False, None
+            return True, doc
+
+        return self._swap(ref, take_over, f"claim {key}")
 
     def release(self, key: str, owner: str) -> None:
         ref = self._claim_ref(key)
