@@ -20,8 +20,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -94,6 +95,26 @@ def _fail(services: Services, run: str, session: str, reason: str,
         log.info("session %s/%s FAILED: %s", run, session, reason)
 
 
+@contextmanager
+def claimed(services: Services, key: str, *, lease_s: float | None = None) -> Iterator[bool]:
+    """Hold the idempotency claim `key` around a stage's work; yields whether this delivery
+    got it (False: a duplicate, or another delivery is on it, so do nothing).
+
+    The claim is released if the work raises, so a redelivery can take it, and completed
+    when the work ends (returning early included), so later duplicates stop at once.
+    """
+    lease = services.settings.lease_s if lease_s is None else lease_s
+    if not services.state.claim(key, services.owner, lease, services.clock()):
+        yield False
+        return
+    try:
+        yield True
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.complete(key, services.owner)
+
+
 # on_profile_object
 
 
@@ -116,9 +137,9 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 "session"))
             return
     key = f"object:{msg.event_key}"
-    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
-        return
-    try:
+    with claimed(services, key) as mine:
+        if not mine:
+            return
         now = services.clock()
         services.state.ensure_run(name.run, discovered=True, now=now)
         status, reason = "ARRIVED", ""
@@ -145,20 +166,15 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         elif session.complete():
             # Also on a redelivery (not new): the first delivery may have died before this.
             complete_session(services, session)
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 def _reject_object(services: Services, msg: ProfileObjectFinalized, reason: str) -> None:
     """Dead-letter an object that can never join a session, once per object generation."""
-    key = f"object:{msg.event_key}"
-    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
-        return
-    services.state.record_dead_letter("profile-objects", msg.to_json(),
-                                      f"poison message: {reason}", 1, services.clock())
-    services.state.complete(key, services.owner)
+    with claimed(services, f"object:{msg.event_key}") as mine:
+        if not mine:
+            return
+        services.state.record_dead_letter("profile-objects", msg.to_json(),
+                                          f"poison message: {reason}", 1, services.clock())
     log.warning("ignored %s: %s", msg.name, reason)
 
 
@@ -193,10 +209,8 @@ def _publish_or_undo(services: Services, moved: SessionRecord, back_to: str,
 # collect
 
 
-def _stage_claim(services: Services, stage: str, msg: SessionMessage) -> str | None:
-    key = f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
-    ok = services.state.claim(key, services.owner, services.settings.lease_s, services.clock())
-    return key if ok else None
+def _stage_key(stage: str, msg: SessionMessage) -> str:
+    return f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
 
 
 def _current(services: Services, msg: SessionMessage,
@@ -252,21 +266,18 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
     if s.progress.startswith("collected:"):
         _route_after_collect(services, msg, s.progress.split(":", 1)[1])
         return
-    key = _stage_claim(services, "collect", msg)
-    if key is None:
-        return
-    try:
+    with claimed(services, _stage_key("collect", msg)) as mine:
+        if not mine:
+            return
         s = services.state.transition(msg.run, msg.session, ANALYZING,
                                       expect=[CAPTURED, ANALYZING], version=msg.version,
                                       now=services.clock())
         if s is None:
-            services.state.complete(key, services.owner)
             return
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         if not names:
             _fail(services, msg.run, msg.session, "no host's profile arrived: " + short_reason(
                 *(r.reason or h for h, r in s.hosts.items())), msg.version)
-            services.state.complete(key, services.owner)
             return
         try:
             with services.storage.local_files(names) as local:
@@ -275,7 +286,6 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
                                             max_host_bytes=services.settings.max_host_bytes)
         except ProfileUnreadable as e:
             _fail(services, msg.run, msg.session, str(e), msg.version)
-            services.state.complete(key, services.owner)
             return
         snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
         snapshot["session"]["version"] = s.version
@@ -289,10 +299,6 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
                                   version=msg.version, now=services.clock(),
                                   progress=f"collected:{status}")
         _route_after_collect(services, msg, status)
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
@@ -321,10 +327,9 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
     if s.progress == "investigated":
         services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
         return
-    key = _stage_claim(services, "investigate", msg)
-    if key is None:
-        return
-    try:
+    with claimed(services, _stage_key("investigate", msg)) as mine:
+        if not mine:
+            return
         base = _analysis_dir(s)
         snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
         result = triage(snapshot)
@@ -339,10 +344,6 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
                                   progress="investigated")
         services.bus.publish(RenderReport(run=msg.run, session=msg.session,
                                           version=msg.version))
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 def render_report(msg: RenderReport, services: Services) -> None:
@@ -350,10 +351,9 @@ def render_report(msg: RenderReport, services: Services) -> None:
     s = _current(services, msg, (ANALYZING, INVESTIGATING))
     if s is None:
         return
-    key = _stage_claim(services, "render", msg)
-    if key is None:
-        return
-    try:
+    with claimed(services, _stage_key("render", msg)) as mine:
+        if not mine:
+            return
         base = f"{_analysis_dir(s)}/v{s.version}"
         snapshot = _read_json(services, f"{base}/health_snapshot.json")
         result = triage(snapshot)
@@ -377,10 +377,6 @@ def render_report(msg: RenderReport, services: Services) -> None:
                                   expect=[ANALYZING, INVESTIGATING], version=msg.version,
                                   now=services.clock(), verdict=analysis["status"],
                                   report_path=services.storage.uri(html_name))
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 # on_degradation_alert
@@ -404,9 +400,9 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
         log.info("alert %s on run %s: auto-capture is off", msg.alert_id, msg.run)
         return
     key = f"alert:{msg.alert_id}"
-    if not services.state.claim(key, services.owner, services.settings.lease_s, services.clock()):
-        return
-    try:
+    with claimed(services, key) as mine:
+        if not mine:
+            return
         now = services.clock()
         # The whole job, not only the alerting host: a synchronous job slows down together.
         targets = live_targets(services, run.name)
@@ -432,10 +428,6 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
         else:
             log.info("alert %s on run %s: suppressed by the cooldown (%.0f s) or the hourly cap "
                      "(%d)", msg.alert_id, run.name, policy.cooldown_s, policy.max_per_hour)
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 # on_capture_request
@@ -505,15 +497,11 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         return
     key = f"capture:{run.name}/{msg.session}"
     lease = max(services.settings.lease_s, msg.duration_s + 180.0)
-    if not services.state.claim(key, services.owner, lease, services.clock()):
-        return
-    try:
+    with claimed(services, key, lease_s=lease) as mine:
+        if not mine:
+            return
         _capture_all(services, run.storage_prefix, msg,
                      [t for t in targets if t.host not in stored.hosts])
-    except BaseException:
-        services.state.release(key, services.owner)
-        raise
-    services.state.complete(key, services.owner)
 
 
 def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
