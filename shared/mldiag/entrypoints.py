@@ -197,10 +197,17 @@ def set_services(services: Services | None) -> None:
 # Dead letters
 
 
-def _dead_letter_view(event: CloudEventLike) -> tuple[str, str]:
-    """(topic, payload) to record for an event that could not be processed; never raises."""
+def _dead_letter_view(event: CloudEventLike, topic_prefix: str) -> tuple[str, str]:
+    """(topic, payload) to record for an event that could not be processed; never raises.
+
+    The topic is named as TOPIC_OF names it (`analysis-requests`), without the deployment's
+    prefix or a dead-letter topic's suffix, as the local runtime records it.
+    """
     source = str(event.get("source") or "")
-    topic = pubsub_topic(event) or (
+    topic = pubsub_topic(event)
+    if topic is not None:
+        topic = topic.removesuffix("-dead-letter").removeprefix(topic_prefix)
+    topic = topic or (
         TOPIC_OF[ProfileObjectFinalized] if source.startswith("//storage.googleapis.com/")
         else source or "unknown")
     data = event.get_data()
@@ -228,9 +235,7 @@ def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
     try:
         yield
     except PoisonMessage as e:
-        topic, payload = _dead_letter_view(event)
-        # Recorded under the topic's own name (as the local runtime records it), unprefixed.
-        topic = topic.removeprefix(services.settings.topic_prefix)
+        topic, payload = _dead_letter_view(event, services.settings.topic_prefix)
         reason = f"poison message: {e}"
         log.warning("dead-lettered event %s from %s: %s", event.get("id"), topic, reason)
         services.state.record_dead_letter(topic, payload, reason, 1, services.clock())
@@ -239,9 +244,7 @@ def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
 def record_dead_letter(event: CloudEventLike, services: Services) -> None:
     """A message Pub/Sub gave up on (forwarded to a dead-letter topic): record it, and fail
     the session it names while that session still waits on it."""
-    topic, payload = _dead_letter_view(event)
-    # `mldiag-analysis-requests-dead-letter` → `analysis-requests`, the topic as TOPIC_OF names it.
-    original = topic.removesuffix("-dead-letter").removeprefix(services.settings.topic_prefix)
+    original, payload = _dead_letter_view(event, services.settings.topic_prefix)
     data = event.get_data()
     message = data.get("message") if isinstance(data, dict) else None
     attributes = message.get("attributes") if isinstance(message, dict) else None
