@@ -18,7 +18,8 @@ class Settings:
     MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S, MLDIAG_STUCK_AFTER_S,
     MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND, MLDIAG_PROJECT, MLDIAG_BUCKET,
     MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX, MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
-    MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S.
+    MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S, MLDIAG_MEMORY_BUDGET,
+    MLDIAG_TOOL_TIMEOUT_S.
     """
 
     home: Path = Path(".mldiag")
@@ -52,6 +53,19 @@ class Settings:
     gemini_timeout_s: float = 60.0
     # A target whose heartbeat is older than this is reported as down.
     target_stale_s: float = 60.0
+    # Collection's memory budget (bytes, or "6G"/"512M"); empty: what the cgroup or host
+    # allows. Jobs that would exceed it wait, are skipped, or are stopped (see workers.py).
+    memory_budget: str = ""
+    # Each collection job's deadline; past it, its worker process is killed.
+    tool_timeout_s: float = 300.0
+
+    @property
+    def memory_budget_bytes(self) -> int | None:
+        if not self.memory_budget:
+            return None
+        from mldiag.analysis.workers import parse_bytes
+
+        return parse_bytes(self.memory_budget)
 
     @property
     def bucket_dir(self) -> Path:
@@ -78,4 +92,9 @@ class Settings:
         values.update({k: v for k, v in overrides.items() if v is not None})
         if "home" in values:
             values["home"] = Path(values["home"])
-        return replace(cls(), **values)
+        settings = replace(cls(), **values)
+        try:
+            settings.memory_budget_bytes  # noqa: B018 - a bad size fails here, with its name
+        except ValueError as e:
+            raise ValueError(f"MLDIAG_MEMORY_BUDGET={settings.memory_budget!r}: {e}") from e
+        return settings

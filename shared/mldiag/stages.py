@@ -282,8 +282,12 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         try:
             with services.storage.local_files(names) as local:
                 # collect() validates every host first (ProfileUnreadable with the reason).
-                snapshot = collect_snapshot(_profile_session(s, local),
-                                            max_host_bytes=services.settings.max_host_bytes)
+                # A session too large for the memory budget is FAILED with both figures
+                # (SessionTooLarge is a ProfileUnreadable).
+                snapshot = collect_snapshot(
+                    _profile_session(s, local), max_host_bytes=services.settings.max_host_bytes,
+                    memory_budget_bytes=services.settings.memory_budget_bytes,
+                    tool_timeout_s=services.settings.tool_timeout_s)
         except ProfileUnreadable as e:
             _fail(services, msg.run, msg.session, str(e), msg.version)
             return

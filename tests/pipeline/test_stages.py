@@ -357,7 +357,10 @@ def _truncated(data: bytes) -> bytes:
      "h0: 0.00 GiB exceeds the per-host cap of 0.00 GiB"),
     ("h0.xplane.riegeli", lambda d: d, {},
      "h0: cannot analyse .xplane.riegeli (continuous-profiling snapshot)"),
-], ids=["empty", "corrupt", "truncated", "oversized", "riegeli"])
+    ("h0.xplane.pb", lambda d: d, {"memory_budget": "64M"},
+     "session of 0.8 MB (1 host(s)) needs about 0.34 GiB for xprof's op_stats build, over "
+     "the memory budget of 0.06 GiB (MLDIAG_MEMORY_BUDGET)"),
+], ids=["empty", "corrupt", "truncated", "oversized", "riegeli", "over-budget"])
 def test_a_bad_profile_fails_its_session_with_a_reason_and_no_retries(
         make_runtime: MakeRuntime, xplane_bytes: bytes, host: str, make: Any,
         settings: dict[str, Any], reason: str) -> None:

@@ -1,29 +1,33 @@
-"""Collection: the 15 tools of the health snapshot, run in parallel in-process.
+"""Collection: the 15 tools of the health snapshot, from jobs run in killable worker processes.
 
-op_stats are computed once (by the overview tool) before the parallel phase, inside a private
-xprof workspace, so the step set and every metric are the same each time a profile is analysed.
+The tools are assembled from jobs (`jobs.py`) that run in two worker processes (`workers.py`):
+one builds op_stats once, in a private xprof workspace, and runs every tool that reads them;
+the other runs our timeline pass and the converters that read the xplanes themselves. So the
+step set and every metric are the same each time a profile is analysed, each xprof converter
+runs once per session, and the two workers use two cores instead of sharing one GIL.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+import shutil
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis import detectors, timeline
+from mldiag.analysis import detectors
 from mldiag.analysis.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
     resolve_session,
     validate_xplane,
 )
+from mldiag.analysis.workers import Job, Outcome, default_budget_bytes, run_jobs
 from mldiag.analysis.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
+from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
 DEFAULT_TOOL_TIMEOUT_S = 300.0
@@ -66,127 +70,171 @@ def tool_result(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "status": status, "elapsed_ms": elapsed, **payload}
 
 
-class _Once:
-    """A value computed at most once, on first use, shared by the tool threads."""
+# Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
+# on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
+# run side by side under the memory budget, and to skip what cannot fit at all.
+_RSS_PER_BYTE = {"op_stats": 32.0, "memory_profile": 14.0, "utilization_viewer": 14.0,
+                 "smart_suggestions": 4.0, "timeline": 6.0,
+                 "reduce_for_converters": 6.0}
+_BASE_RSS = 320 * 1024**2
+# Below this many bytes of xplanes the converters read the files as they are: the copy
+# without Python-tracer events costs more than it saves.
+REDUCE_MIN_BYTES = 16 * 1024**2
 
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self._fn = fn
-        self._lock = threading.Lock()
-        self._done = False
-        self._value: Any = None
-        self._error: BaseException | None = None
-
-    def get(self) -> Any:
-        with self._lock:
-            if not self._done:
-                try:
-                    self._value = self._fn()
-                except BaseException as e:  # re-raised to every caller below
-                    self._error = e
-                self._done = True
-        if self._error is not None:
-            raise self._error
-        return self._value
+_JOBS = "mldiag.analysis.jobs"
 
 
-class _Collector:
-    """The tool implementations of one collection, sharing lazily computed inputs."""
+def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
+          reduce: bool) -> list[Job]:
+    sizes = [p.stat().st_size for p in session.xplanes]
+    total, largest = sum(sizes), max(sizes)
+    # After the reduction the converters read about two thirds of the bytes (measured on
+    # Python-traced CPU profiles); planning keeps the unreduced size, to stay on the safe side.
 
-    def __init__(self, ws: XprofWorkspace) -> None:
-        self.ws = ws
-        self.timeline = _Once(
-            lambda: timeline.analyze([(p, h) for p, h in zip(
-                ws.session.xplanes, ws.session.hosts, strict=True)])
-        )
-        self.modules = _Once(self._module_names)
-        self.hlo = _Once(self._hlo_texts)
-        self.op_profile = _Once(lambda: ws.call("get_hlo_op_profile", top_n=50))
+    def job(name: str, group: str, after: tuple[str, ...] = (), per_byte: float = 0.0,
+            bytes_read: int = 0, timeout: float | None = None) -> Job:
+        # Tools that read op_stats would rebuild them if the build failed: skip them instead.
+        requires = tuple(d for d in after if d == "op_stats")
+        return Job(name=name, group=group, runner=f"{_JOBS}:{name}", after=after,
+                   requires=requires, memory_bytes=int(_BASE_RSS + per_byte * bytes_read),
+                   timeout_s=timeout)
 
-    def _module_names(self) -> list[str]:
-        return list(self.ws.call("list_hlo_modules").get("modules", []))
+    pre: tuple[str, ...] = ("reduce_for_converters",) if reduce else ()
+    opstats = ("op_stats",)
+    jobs = []
+    if reduce:
+        jobs.append(job("reduce_for_converters", "xprof", (), _RSS_PER_BYTE[
+            "reduce_for_converters"], largest))
+    jobs += [
+        job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats"], total, prepare_timeout_s),
+        job("device_information", "xprof", opstats),
+        job("hosts", "xprof", opstats),
+        job("xprof_step_trace", "xprof", opstats),
+        job("roofline", "xprof", opstats),
+        job("op_profile", "xprof", opstats),
+        job("list_hlo_modules", "xprof", opstats),
+        job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
+        job("peak_allocations", "xprof", opstats),
+        job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
+        # The second worker: the timeline pass (our own, on the original files) and the
+        # converters that read the xplanes rather than op_stats.
+        job("timeline_pass", "xplane", (), _RSS_PER_BYTE["timeline"], largest),
+        job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
+        job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
+        job("smart_suggestions", "xplane", opstats, _RSS_PER_BYTE["smart_suggestions"], total),
+    ]
+    return jobs
 
-    def _hlo_texts(self) -> dict[str, str]:
-        texts = {}
-        for module in self.modules.get():
-            out = self.ws.call("get_hlo_text", module_name=module, max_lines=10_000_000)
-            content = out.get("content")
-            if isinstance(content, str) and content:
-                texts[module] = content
-        return texts
 
-    def implementations(self) -> dict[str, Callable[[], dict[str, Any]]]:
-        ws = self.ws
-        return {
-            "get_step_trace": self.step_trace,
-            "get_kpi_metrics": lambda: ws.call("get_kpi_metrics"),
-            "get_device_information": lambda: ws.call("get_device_information"),
-            "get_hosts": lambda: ws.call("get_hosts"),
-            "get_utilization_viewer": self.utilization_viewer,
-            "get_smart_suggestions": lambda: ws.fetch_tool_data("smart_suggestion"),
-            "get_roofline_model": lambda: ws.call("get_roofline_model", top_n=15),
-            "get_hlo_op_profile": self.op_profile.get,
-            "detect_layout_mismatch_copies": lambda: self.detect(
-                detectors.detect_layout_mismatch_copies
-            ),
-            "detect_unfused_reshapes": lambda: self.detect(detectors.detect_unfused_reshapes),
-            "detect_unnecessary_convert_reduce": lambda: self.detect(
-                detectors.detect_unnecessary_convert_reduce
-            ),
-            "list_hlo_modules": lambda: ws.call("list_hlo_modules"),
-            "get_memory_profile": self.memory_profile,
-            "get_peak_allocations": lambda: ws.call("get_peak_allocations", limit=10),
-        }
+# Each collection tool and the jobs it is made of.
+_TOOL_JOBS: dict[str, tuple[str, ...]] = {
+    "get_xprof_overview": ("op_stats",),
+    "get_step_trace": ("xprof_step_trace", "timeline_pass"),
+    "get_kpi_metrics": ("kpi_metrics",),
+    "get_device_information": ("device_information",),
+    "get_hosts": ("hosts",),
+    "get_utilization_viewer": ("utilization_viewer",),
+    "get_smart_suggestions": ("smart_suggestions",),
+    "get_roofline_model": ("roofline",),
+    "get_hlo_op_profile": ("op_profile",),
+    "detect_layout_mismatch_copies": ("hlo_texts", "op_profile", "timeline_pass",
+                                      "list_hlo_modules"),
+    "detect_unfused_reshapes": ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+    "detect_unnecessary_convert_reduce": ("hlo_texts", "op_profile", "timeline_pass",
+                                          "list_hlo_modules"),
+    "list_hlo_modules": ("list_hlo_modules",),
+    "get_memory_profile": ("memory_profile",),
+    "get_peak_allocations": ("peak_allocations",),
+}
+_DETECTORS = {
+    "detect_layout_mismatch_copies": detectors.detect_layout_mismatch_copies,
+    "detect_unfused_reshapes": detectors.detect_unfused_reshapes,
+    "detect_unnecessary_convert_reduce": detectors.detect_unnecessary_convert_reduce,
+}
 
-    def step_trace(self) -> dict[str, Any]:
-        try:
-            data = self.ws.call("get_step_trace", limit=50)
-        except NoData as e:
-            data = {"status": "NO_DATA", "message": str(e)}
-        analysis = self.timeline.get()
+
+def _needed(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
+    """The jobs that `tools` need, with everything those jobs wait for."""
+    unknown = [t for t in tools if t not in _TOOL_JOBS]
+    if unknown:
+        raise ValueError(f"unknown collection tool(s): {', '.join(unknown)}")
+    by_name = {j.name: j for j in jobs}
+    todo = [n for t in tools for n in _TOOL_JOBS[t]]
+    keep: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in by_name:
+            continue
+        keep.add(name)
+        todo.extend((*by_name[name].after, *by_name[name].requires))
+    return [j for j in jobs if j.name in keep]
+
+
+def _inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
+    if job.name == "kpi_metrics":
+        return {"overview": _payload(outcomes["op_stats"]),
+                "roofline": _payload(outcomes["roofline"]),
+                "memory_profile": _payload(outcomes["memory_profile"])}
+    if job.name == "hlo_texts":
+        listed = outcomes.get("list_hlo_modules")
+        modules = listed.value.get("modules", []) if listed and listed.status == DATA else []
+        return {"modules": list(modules)}
+    return {}
+
+
+class _Assembler:
+    """Turns job outcomes into the 15 tool results, each as soon as its jobs are done."""
+
+    def __init__(self, progress: ProgressFn | None, tools: Sequence[str]) -> None:
+        self.outcomes: dict[str, Outcome] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+        self.progress = progress
+        self.tools = [t for t in COLLECTION_TOOLS if t in tools]
+
+    def add(self, outcome: Outcome) -> None:
+        self.outcomes[outcome.name] = outcome
+        for tool in self.tools:
+            needs = _TOOL_JOBS[tool]
+            if tool not in self.results and all(n in self.outcomes for n in needs):
+                result = self._tool(tool, [self.outcomes[n] for n in needs])
+                self.results[tool] = result
+                if self.progress is not None:
+                    self.progress(tool, result, len(self.results), len(self.tools))
+
+    def _tool(self, tool: str, parts: list[Outcome]) -> dict[str, Any]:
+        elapsed = round(sum(p.elapsed_ms for p in parts), 1)
+        main = parts[0]
+        if tool == "get_step_trace":
+            return self._step_trace(parts[0], parts[1], elapsed)
+        if tool in _DETECTORS:
+            return tool_result(tool, lambda: self._detect(tool, *parts)) | {"elapsed_ms": elapsed}
+        return _as_result(tool, main, elapsed)
+
+    @staticmethod
+    def _step_trace(xprof_part: Outcome, tl: Outcome, elapsed: float) -> dict[str, Any]:
+        for part in (xprof_part, tl):
+            if part.status == ERROR:
+                return _as_result("get_step_trace", part, elapsed)
+        data = dict(xprof_part.value)
+        analysis = tl.value if tl.status == DATA else {}
         data["host_bound_analysis"] = analysis
         if data.get("status") == "NO_DATA" and not analysis.get("steps_analyzed"):
-            raise NoData(str(data.get("message", "no steps")))
-        return data
+            return {"name": "get_step_trace", "status": NO_DATA, "elapsed_ms": elapsed,
+                    "data": {"reason": str(data.get("message", "no steps"))}}
+        return {"name": "get_step_trace", "status": DATA, "elapsed_ms": elapsed, "data": data}
 
-    def memory_profile(self) -> dict[str, Any]:
-        # xprof's memory profile reads exactly one host: take each host's and report the
-        # host closest to running out of memory, with every host's peak beside it.
-        per_host: dict[str, dict[str, Any]] = {}
-        for host in self.ws.session.hosts:
-            only = host if len(self.ws.session.hosts) > 1 else None
-            data = self.ws.call("get_memory_profile", only_host=only)
-            # xprof reports -1.0 for every figure when there are no memory activity events.
-            if float(data.get("peak_memory_usage_gib", -1.0)) >= 0:
-                per_host[host] = data
-        if not per_host:
-            raise NoData("no memory allocation events in the profile (the CPU runtime does not "
-                         "record them)")
-        worst = max(per_host, key=lambda h: _usage_ratio(per_host[h]))
-        result = dict(per_host[worst])
-        if len(self.ws.session.hosts) > 1:
-            result["host"] = worst
-            result["per_host_peak_gib"] = {
-                h: d.get("peak_memory_usage_gib") for h, d in sorted(per_host.items())}
-        return result
-
-    def utilization_viewer(self) -> dict[str, Any]:
-        hosts = self.ws.session.hosts
-        if len(hosts) == 1:
-            return self.ws.call("get_utilization_viewer")
-        reasons = []
-        for host in hosts:
-            try:
-                return {**self.ws.call("get_utilization_viewer", only_host=host), "host": host}
-            except NoData as e:
-                reasons.append(f"{host}: {e}")
-        raise NoData("; ".join(reasons))
-
-    def detect(self, detector: Callable[[Mapping[str, str]], list[Any]]) -> dict[str, Any]:
-        texts = self.hlo.get()
+    def _detect(self, tool: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
+                modules_o: Outcome) -> dict[str, Any]:
+        if texts_o.status == ERROR:
+            raise RuntimeError(_reason(texts_o))
+        texts = texts_o.value if texts_o.status == DATA else {}
         if not texts:
             raise NoData("no HLO modules in the profile")
-        found = [d.to_dict() for d in detector(texts)]
-        times, step_ms, time_source = self._op_times()
+        found = [d.to_dict() for d in _DETECTORS[tool](texts)]
+        prof = prof_o.value if prof_o.status == DATA else None
+        tl = tl_o.value if tl_o.status == DATA else {}
+        modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []
+        times, step_ms, time_source = _op_times(prof, tl, modules)
         for d in found:
             ms = times.get((d["module"], d["instruction"]))
             if ms is None:
@@ -207,50 +255,48 @@ class _Collector:
             "time_source": time_source,
         }
 
-    def _op_times(self) -> tuple[dict[tuple[str, str], float], float | None, str]:
-        """Per-step time of each executed instruction, and the step time to divide by."""
-        try:
-            prof = self.op_profile.get()
-        except NoData:
-            prof = None
-        if prof and prof.get("grouped_operations"):
-            times: dict[tuple[str, str], float] = {}
-            total = float(prof.get("total_profile_time_ms") or 0.0)
-            for ops in prof["grouped_operations"].values():
-                for op in ops:
-                    parts = str(op.get("name", "")).split("/")
-                    if len(parts) >= 4 and parts[0] == "by_program":
-                        module, inst = parts[1], parts[-1]
-                        ms = float(op.get("total_self_time_ms", 0.0))
-                        # Totals over the whole profile, divided by the profile's total time
-                        # below: a share of device time, which equals the share of a step.
-                        times[(module, inst)] = ms
-            return times, total or None, "get_hlo_op_profile self time, total over the profile"
-        tl = self.timeline.get()
-        step_ms = tl.get("step_time_ms_average")
-        module_by_program = {_program_of(m): m for m in self.modules.get()}
-        times = {}
-        for program, ops in (tl.get("op_time_ms_by_program") or {}).items():
-            module = module_by_program.get(program, "")
-            for op, ms in ops.items():
-                times[(module, op)] = float(ms)
-                if not program:
-                    times[("", op)] = float(ms)
-        return times, step_ms, "timeline events on XLA execution lines, ms per step"
+
+def _payload(o: Outcome) -> dict[str, Any]:
+    return {"data": o.value} if o.status == DATA else {"error": _reason(o)}
 
 
-def _warm(value: _Once) -> None:
-    # Errors surface to the tools that use the value; here they only must not escape.
-    try:
-        value.get()
-    except Exception:  # noqa: BLE001 - re-raised to every consumer by _Once.get
-        return
+def _reason(o: Outcome) -> str:
+    return o.skipped or o.killed or str(o.value)
 
 
-def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
-    peak = float(memory_profile.get("peak_memory_usage_gib") or 0.0)
-    capacity = float(memory_profile.get("memory_capacity_gib") or 0.0)
-    return peak / capacity if capacity > 0 else peak
+def _as_result(tool: str, o: Outcome, elapsed: float) -> dict[str, Any]:
+    if o.status == DATA:
+        return {"name": tool, "status": DATA, "elapsed_ms": elapsed, "data": o.value}
+    if o.status == NO_DATA:
+        return {"name": tool, "status": NO_DATA, "elapsed_ms": elapsed, "data": o.value}
+    return {"name": tool, "status": ERROR, "elapsed_ms": elapsed, "error": _reason(o)}
+
+
+def _op_times(prof: Mapping[str, Any] | None, tl: Mapping[str, Any], modules: list[str]
+              ) -> tuple[dict[tuple[str, str], float], float | None, str]:
+    """Per-step time of each executed instruction, and the step time to divide by."""
+    if prof and prof.get("grouped_operations"):
+        times: dict[tuple[str, str], float] = {}
+        total = float(prof.get("total_profile_time_ms") or 0.0)
+        for ops in prof["grouped_operations"].values():
+            for op in ops:
+                parts = str(op.get("name", "")).split("/")
+                if len(parts) >= 4 and parts[0] == "by_program":
+                    module, inst = parts[1], parts[-1]
+                    # Totals over the whole profile, divided by the profile's total time
+                    # below: a share of device time, which equals the share of a step.
+                    times[(module, inst)] = float(op.get("total_self_time_ms", 0.0))
+        return times, total or None, "get_hlo_op_profile self time, total over the profile"
+    step_ms = tl.get("step_time_ms_average")
+    module_by_program = {_program_of(m): m for m in modules}
+    times = {}
+    for program, ops in (tl.get("op_time_ms_by_program") or {}).items():
+        module = module_by_program.get(program, "")
+        for op, ms in ops.items():
+            times[(module, op)] = float(ms)
+            if not program:
+                times[("", op)] = float(ms)
+    return times, step_ms, "timeline events on XLA execution lines, ms per step"
 
 
 def _program_of(module: str) -> str:
@@ -260,6 +306,40 @@ def _program_of(module: str) -> str:
     return ""
 
 
+def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
+             elapsed_ms: float, session_bytes: int) -> dict[str, Any]:
+    """The snapshot's `collection` block: what ran, how long, what was cut and why."""
+    degraded = []
+    if isinstance(reduced, Mapping) and reduced:
+        dropped = sum(int(h.get("python_events_dropped", 0)) for h in reduced.values())
+        if dropped:
+            degraded.append({
+                "tools": "xprof converters",
+                "reason": (f"read a copy of the xplanes without {dropped:,} Python-tracer "
+                           f"events, which feed no collection tool (the timeline pass read "
+                           f"the original files)"),
+            })
+    skipped = [{"job": o.name, "reason": o.skipped} for o in outcomes.values() if o.skipped]
+    killed = [{"job": o.name, "reason": o.killed} for o in outcomes.values() if o.killed]
+    peaks = [o.peak_rss_bytes for o in outcomes.values() if o.peak_rss_bytes]
+    return {
+        "elapsed_ms": round(elapsed_ms, 1),
+        "session_bytes": session_bytes,
+        "memory_budget_bytes": budget,
+        "worker_peak_rss_bytes": max(peaks) if peaks else None,
+        "jobs": {o.name: {"status": o.status, "elapsed_ms": o.elapsed_ms,
+                          **({"peak_rss_bytes": o.peak_rss_bytes} if o.peak_rss_bytes else {})}
+                 for o in sorted(outcomes.values(), key=lambda o: o.name)},
+        "degraded": degraded,
+        "skipped": skipped,
+        "killed": killed,
+    }
+
+
+class SessionTooLarge(ProfileUnreadable):
+    """Not even the core of the analysis (the op_stats build) fits the memory budget."""
+
+
 def collect(
     session_path: str | os.PathLike[str] | ProfileSession,
     *,
@@ -267,13 +347,21 @@ def collect(
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     max_host_bytes: int = DEFAULT_MAX_HOST_BYTES,
     prepare_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    memory_budget_bytes: int | None = None,
+    tools: Sequence[str] = COLLECTION_TOOLS,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
-    `session_path` is a logdir, a run or session directory, or one `.xplane.pb`. Each tool
-    gets `tool_timeout_s` (past it, the tool is recorded as ERROR); the op_stats build that
-    all tools share gets `prepare_timeout_s`, past which TimeoutError (transient) is raised.
-    Raises ProfileUnreadable (one-line reason) when the input cannot be analysed.
+    `session_path` is a logdir, a run or session directory, or one `.xplane.pb`. The work
+    runs in killable worker processes (`workers.py`): each job gets `tool_timeout_s` (the
+    op_stats build that most tools share gets `prepare_timeout_s`); past it, its worker is
+    killed and the tools that needed it are ERROR with the reason. Jobs run side by side only
+    while their memory estimates fit `memory_budget_bytes` (default: `MLDIAG_MEMORY_BUDGET`,
+    else what the cgroup or host allows); what cannot fit is skipped, with the reason in the
+    snapshot's `collection` block. Always returns once every tool is accounted for.
+    `tools` restricts the snapshot to some tools (and the jobs they need), for benchmarks.
+    Raises ProfileUnreadable (one-line reason) when the input cannot be analysed, and
+    SessionTooLarge when not even the op_stats build fits the budget.
     """
     session = (
         session_path if isinstance(session_path, ProfileSession)
@@ -281,76 +369,42 @@ def collect(
     )
     for xplane in session.xplanes:
         validate_xplane(xplane, max_bytes=max_host_bytes)
+    budget = memory_budget_bytes or default_budget_bytes()
     started = time.perf_counter()
-    results: dict[str, dict[str, Any]] = {}
-    total = len(COLLECTION_TOOLS)
-
-    def done(result: dict[str, Any]) -> None:
-        results[result["name"]] = result
-        if progress is not None:
-            progress(result["name"], result, len(results), total)
-
-    ws = XprofWorkspace(session)
-    ws.__enter__()
-    pool = ThreadPoolExecutor(max_workers=total, thread_name_prefix="mldiag-tool")
-    pending: dict[Future[dict[str, Any]], str] = {}
+    session_bytes = sum(p.stat().st_size for p in session.xplanes)
+    jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
+                 reduce=session_bytes >= REDUCE_MIN_BYTES)
+    jobs = _needed(jobs, tools)
+    core = next((j for j in jobs if j.name == "op_stats"), None)
+    if core is not None and core.memory_bytes > budget:
+        raise SessionTooLarge(
+            f"session of {session_bytes / 1024**2:,.1f} MB ({len(session.xplanes)} host(s)) "
+            f"needs about {core.memory_bytes / 1024**3:.2f} GiB for xprof's op_stats build, "
+            f"over the memory budget of {budget / 1024**3:.2f} GiB (MLDIAG_MEMORY_BUDGET)")
+    assembler = _Assembler(progress, tools)
+    root = XprofWorkspace.create_root(session)
     try:
-        collector = _Collector(ws)
-        # The timeline pass reads the xplanes itself, not xprof's shared state: start it now,
-        # beside the op_stats build, since it is the longest single piece of work.
-        pool.submit(_warm, collector.timeline)
-        overview = pool.submit(tool_result, "get_xprof_overview", ws.precompute_op_stats)
-        pending[overview] = "get_xprof_overview"
-        # Every other tool reads the op_stats it builds: wait for it, but not forever.
-        wait([overview], timeout=prepare_timeout_s)
-        if not overview.done():
-            raise TimeoutError(f"xprof's op_stats build (get_xprof_overview) exceeded "
-                               f"{prepare_timeout_s:g} s; retry later")
-        del pending[overview]
-        done(overview.result())
-        for name, fn in collector.implementations().items():
-            pending[pool.submit(tool_result, name, fn)] = name
-        deadline = time.monotonic() + tool_timeout_s
-        while pending:
-            finished, _ = wait(
-                pending, timeout=max(0.0, deadline - time.monotonic()),
-                return_when=FIRST_COMPLETED,
-            )
-            if not finished:
-                break
-            for fut in finished:
-                pending.pop(fut)
-                done(fut.result())
-        for fut, name in pending.items():
-            fut.cancel()
-            done({"name": name, "status": ERROR, "elapsed_ms": round(tool_timeout_s * 1000.0, 1),
-                  "error": f"timed out after {tool_timeout_s:g} s"})
+        outcomes = run_jobs(
+            jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
+            budget_bytes=budget, default_timeout_s=tool_timeout_s, inputs_for=_inputs_for,
+            on_outcome=assembler.add)
     finally:
-        if pending:
-            # A timed-out tool thread still uses the workspace: release it when that thread ends.
-            remaining = list(pending)
-
-            def _release(_: Future[dict[str, Any]]) -> None:
-                if all(f.done() for f in remaining):
-                    ws.close()
-
-            for fut in remaining:
-                fut.add_done_callback(_release)
-            pool.shutdown(wait=False, cancel_futures=True)
-        else:
-            pool.shutdown(wait=True)
-            ws.close()
-
-    overview = results["get_xprof_overview"].get("data", {})
+        shutil.rmtree(root, ignore_errors=True)
+    elapsed_ms = (time.perf_counter() - started) * 1000.0
+    results = assembler.results
+    overview = results.get("get_xprof_overview", {}).get("data", {})
     env = overview.get("run_environment", {}) if isinstance(overview, dict) else {}
+    reduced = outcomes.get("reduce_for_converters")
     return {
         "schema_version": SCHEMA_VERSION,
         "session": {**session.describe(), "device_type": env.get("device_type")},
         "xprof_version": xprof_installed_version(),
         "mldiag_version": mldiag.__version__,
         "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "elapsed_ms": round((time.perf_counter() - started) * 1000.0, 1),
-        "tools": {name: results[name] for name in COLLECTION_TOOLS},
+        "elapsed_ms": round(elapsed_ms, 1),
+        "collection": _summary(outcomes, budget, reduced.value if reduced else None,
+                               elapsed_ms, session_bytes),
+        "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
     }
 
 

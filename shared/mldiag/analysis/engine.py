@@ -94,6 +94,8 @@ def build_analysis(
         "checks": result.checks,
         "not_judged": result.not_judged,
         "tools": tools,
+        # How collection went: time, memory, and what was skipped, stopped or degraded, why.
+        "collection": {k: v for k, v in snapshot.get("collection", {}).items() if k != "jobs"},
         "follow_ups": follow_ups,
         "investigator": investigation.get("investigator", "rule-based"),
         # Gemini's evidence check (findings dropped or corrected) and why it fell back to the
@@ -138,16 +140,18 @@ def analyze(
     *,
     investigator: Investigator | None = None,
     progress: ProgressFn | None = None,
+    memory_budget_bytes: int | None = None,
 ) -> AnalysisResult:
     """Analyse the profile at `path` and write the four artifacts.
 
-    `out_dir` defaults to `<session>/analysis/`. Raises ProfileUnreadable for bad input.
+    `out_dir` defaults to `<session>/analysis/`. Raises ProfileUnreadable for bad input
+    (SessionTooLarge when not even the op_stats build fits `memory_budget_bytes`).
     """
     session = resolve_session(path)
     target = Path(out_dir) if out_dir is not None else session.path / "analysis"
     # Fail on an unusable output directory before minutes of collection, not after.
     target.mkdir(parents=True, exist_ok=True)
-    snapshot = collect(session, progress=progress)
+    snapshot = collect(session, progress=progress, memory_budget_bytes=memory_budget_bytes)
     write_json(snapshot, target / "health_snapshot.json")
     result = triage(snapshot)
     investigation = investigate(snapshot, result, investigator, session=session)

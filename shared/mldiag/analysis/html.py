@@ -488,8 +488,36 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
     return _section(
         "summary",
         "Analysis summary",
-        summary_html + f'<div class="cards">{"".join(cards)}</div>' + judged,
+        summary_html + f'<div class="cards">{"".join(cards)}</div>' + judged
+        + _render_collection_note(analysis, snapshot),
     )
+
+
+def _render_collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    """How long collection took and what it had to cut, with the reasons."""
+    info = _map(analysis.get("collection") or snapshot.get("collection"))
+    elapsed = info.get("elapsed_ms", snapshot.get("elapsed_ms"))
+    size = _measured(info.get("session_bytes"))
+    budget = _measured(info.get("memory_budget_bytes"))
+    peak = _measured(info.get("worker_peak_rss_bytes"))
+    parts = [f"Collection took {_fmt_ms(elapsed)}"]
+    if size is not None:
+        parts.append(f"for {size / 1024**2:,.1f} MB of xplanes")
+    line = " ".join(parts)
+    if peak is not None and budget is not None:
+        line += (f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
+                 f"(memory budget {budget / 1024**3:,.2f} GiB)")
+    items = []
+    for kind, label in (("killed", "Stopped"), ("skipped", "Skipped"), ("degraded", "Degraded")):
+        for entry in _list(info.get(kind)):
+            e = _map(entry)
+            what = e.get("job") or e.get("tools")
+            items.append(f'<li>{label}: <span class="mono">{_e(what)}</span>: '
+                         f"{_prose(e.get('reason'))}</li>")
+    if not items:
+        return f'<p class="why">{line}; no tool was skipped, stopped or degraded.</p>'
+    return (f'<div class="notjudged"><h4>{line}. What collection had to cut</h4>'
+            f'<ul>{"".join(items)}</ul></div>')
 
 
 # ---------------------------------------------------------------- 2. findings
@@ -1554,6 +1582,18 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
         for k, v in facts[:-1]
     )
     cells += f"<dt>Collection wall time</dt><dd>{_fmt_ms(snapshot.get('elapsed_ms'))}</dd>"
+    jobs = _map(_map(analysis.get("collection") or snapshot.get("collection")).get("jobs"))
+    if jobs:
+        job_rows = [
+            (f'<span class="mono">{_e(name)}</span>', _status_chip(_map(j).get("status")),
+             _fmt_ms(_map(j).get("elapsed_ms")),
+             _fmt_gib((_measured(_map(j).get("peak_rss_bytes")) or 0) / 1024**3)
+             if _map(j).get("peak_rss_bytes") else _na("not sampled"))
+            for name, j in jobs.items()]
+        cells += "</dl><h3>Collection jobs (worker processes)</h3>" + _table(
+            [("Job", ""), ("Status", ""), ("Elapsed", "num"), ("Worker peak RSS", "num")],
+            job_rows) + '<dl class="kv">'
+
     return _section(
         "provenance",
         "Provenance",

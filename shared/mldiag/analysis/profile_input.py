@@ -119,17 +119,16 @@ def validate_xplane(path: Path, max_bytes: int = DEFAULT_MAX_HOST_BYTES) -> int:
             f"{path.name}: {size / 1024**3:.2f} GiB exceeds the per-host cap of "
             f"{max_bytes / 1024**3:.2f} GiB"
         )
-    from xprof.profile_data import ProfileData
+    from mldiag.analysis.xspace_scan import XSpaceScan
 
+    # Only the planes, lines and metadata are parsed here (a fraction of a second even for
+    # gigabyte files); each line's events are checked when a pass first decodes them.
     try:
-        data = ProfileData.from_file(str(path))
-    except ValueError as e:
-        raise ProfileUnreadable(
-            f"{path.name}: not a readable XSpace (truncated or corrupt protobuf: {e})"
-        ) from e
-    with data:
-        planes = len(data.planes)
-        lines = sum(len(p.lines) for p in data.planes)
+        with XSpaceScan(path) as scan:
+            planes = len(scan.planes)
+            lines = sum(len(p.lines) for p in scan.planes)
+    except ProfileUnreadable as e:
+        raise ProfileUnreadable(f"{path.name}: not a readable XSpace ({e})") from e
     if planes == 0:
         raise ProfileUnreadable(f"{path.name}: not an XSpace (parsed, but holds no planes)")
     if lines == 0:

@@ -7,12 +7,15 @@ for each annotated step, how much of the wall time had device (or XLA:CPU) work 
 
 from __future__ import annotations
 
-import ctypes
 from collections import defaultdict
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mldiag.analysis.xspace_scan import Line, Plane, XSpaceScan
 
 # Lines of device planes that summarise other lines rather than record execution.
 _SUMMARY_LINES = frozenset(
@@ -39,13 +42,15 @@ class HostTimeline:
 
     host: str
     source: str = ""
-    steps: list[tuple[float, float]] = field(default_factory=list)
-    busy_per_step_ns: list[float] = field(default_factory=list)
+    # One row per step: (start_ns, end_ns).
+    steps: NDArray[np.float64] = field(default_factory=lambda: np.zeros((0, 2)))
+    busy_per_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
     # Keyed by (program_id, HLO op name); program_id is "" when the event does not carry one.
     op_time_ns: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     op_count: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     active_span_ns: float = 0.0
     busy_in_span_ns: float = 0.0
+    events_scanned: int = 0
 
 
 def _is_runtime_event(name: str) -> bool:
@@ -61,139 +66,146 @@ def _hlo_name(event_name: str) -> str:
     return event_name
 
 
-def _program_id(stats: Any) -> str:
-    for k, v in stats:
-        if k == "program_id":
-            return str(v)
-    return ""
+def _merge(starts: NDArray[np.float64], ends: NDArray[np.float64]
+           ) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """The union of intervals as sorted, disjoint segments (touching intervals merge)."""
+    if len(starts) == 0:
+        return starts, ends
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    reach = np.maximum.accumulate(e)
+    new = np.empty(len(s), dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > reach[:-1]
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, len(s) - 1)
+    return s[first], reach[last]
 
 
-def _union_length(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
-    total = 0.0
-    cur_s: float | None = None
-    cur_e = 0.0
-    for s, e in intervals:
-        s, e = max(s, lo), min(e, hi)
-        if e <= s:
-            continue
-        if cur_s is None or s > cur_e:
-            if cur_s is not None:
-                total += cur_e - cur_s
-            cur_s, cur_e = s, e
-        else:
-            cur_e = max(cur_e, e)
-    if cur_s is not None:
-        total += cur_e - cur_s
-    return total
+def _covered(seg_s: NDArray[np.float64], seg_e: NDArray[np.float64],
+             lo: NDArray[np.float64], hi: NDArray[np.float64]) -> NDArray[np.float64]:
+    """Length of the union of the segments inside each window [lo, hi)."""
+    if len(seg_s) == 0 or len(lo) == 0:
+        return np.zeros(len(lo))
+    cum = np.concatenate([[0.0], np.cumsum(seg_e - seg_s)])
+    i0 = np.searchsorted(seg_e, lo, side="right")  # first segment ending after lo
+    i1 = np.searchsorted(seg_s, hi, side="left")  # segments starting before hi: [0, i1)
+    total = cum[i1] - cum[np.minimum(i0, i1)]
+    has = i1 > i0
+    first = np.minimum(i0, len(seg_s) - 1)
+    last = np.maximum(i1 - 1, 0)
+    total -= np.where(has, np.maximum(0.0, lo - seg_s[first]), 0.0)
+    total -= np.where(has, np.maximum(0.0, seg_e[last] - hi), 0.0)
+    return np.maximum(total, 0.0)
 
 
-def _events(line: Any) -> Iterator[tuple[str, float, float, int]]:
-    """(name, start_ns, duration_ns, handle) of each event on a line.
-
-    Straight through xprof's C API: `ProfileLine.events` builds a Python object with a
-    weakref finalizer per event, which costs more than the analysis itself on large traces.
-    The handle is valid only until the next iteration.
-    """
-    lib = _native()
-    handle = line._handle
-    for i in range(lib.profile_line_num_events(handle)):
-        ev = lib.profile_line_get_event(handle, i)
-        try:
-            raw = lib.profile_event_name(ev)
-            name = raw.decode("utf-8", errors="replace") if raw else ""
-            yield name, lib.profile_event_start_ns(ev), lib.profile_event_duration_ns(ev), ev
-        finally:
-            lib.profile_event_free(ev)
+def _has_stat(scan: XSpaceScan, plane: Plane, line: Line, index: int, stat: str) -> bool:
+    ev = line.events
+    names = plane.stat_names
+    if any(names.get(sid) == stat for sid, _ in scan.stats_of(
+            int(ev.stats_start[index]), int(ev.body_end[index]))):
+        return True
+    mid = int(ev.metadata_id[index])
+    return any(names.get(sid) == stat
+               for s, e in plane.event_metadata_stats.get(mid, ())
+               for sid, _ in scan.metadata_stats_of(s, e))
 
 
-def _event_stats(ev: int) -> Iterator[tuple[str, str]]:
-    lib = _native()
-    for i in range(lib.profile_event_num_stats(ev)):
-        name_p, val_p = ctypes.c_char_p(), ctypes.c_char_p()
-        lib.profile_event_get_stat(ev, i, ctypes.byref(name_p), ctypes.byref(val_p))
-        yield ((name_p.value or b"").decode("utf-8", errors="replace"),
-               (val_p.value or b"").decode("utf-8", errors="replace"))
-
-
-def _native() -> Any:
-    from xprof import profile_data
-
-    return profile_data._lib
-
-
-def _step_events(planes: Any) -> list[tuple[float, float]]:
-    steps: list[tuple[float, float]] = []
-    for plane in planes:
+def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
+    parts = []
+    for plane in scan.planes:
         if not plane.name.startswith("/host:"):
             continue
         for line in plane.lines:
-            # Reading stats costs native calls per event: decide per event name, from its
-            # first occurrence on the line, whether it is a step annotation (has step_num).
-            is_step: dict[str, bool] = {}
-            for name, start, dur, ev in _events(line):
-                flag = is_step.get(name)
-                if flag is None:
-                    flag = is_step[name] = any(k == "step_num" for k, _ in _event_stats(ev))
-                if flag and dur > 0:
-                    steps.append((start, start + dur))
-    steps.sort()
-    # Nested annotations of the same step (e.g. two StepTraceAnnotations) count once.
-    outer: list[tuple[float, float]] = []
-    for s, e in steps:
-        if outer and s < outer[-1][1]:
-            continue
-        outer.append((s, e))
-    return outer
+            ev = line.events
+            if not len(ev):
+                continue
+            # Whether an event is a step annotation (has step_num) is decided per metadata,
+            # from its first occurrence: the column of metadata ids does the rest.
+            mids, first = np.unique(ev.metadata_id, return_index=True)
+            step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
+                         if _has_stat(scan, plane, line, i, "step_num")]
+            if not step_mids:
+                continue
+            sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
+            start = line.start_ns()[sel]
+            parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
+    if not parts:
+        return np.zeros((0, 2))
+    steps = np.concatenate(parts)
+    steps = steps[np.lexsort((steps[:, 1], steps[:, 0]))]
+    # Nested annotations of the same step (e.g. two StepTraceAnnotations) count once: keep a
+    # step only when it starts after every kept step has ended.
+    keep = np.ones(len(steps), dtype=bool)
+    reach = -np.inf
+    for i, (s, e) in enumerate(steps.tolist()):
+        if s < reach:
+            keep[i] = False
+        else:
+            reach = e
+    return steps[keep]
 
 
-def _compute_lines(planes: Any) -> tuple[str, list[Any]]:
-    device_lines = []
-    for plane in planes:
+def _compute_lines(scan: XSpaceScan) -> tuple[str, list[tuple[Plane, Line]]]:
+    device_lines: list[tuple[Plane, Line]] = []
+    for plane in scan.planes:
         if plane.name.startswith("/device:") and "CUSTOM" not in plane.name:
-            lines = list(plane.lines)
-            xla_ops = [ln for ln in lines if ln.name == "XLA Ops"]
-            device_lines.extend(xla_ops or [ln for ln in lines if ln.name not in _SUMMARY_LINES])
+            xla_ops = [ln for ln in plane.lines if ln.name == "XLA Ops"]
+            chosen = xla_ops or [ln for ln in plane.lines if ln.name not in _SUMMARY_LINES]
+            device_lines.extend((plane, ln) for ln in chosen)
     if device_lines:
         return "device", device_lines
-    cpu_lines: list[Any] = []
-    for plane in planes:
-        if plane.name.startswith("/host:CPU"):
-            cpu_lines.extend(
-                ln for ln in plane.lines if ln.name.startswith(_CPU_XLA_LINE_PREFIXES)
-            )
+    cpu_lines = [(plane, ln) for plane in scan.planes if plane.name.startswith("/host:CPU")
+                 for ln in plane.lines if ln.name.startswith(_CPU_XLA_LINE_PREFIXES)]
     return "xla_cpu", cpu_lines
 
 
 def analyze_host(path: Path, host: str) -> HostTimeline:
-    """Measure steps and busy time in one xplane file."""
-    from xprof.profile_data import ProfileData
-
+    """Measure steps and busy time in one xplane file (column-wise: no object per event)."""
     result = HostTimeline(host=host)
-    with ProfileData.from_file(str(path)) as data:
-        planes = data.planes
-        result.steps = _step_events(planes)
-        source, lines = _compute_lines(planes)
+    with XSpaceScan(path) as scan:
+        result.steps = _step_events(scan)
+        source, lines = _compute_lines(scan)
         result.source = source
-        intervals: list[tuple[float, float]] = []
-        for line in lines:
-            for name, start, dur, ev in _events(line):
-                if dur <= 0 or name.startswith(_MARKER_PREFIXES):
-                    continue
-                intervals.append((start, start + dur))
-                if _is_runtime_event(name):
-                    continue
-                # Device ops are attributed through xprof's op profile; only XLA:CPU events
-                # need their program to tell same-named ops of different modules apart.
-                program = _program_id(_event_stats(ev)) if source == "xla_cpu" else ""
-                key = (program, _hlo_name(name))
-                result.op_time_ns[key] += dur
-                result.op_count[key] += 1
-    intervals.sort()
-    if intervals:
-        lo, hi = intervals[0][0], max(e for _, e in intervals)
-        result.active_span_ns = hi - lo
-        result.busy_in_span_ns = _union_length(intervals, lo, hi)
-    result.busy_per_step_ns = [_union_length(intervals, s, e) for s, e in result.steps]
+        starts, ends = [], []
+        for plane, line in lines:
+            ev = line.events
+            result.events_scanned += len(ev)
+            if not len(ev):
+                continue
+            mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
+            names = [plane.event_names.get(int(m), "") for m in mids]
+            marker = np.array([n.startswith(_MARKER_PREFIXES) for n in names])[inverse]
+            runtime = np.array([_is_runtime_event(n) for n in names])[inverse]
+            timed = (ev.duration_ps > 0) & ~marker
+            start, dur = line.start_ns(), line.duration_ns()
+            starts.append(start[timed])
+            ends.append(start[timed] + dur[timed])
+            attributed = timed & ~runtime
+            # Device ops are attributed through xprof's op profile; only XLA:CPU events need
+            # their program to tell same-named ops of different modules apart.
+            program_id = plane.stat_id("program_id") if source == "xla_cpu" else None
+            programs = (scan.int_stat(ev, program_id) if program_id is not None
+                        else np.full(len(ev), -1, dtype=np.int64))
+            keys, key_index = np.unique(
+                np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
+                return_inverse=True)
+            key_index = key_index.reshape(-1)
+            totals = np.bincount(key_index, weights=dur[attributed], minlength=len(keys))
+            counts = np.bincount(key_index, minlength=len(keys))
+            for (program, name_index), t, c in zip(keys.tolist(), totals.tolist(),
+                                                   counts.tolist(), strict=True):
+                key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
+                result.op_time_ns[key] += t
+                result.op_count[key] += c
+        if starts:
+            seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
+        else:
+            seg_s = seg_e = np.zeros(0)
+    if len(seg_s):
+        result.active_span_ns = float(seg_e[-1] - seg_s[0])
+        result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
+    result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
     return result
 
 
@@ -209,8 +221,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     op_time: dict[tuple[str, str], float] = defaultdict(float)
     op_count: dict[tuple[str, str], int] = defaultdict(int)
     for h in hosts:
-        steps_ms = [(e - s) / 1e6 for s, e in h.steps]
-        busy_ms = [b / 1e6 for b in h.busy_per_step_ns]
+        steps_ms = ((h.steps[:, 1] - h.steps[:, 0]) / 1e6).tolist()
+        busy_ms = (h.busy_per_step_ns / 1e6).tolist()
         all_steps_ms.extend(steps_ms)
         all_busy_ms.extend(busy_ms)
         for k, v in h.op_time_ns.items():

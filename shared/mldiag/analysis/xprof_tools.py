@@ -101,6 +101,32 @@ class XprofWorkspace:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @classmethod
+    def attach(cls, root: Path, session: ProfileSession, cache_name: str) -> XprofWorkspace:
+        """Join a workspace that another process created with `create_root`, in a worker
+        process that holds no other workspace: xprof's globals are this process's own, so no
+        lock is taken. Each worker keeps its own result cache (`cache_name`), since xprof's
+        SQLite cache is not safe for concurrent writers; op_stats ownership is shared."""
+        ws = cls(session, keep=True)
+        ws._root = root
+        from xprof.cli.internal import decorators
+
+        cache_dir = root / "xprof_cache"
+        decorators.get_cache_dir = lambda: cache_dir
+        decorators._GLOBAL_CACHE = decorators.Cache(cache_dir / f"results-{cache_name}")
+        return ws
+
+    @staticmethod
+    def create_root(session: ProfileSession) -> Path:
+        """A private workspace directory for `session`, for workers to `attach` to."""
+        root = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+        run_dir = root / "plugins" / "profile" / session.name
+        run_dir.mkdir(parents=True)
+        for xplane in session.xplanes:
+            (run_dir / xplane.name).symlink_to(xplane.resolve())
+        (root / "xprof_cache").mkdir()
+        return root
+
     def close(self) -> None:
         if self._lock_held:
             from xprof.cli.internal import decorators

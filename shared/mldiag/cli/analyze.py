@@ -23,6 +23,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", help="output directory (default: <session>/analysis)")
     p.add_argument("--json", action="store_true", help="print analysis.json to stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--memory-budget", metavar="SIZE",
+                   help="memory collection may use, e.g. 6G (default: $MLDIAG_MEMORY_BUDGET, "
+                   "else what the cgroup or host allows)")
 
 
 def _progress(name: str, result: dict[str, Any], done: int, total: int) -> None:
@@ -42,9 +45,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"mldiag: {len(sessions)} sessions under {args.path}; analysing the newest, "
               f"{sessions[-1].path} (pass a session directory to choose another)",
               file=sys.stderr)
+    budget = None
+    if args.memory_budget:
+        from mldiag.analysis.workers import parse_bytes
+
+        try:
+            budget = parse_bytes(args.memory_budget)
+        except ValueError as e:
+            raise MldiagError(f"--memory-budget: {e}") from e
     try:
         result = analyze(sessions[-1].path if len(sessions) > 1 else args.path, args.out,
-                         progress=progress)
+                         progress=progress, memory_budget_bytes=budget)
     except OSError as e:
         where = e.filename or args.out or "the session directory"
         raise MldiagError(f"cannot write the report to {where}: {e.strerror or e} "
@@ -63,5 +74,12 @@ def run(args: argparse.Namespace) -> int:
         print("  no findings")
     for item in analysis.get("not_judged", []):
         print(f"  not judged: {item}")
+    collection = analysis.get("collection") or {}
+    if collection:
+        print(f"collection: {collection.get('elapsed_ms', 0) / 1000:.1f} s for "
+              f"{(collection.get('session_bytes') or 0) / 1024**2:,.1f} MB")
+        for kind in ("killed", "skipped", "degraded"):
+            for entry in collection.get(kind, []):
+                print(f"  {kind}: {entry.get('job') or entry.get('tools')}: {entry['reason']}")
     print(f"summary: {result.summary_html}")
     return 0

@@ -1,0 +1,178 @@
+"""Benchmark: collection cost against profile size, mldiag beside the sequential xprof CLI.
+
+    python bench/scale.py [--sizes 1,10,100,500] [--workdir DIR] [--json OUT] [--no-cli-above MB]
+
+For each size it generates a synthetic profile, then measures on the same file, in one run:
+  (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses, cold (fresh
+      TMPDIR, fresh copy), as bench/collect.py runs them;
+  (b) `mldiag analyze` in a fresh process (cold: its worker processes start with it), which
+      runs all 15 tools, triage, investigation and the report.
+Wall time, CPU time (the process and all its descendants) and peak RSS: the largest single
+process, and the sum over the process tree (sampled every 50 ms).
+
+The synthetic workload: a jitted 64x64 MLP step on the JAX CPU backend, one
+`StepTraceAnnotation` per step, host tracer level 3 and the Python tracer on (40 Python calls
+per step), so the file grows with the step count at about 2.3 KB per step, the mix of events
+a Python-traced training loop gives. The step count for a size comes from a calibration run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from _proc import PeakTreeRss, tree_cpu_s
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
+
+from mldiag.analysis.profile_input import resolve_session  # noqa: E402
+
+WORKLOAD = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    logdir, steps = sys.argv[1], int(sys.argv[2])
+    def step(x, w):
+        for _ in range(4):
+            x = jnp.tanh(x @ w) + 0.1 * x
+        return x, (x * x).sum()
+    f = jax.jit(step)
+    x = jnp.ones((64, 64)); w = jnp.eye(64) * 0.5
+    jax.block_until_ready(f(x, w))
+    def sq(j):
+        return j * j
+    def host(i):
+        return [sq(j) for j in range(40)]
+    options = jax.profiler.ProfileOptions()
+    options.host_tracer_level = 3
+    options.python_tracer_level = 1
+    with jax.profiler.trace(logdir, profiler_options=options):
+        for i in range(steps):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                host(i)
+                x, loss = f(x, w)
+                jax.block_until_ready(loss)
+""")
+
+
+def generate(logdir: Path, steps: int) -> Path:
+    """Write a profile of `steps` steps under `logdir`; returns its xplane."""
+    subprocess.run([sys.executable, "-c", WORKLOAD, str(logdir), str(steps)], check=True,
+                   env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"},
+                   capture_output=True)
+    (xplane,) = logdir.glob("plugins/profile/*/*.xplane.pb")
+    for extra in xplane.parent.glob("*.trace.json.gz"):
+        extra.unlink()  # jax writes a trace.json.gz beside it; neither side reads it
+    return xplane
+
+
+def measure(fn: Any) -> dict[str, float]:
+    """Wall, CPU (this process and descendants) and peak RSS of fn(), which starts processes."""
+    cpu0 = tree_cpu_s()
+    children0 = os.times()
+    with PeakTreeRss() as rss:
+        start = time.perf_counter()
+        fn()
+        wall = time.perf_counter() - start
+    children1 = os.times()
+    reaped = (children1.children_user + children1.children_system
+              - children0.children_user - children0.children_system)
+    return {"wall_s": round(wall, 2), "cpu_s": round(reaped + tree_cpu_s() - cpu0, 2),
+            "peak_rss_tree_mb": round(rss.peak / 1024**2), "peak_rss_process_mb":
+            round(rss.peak_single / 1024**2)}
+
+
+def run_mldiag(xplane: Path, out: Path) -> dict[str, Any]:
+    mldiag = Path(sys.executable).with_name("mldiag")
+    result: dict[str, Any] = {}
+
+    def call() -> None:
+        proc = subprocess.run([str(mldiag), "analyze", str(xplane.parent), "--out", str(out),
+                               "-q"], capture_output=True, text=True, timeout=3600)
+        result["rc"] = proc.returncode
+        result["stderr"] = proc.stderr[-2000:]
+
+    figures = measure(call)
+    analysis = json.loads((out / "analysis.json").read_text()) if result["rc"] == 0 else {}
+    tools = analysis.get("tools", [])
+    collection = analysis.get("collection", {})
+    return {**figures, "rc": result["rc"],
+            "status": analysis.get("status"),
+            "tools_error": [t["name"] for t in tools if t["status"] == "ERROR"],
+            "tools_data": sum(t["status"] == "DATA" for t in tools),
+            "collection_s": round(collection.get("elapsed_ms", 0) / 1000, 2),
+            "skipped": collection.get("skipped", []), "killed": collection.get("killed", []),
+            "degraded": collection.get("degraded", []),
+            **({"stderr": result["stderr"]} if result["rc"] else {})}
+
+
+def run_cli_measured(xplane: Path) -> dict[str, Any]:
+    session = resolve_session(xplane.parent)
+    per_tool: dict[str, float] = {}
+
+    def call() -> None:
+        _, tools = run_cli(session)
+        per_tool.update(tools)
+
+    figures = measure(call)
+    return {**figures, "per_tool_s": {k: round(v, 2) for k, v in per_tool.items()}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,10,100,500", help="profile sizes in MB")
+    parser.add_argument("--workdir", help="where profiles are generated (default: a temp dir)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--no-cli-above", type=float, default=1e9,
+                        help="skip the CLI side above this many MB")
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-scale-"))
+    work.mkdir(parents=True, exist_ok=True)
+    sizes = [float(s) for s in args.sizes.split(",")]
+
+    calib = generate(work / "calibration", 1000)
+    bytes_per_step = calib.stat().st_size / 1000
+    rows = []
+    for mb in sizes:
+        steps = max(10, int(mb * 1024**2 / bytes_per_step))
+        logdir = work / f"p{mb:g}MB"
+        if not any(logdir.glob("plugins/profile/*/*.xplane.pb")):
+            shutil.rmtree(logdir, ignore_errors=True)
+            generate(logdir, steps)
+        (xplane,) = logdir.glob("plugins/profile/*/*.xplane.pb")
+        row: dict[str, Any] = {"target_mb": mb, "steps": steps,
+                               "file_mb": round(xplane.stat().st_size / 1024**2, 1)}
+        print(f"== {row['file_mb']} MB, {steps} steps", flush=True)
+        row["mldiag"] = run_mldiag(xplane, work / f"out{mb:g}")
+        print(f"   mldiag: {json.dumps(row['mldiag'])}", flush=True)
+        if mb <= args.no_cli_above:
+            row["cli"] = run_cli_measured(xplane)
+            print(f"   cli:    {json.dumps(row['cli'])}", flush=True)
+            row["speedup_vs_cli"] = round(row["cli"]["wall_s"] / row["mldiag"]["wall_s"], 2)
+        rows.append(row)
+
+    print(f"\n{'file MB':>8} {'mldiag s':>9} {'cpu s':>7} {'RSS tree MB':>12} "
+          f"{'RSS proc MB':>12} {'CLI s':>8} {'cpu s':>7} {'RSS MB':>8} {'speedup':>8}")
+    for r in rows:
+        m, c = r["mldiag"], r.get("cli", {})
+        print(f"{r['file_mb']:>8} {m['wall_s']:>9} {m['cpu_s']:>7} {m['peak_rss_tree_mb']:>12} "
+              f"{m['peak_rss_process_mb']:>12} {c.get('wall_s', '-'):>8} "
+              f"{c.get('cpu_s', '-'):>7} {c.get('peak_rss_process_mb', '-'):>8} "
+              f"{r.get('speedup_vs_cli', '-'):>8}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"machine": os.uname().nodename,
+                                               "cores": os.cpu_count(), "rows": rows},
+                                              indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

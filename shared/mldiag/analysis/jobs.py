@@ -1,0 +1,193 @@
+"""The collection jobs, as they run inside a worker process (see `workers.py`).
+
+Each job is `fn(context, inputs) -> JSON-like value`, raising NoData when the profile has
+nothing for it. The parent (`collect.py`) plans them and assembles the 15 tools from their
+results; a job never depends on another job's in-memory state, only on files in the session's
+private workspace (op_stats and HLO protos that xprof saved there) and on `inputs`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mldiag.analysis import timeline
+from mldiag.analysis.profile_input import ProfileSession
+from mldiag.analysis.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.xspace_scan import Line, Plane, XSpaceScan
+
+
+@dataclass
+class Context:
+    ws: XprofWorkspace
+    session: ProfileSession
+
+
+def attach(args: Mapping[str, Any], worker: Mapping[str, Any]) -> Context:
+    """Worker setup: join the session's workspace, with this group's own result cache."""
+    session: ProfileSession = args["session"]
+    ws = XprofWorkspace.attach(Path(args["root"]), session, cache_name=worker["group"])
+    return Context(ws=ws, session=session)
+
+
+def _call(name: str, **kwargs: Any) -> Any:
+    def run(ctx: Context, inputs: Mapping[str, Any]) -> Any:
+        return ctx.ws.call(name, **kwargs)
+
+    return run
+
+
+device_information = _call("get_device_information")
+hosts = _call("get_hosts")
+roofline = _call("get_roofline_model", top_n=15)
+op_profile = _call("get_hlo_op_profile", top_n=50)
+list_hlo_modules = _call("list_hlo_modules")
+peak_allocations = _call("get_peak_allocations", limit=10)
+
+
+def kpi_metrics(ctx: Context, inputs: Mapping[str, Any]) -> Any:
+    """xprof's own KPI tool, fed the overview, roofline and memory profile computed already.
+
+    The tool calls those three tools again, and a result that was NO_DATA is not cached, so
+    on a CPU profile it would convert the whole xplane once more for the memory profile
+    (14 s of a 111 MB profile). Inside this worker, and only for this call, the three tools
+    answer with what `inputs` holds ("error" entries raise, as the tools themselves would).
+    """
+    import json
+
+    from xprof.cli.tools import get_memory_profile_tool, get_overview_tool, get_roofline_model_tool
+
+    def answer(key: str) -> Any:
+        def fn(*args: Any, **kwargs: Any) -> str:
+            got = inputs.get(key) or {}
+            if "data" not in got:
+                raise NoData(str(got.get("error") or f"{key}: no data"))
+            return json.dumps(got["data"])
+        return fn
+
+    patched = [(get_overview_tool, "get_overview", answer("overview")),
+               (get_memory_profile_tool, "get_memory_profile", answer("memory_profile")),
+               (get_roofline_model_tool, "get_roofline_model", answer("roofline"))]
+    saved = [(mod, name, getattr(mod, name)) for mod, name, _ in patched]
+    try:
+        for mod, name, fn in patched:
+            setattr(mod, name, fn)
+        return ctx.ws.call("get_kpi_metrics")
+    finally:
+        for mod, name, fn in saved:
+            setattr(mod, name, fn)
+
+
+def reduce_for_converters(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Give xprof's converters a copy of each host without its Python-tracer events.
+
+    Python-tracer events ("$file.py:line function") feed none of the collection tools, yet on
+    a profile captured with the Python tracer they are most of the events, and xprof's
+    converters spend time and memory on every event they read. The timeline pass still reads
+    the original files.
+    """
+    per_host = {}
+    for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
+        target = ctx.ws.run_dir / xplane.name
+        tmp = target.with_name(f".{xplane.name}.reduced")
+        with XSpaceScan(xplane) as scan:
+            kept, dropped = scan.write_filtered(tmp, _drop_python_events)
+        if dropped:
+            target.unlink()
+            tmp.replace(target)
+        else:
+            tmp.unlink()
+        per_host[host] = {"events_kept": kept, "python_events_dropped": dropped,
+                          "bytes_in": xplane.stat().st_size,
+                          "bytes_out": target.stat().st_size}
+    return per_host
+
+
+def _drop_python_events(plane: Plane, line: Line) -> Any:
+    if not plane.name.startswith("/host:"):
+        return None
+    python = [k for k, v in plane.event_names.items() if v.startswith("$")]
+    if not python:
+        return None
+    ev = line.events
+    if not len(ev):
+        return None
+    mask = ~np.isin(ev.metadata_id, python)
+    return None if mask.all() else mask
+
+
+def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The overview, which builds op_stats (and the HLO protos) that later jobs reuse."""
+    return ctx.ws.precompute_op_stats()
+
+
+def xprof_step_trace(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = ctx.ws.call("get_step_trace", limit=50)
+    except NoData as e:
+        data = {"status": "NO_DATA", "message": str(e)}
+    return data
+
+
+def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    return ctx.ws.fetch_tool_data("smart_suggestion")
+
+
+def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, str]:
+    texts = {}
+    for module in inputs.get("modules", []):
+        out = ctx.ws.call("get_hlo_text", module_name=module, max_lines=10_000_000)
+        content = out.get("content")
+        if isinstance(content, str) and content:
+            texts[module] = content
+    return texts
+
+
+def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    return timeline.analyze(list(zip(ctx.session.xplanes, ctx.session.hosts, strict=True)))
+
+
+def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    # xprof's memory profile reads exactly one host: take each host's and report the host
+    # closest to running out of memory, with every host's peak beside it.
+    session = ctx.session
+    per_host: dict[str, dict[str, Any]] = {}
+    for host in session.hosts:
+        only = host if len(session.hosts) > 1 else None
+        data = ctx.ws.call("get_memory_profile", only_host=only)
+        # xprof reports -1.0 for every figure when there are no memory activity events.
+        if float(data.get("peak_memory_usage_gib", -1.0)) >= 0:
+            per_host[host] = data
+    if not per_host:
+        raise NoData("no memory allocation events in the profile (the CPU runtime does not "
+                     "record them)")
+    worst = max(per_host, key=lambda h: _usage_ratio(per_host[h]))
+    result = dict(per_host[worst])
+    if len(session.hosts) > 1:
+        result["host"] = worst
+        result["per_host_peak_gib"] = {
+            h: d.get("peak_memory_usage_gib") for h, d in sorted(per_host.items())}
+    return result
+
+
+def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    hosts_ = ctx.session.hosts
+    if len(hosts_) == 1:
+        return ctx.ws.call("get_utilization_viewer")
+    reasons = []
+    for host in hosts_:
+        try:
+            return {**ctx.ws.call("get_utilization_viewer", only_host=host), "host": host}
+        except NoData as e:
+            reasons.append(f"{host}: {e}")
+    raise NoData("; ".join(reasons))
+
+
+def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
+    peak = float(memory_profile.get("peak_memory_usage_gib") or 0.0)
+    capacity = float(memory_profile.get("memory_capacity_gib") or 0.0)
+    return peak / capacity if capacity > 0 else peak

@@ -1,0 +1,422 @@
+"""Worker processes for collection: jobs that can be killed, under a memory budget.
+
+The collection tools are mostly xprof's native converters plus Python post-processing; in one
+process they share one GIL, and a converter that runs away cannot be stopped. So each *group*
+of jobs runs in its own worker process (a separate interpreter, kept warm between analyses):
+
+- jobs of one group run one at a time in their worker, in order, when their inputs are done;
+- a job past its deadline is killed together with its worker, recorded as ERROR with the
+  reason, and a fresh worker takes the group's remaining jobs;
+- the workers' resident memory is watched: past the budget, the largest worker is killed and
+  its job recorded as ERROR ("exceeded the memory budget"), instead of the kernel's OOM killer
+  taking the whole analysis;
+- a job whose own estimate exceeds the budget is not started (skipped, with the reason), and
+  jobs run side by side only while their estimates fit the budget together.
+
+The parent only schedules; it never runs tool code. Results are plain JSON-like values.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
+_POLL_S = 0.05
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+@dataclass(frozen=True)
+class Job:
+    """One unit of collection work, run by `runner(context, inputs)` in its group's worker."""
+
+    name: str
+    group: str
+    runner: str  # "module:function", resolved in the worker
+    after: tuple[str, ...] = ()
+    # Of `after`, the jobs that must have succeeded (DATA or NO_DATA); else this one is
+    # skipped with their reason instead of redoing their work or failing slowly.
+    requires: tuple[str, ...] = ()
+    memory_bytes: int = 0
+    timeout_s: float | None = None
+
+
+@dataclass
+class Outcome:
+    name: str
+    status: str
+    value: Any
+    elapsed_ms: float
+    # Why the job did not run to completion when the worker was killed or it was skipped.
+    killed: str | None = None
+    skipped: str | None = None
+    peak_rss_bytes: int | None = None
+
+
+@dataclass
+class _Worker:
+    group: str
+    process: _Process
+    conn: Connection
+    job: Job | None = None
+    started: float = 0.0
+    peak_rss: int = 0
+    queue: list[Job] = field(default_factory=list)
+
+
+class _Process:
+    """A worker interpreter, started with `python -c`, talking over a socket pair.
+
+    A fresh interpreter rather than multiprocessing's fork or forkserver: forking a process
+    that runs threads (the local runtime's bus workers) can deadlock the child, and the
+    forkserver and spawn methods re-run the caller's `__main__` module in every worker.
+    """
+
+    def __init__(self, group: str) -> None:
+        parent, child = socket.socketpair()
+        package_root = str(Path(__file__).resolve().parents[2])
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        self.popen = subprocess.Popen(
+            [sys.executable, "-c", f"from mldiag.analysis.workers import serve; "
+                                   f"serve({child.fileno()})"],
+            pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
+            start_new_session=True)
+        child.close()
+        self.sock = parent
+        self.conn = Connection(os.dup(parent.fileno()))
+        self.group = group
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def exitcode(self) -> int | None:
+        return self.popen.poll()
+
+    def kill(self) -> None:
+        if self.alive():
+            try:
+                os.killpg(self.popen.pid, 9)
+            except ProcessLookupError:
+                pass
+        self.popen.wait(timeout=10)
+        self.close()
+
+    def close(self) -> None:
+        self.conn.close()
+        self.sock.close()
+
+
+# Idle workers kept for the next collection (imports and xprof's native start-up are paid
+# once per worker, not once per analysis). A worker that held much memory is not kept.
+_IDLE: list[_Process] = []
+_IDLE_LOCK = threading.Lock()
+_KEEP_BELOW_RSS = 1024**3
+_MAX_IDLE = 4
+
+
+def _take_worker(group: str) -> _Process:
+    with _IDLE_LOCK:
+        while _IDLE:
+            w = _IDLE.pop()
+            if w.alive():
+                w.group = group
+                return w
+            w.close()
+    return _Process(group)
+
+
+def _give_back(w: _Process) -> None:
+    if not w.alive() or rss_bytes(w.pid) > _KEEP_BELOW_RSS:
+        w.kill()
+        return
+    with _IDLE_LOCK:
+        if len(_IDLE) < _MAX_IDLE:
+            _IDLE.append(w)
+            return
+    w.kill()
+
+
+@atexit.register
+def _stop_idle() -> None:
+    with _IDLE_LOCK:
+        idle, _IDLE[:] = list(_IDLE), []
+    for w in idle:
+        w.kill()
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of a process (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _resolve(runner: str) -> Callable[[Any, Mapping[str, Any]], Any]:
+    import importlib
+
+    module, _, name = runner.partition(":")
+    fn: Callable[[Any, Mapping[str, Any]], Any] = getattr(importlib.import_module(module), name)
+    return fn
+
+
+def serve(fd: int) -> None:
+    """A worker's loop. Messages: ("setup", runner, args, group) builds the context of one
+    collection; ("job", job, inputs) runs a job and answers (name, status, value, elapsed_ms);
+    None or a closed socket ends the worker."""
+    import logging
+
+    from mldiag.analysis.xprof_tools import NoData
+
+    # xprof logs every fallback it takes as a warning; the outcome carries what matters.
+    logging.getLogger().setLevel(logging.DEBUG if os.environ.get("MLDIAG_DEBUG")
+                                 else logging.ERROR)
+    conn = Connection(fd)
+    context: Any = None
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        if msg[0] == "setup":
+            _, setup, setup_args, group = msg
+            context = _resolve(setup)(setup_args, {"group": group})
+            continue
+        _, job, inputs = msg
+        start = time.perf_counter()
+        try:
+            value, status = _resolve(job.runner)(context, inputs), DATA
+        except NoData as e:
+            value, status = {"reason": str(e)}, NO_DATA
+        except Exception as e:  # noqa: BLE001 - one job's failure must not sink the others
+            value, status = f"{type(e).__name__}: {e}".splitlines()[0][:500], ERROR
+            if os.environ.get("MLDIAG_DEBUG"):
+                traceback.print_exc()
+        conn.send((job.name, status, value, round((time.perf_counter() - start) * 1000, 1)))
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    *,
+    setup: str,
+    setup_args: Any,
+    budget_bytes: int,
+    default_timeout_s: float,
+    inputs_for: Callable[[Job, Mapping[str, Outcome]], Mapping[str, Any]] | None = None,
+    on_outcome: Callable[[Outcome], None] | None = None,
+) -> dict[str, Outcome]:
+    """Run `jobs` in one worker process per group and return every job's outcome.
+
+    `setup(setup_args, {"group": group})` builds each worker's context once, in the worker.
+    A job starts when the jobs it is `after` are done (whatever their status) and its memory
+    estimate fits the budget beside the running ones; `inputs_for(job, outcomes)` gives its
+    inputs.
+    Always returns, with every job accounted for: done, failed, timed out, killed or skipped.
+    """
+    outcomes: dict[str, Outcome] = {}
+    by_group: dict[str, list[Job]] = {}
+    for job in jobs:
+        by_group.setdefault(job.group, []).append(job)
+    workers: dict[str, _Worker] = {}
+
+    def record(o: Outcome) -> None:
+        outcomes[o.name] = o
+        if on_outcome is not None:
+            on_outcome(o)
+
+    for job in jobs:
+        if job.memory_bytes > budget_bytes:
+            record(Outcome(job.name, ERROR, None, 0.0, skipped=(
+                f"skipped: needs about {_gib(job.memory_bytes)} of memory, over the budget "
+                f"of {_gib(budget_bytes)} (MLDIAG_MEMORY_BUDGET)")))
+
+    def spawn(group: str, queue: list[Job]) -> _Worker:
+        proc = _take_worker(group)
+        proc.conn.send(("setup", setup, setup_args, group))
+        return _Worker(group=group, process=proc, conn=proc.conn, queue=queue)
+
+    def stop(w: _Worker) -> None:
+        w.process.kill()
+
+    def finish_killed(w: _Worker, reason: str) -> None:
+        assert w.job is not None
+        elapsed = round((time.monotonic() - w.started) * 1000, 1)
+        record(Outcome(w.job.name, ERROR, None, elapsed, killed=reason,
+                       peak_rss_bytes=w.peak_rss or None))
+        stop(w)
+        rest = w.queue
+        del workers[w.group]
+        if rest:
+            workers[w.group] = spawn(w.group, rest)
+
+    for group, queue in by_group.items():
+        pending = [j for j in queue if j.name not in outcomes]
+        if pending:
+            workers[group] = spawn(group, pending)
+    try:
+        while workers:
+            running = sum(w.job.memory_bytes for w in workers.values() if w.job is not None)
+            for w in list(workers.values()):
+                if w.job is not None:
+                    continue
+                w.queue = [j for j in w.queue if j.name not in outcomes]
+                if not w.queue:
+                    _give_back(w.process)
+                    del workers[w.group]
+                    continue
+                job = w.queue[0]
+                if any(dep not in outcomes for dep in (*job.after, *job.requires)):
+                    continue
+                failed = [d for d in job.requires if outcomes[d].status == ERROR]
+                if failed:
+                    w.queue.pop(0)
+                    record(Outcome(job.name, ERROR, None, 0.0, skipped=(
+                        f"skipped: needs {failed[0]}, which failed "
+                        f"({_reason(outcomes[failed[0]])})")))
+                    continue
+                if running and running + job.memory_bytes > budget_bytes:
+                    continue  # waits until the running jobs have released their memory
+                w.queue.pop(0)
+                inputs = inputs_for(job, outcomes) if inputs_for is not None else {}
+                w.conn.send(("job", job, inputs))
+                w.job, w.started, w.peak_rss = job, time.monotonic(), 0
+                running += job.memory_bytes
+            busy = [w for w in workers.values() if w.job is not None]
+            if not busy:
+                if workers and all(w.job is None for w in workers.values()):
+                    _unblock(workers, outcomes, record)
+                continue
+            ready = wait([w.conn for w in busy], timeout=_POLL_S)
+            for w in busy:
+                if w.conn in ready:
+                    try:
+                        name, status, value, elapsed = w.conn.recv()
+                    except (EOFError, OSError):
+                        continue  # the worker died: handled below, by its exit code
+                    record(Outcome(name, status, value, elapsed,
+                                   peak_rss_bytes=w.peak_rss or None))
+                    w.job = None
+            for w in busy:
+                if w.job is None:
+                    continue
+                if not w.process.alive():
+                    code = w.process.exitcode()
+                    finish_killed(w, f"the worker process died ({_exit_reason(code)})")
+                    continue
+                limit = w.job.timeout_s if w.job.timeout_s is not None else default_timeout_s
+                if time.monotonic() - w.started > limit:
+                    finish_killed(w, f"timed out after {limit:g} s (worker killed)")
+            _watch_memory(workers, budget_bytes, finish_killed)
+    finally:
+        for w in list(workers.values()):
+            stop(w)
+    return outcomes
+
+
+def _reason(o: Outcome) -> str:
+    return o.skipped or o.killed or str(o.value)
+
+
+def _unblock(workers: Mapping[str, _Worker], outcomes: Mapping[str, Outcome],
+             record: Callable[[Outcome], None]) -> None:
+    # Every worker idle and none can start: the next jobs wait on inputs that no worker
+    # will produce (a dependency outside the job list). Fail them rather than wait forever.
+    for w in workers.values():
+        if w.queue:
+            job = w.queue[0]
+            missing = [d for d in job.after if d not in outcomes]
+            if missing:
+                record(Outcome(job.name, ERROR, None, 0.0,
+                               skipped=f"skipped: its input {missing[0]} never ran"))
+
+
+def _watch_memory(workers: Mapping[str, _Worker], budget: int,
+                  kill: Callable[[_Worker, str], None]) -> None:
+    busy = [w for w in workers.values() if w.job is not None]
+    total = 0
+    for w in busy:
+        rss = rss_bytes(w.process.pid)
+        w.peak_rss = max(w.peak_rss, rss)
+        total += rss
+    if total > budget and busy:
+        worst = max(busy, key=lambda w: w.peak_rss)
+        kill(worst, f"exceeded the memory budget: the workers held {_gib(total)}, budget "
+                    f"{_gib(budget)} (MLDIAG_MEMORY_BUDGET); worker killed")
+
+
+def _exit_reason(code: int | None) -> str:
+    if code is None:
+        return "no exit code"
+    if code < 0:
+        import signal
+
+        name = signal.Signals(-code).name if -code in signal.Signals._value2member_map_ else ""
+        hint = ": out of memory?" if -code == signal.SIGKILL else ""
+        return f"signal {-code} {name}{hint}".strip()
+    return f"exit code {code}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / 1024**3:.2f} GiB"
+
+
+def default_budget_bytes() -> int:
+    """What this process may use: the cgroup's memory limit, else the host's memory.
+
+    `MLDIAG_MEMORY_BUDGET` (bytes, or with a K/M/G/T suffix, e.g. "6G") overrides it.
+    """
+    raw = os.environ.get("MLDIAG_MEMORY_BUDGET", "").strip()
+    if raw:
+        return parse_bytes(raw)
+    limits = []
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            if text.isdigit() and int(text) < 1 << 60:
+                limits.append(int(text))
+        except OSError:
+            continue
+    try:
+        limits.append(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError):
+        pass
+    allowed = min(limits) if limits else 8 * 1024**3
+    # Leave room for the parent process and the kernel's page cache of the profile itself.
+    return int(allowed * 0.85)
+
+
+def parse_bytes(text: str) -> int:
+    """'6G', '512MiB', '2.5GB' or '1000000' as bytes. Raises ValueError."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = 1
+    for suffix, mult in (("K", 1024), ("M", 1024**2), ("G", 1024**3), ("T", 1024**4)):
+        if t.endswith(suffix):
+            t, scale = t[:-1], mult
+            break
+    try:
+        value = float(t)
+    except ValueError:
+        raise ValueError(f"not a size: {text!r} (use bytes or a K/M/G/T suffix)") from None
+    if value <= 0:
+        raise ValueError(f"not a size: {text!r} (must be positive)")
+    return int(value * scale)

@@ -1,0 +1,540 @@
+"""A vectorised reader of XSpace protobufs: event columns as NumPy arrays, not objects.
+
+mldiag's own passes over a profile (the step timeline, the per-step op shares the detectors
+use) need three numbers per event: which metadata it points at, when it started and how long it
+ran. Large profiles hold millions of events, and xprof's readers hand them over one Python
+object (or one C call) at a time, which costs several microseconds per event. Here the file is
+memory-mapped and each line's events are decoded column-wise:
+
+- the planes, lines and metadata tables are parsed field by field in Python (there are few);
+- the boundaries of a line's repeated `events` field are found without visiting events one by
+  one: every byte that could start an event (the field's tag) gets the offset of the event that
+  would follow it, and the true chain from the first event is extracted by pointer doubling,
+  in O(n log n) NumPy operations;
+- the fields of all events of a line are then decoded together, one varint column at a time.
+
+Field numbers follow `tsl/profiler/protobuf/xplane.proto` (XSpace.planes=1; XPlane id=1, name=2,
+lines=3, event_metadata=4, stat_metadata=5, stats=6; XLine id=1, name=2, timestamp_ns=3,
+events=4, duration_ps=9, display_id=10, display_name=11; XEvent metadata_id=1, offset_ps=2,
+duration_ps=3, stats=4, num_occurrences=5; XStat metadata_id=1, double=2, uint64=3, int64=4,
+str=5, bytes=6, ref=7; XEventMetadata id=1, name=2, stats=5; XStatMetadata id=1, name=2).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from mldiag.errors import ProfileUnreadable
+
+_EVENT_TAG = 0x22  # field 4 (XLine.events), wire type 2
+_MAX_VARINT = 10
+
+I64 = NDArray[np.int64]
+
+
+class CorruptXSpace(ProfileUnreadable):
+    """The bytes do not decode as an XSpace."""
+
+
+def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end or shift > 63:
+            raise CorruptXSpace("truncated or corrupt protobuf (bad varint)")
+        b = buf[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if b < 0x80:
+            return result, pos
+        shift += 7
+
+
+def _fields(buf: Any, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value or start, end) of each field in buf[pos:end].
+
+    For length-delimited fields the value is the payload's start and `end` its end; for
+    varints the value is the number; fixed-width fields give their start.
+    """
+    while pos < end:
+        key, pos = _varint(buf, pos, end)
+        num, wt = key >> 3, key & 7
+        if num == 0:
+            raise CorruptXSpace("truncated or corrupt protobuf (field number 0)")
+        if wt == 0:
+            value, pos = _varint(buf, pos, end)
+            yield num, wt, value, pos
+        elif wt == 2:
+            length, pos = _varint(buf, pos, end)
+            if pos + length > end:
+                raise CorruptXSpace("truncated or corrupt protobuf (field runs past its parent)")
+            yield num, wt, pos, pos + length
+            pos += length
+        elif wt == 1:
+            if pos + 8 > end:
+                raise CorruptXSpace("truncated or corrupt protobuf (fixed64 past the end)")
+            yield num, wt, pos, pos + 8
+            pos += 8
+        elif wt == 5:
+            if pos + 4 > end:
+                raise CorruptXSpace("truncated or corrupt protobuf (fixed32 past the end)")
+            yield num, wt, pos, pos + 4
+            pos += 4
+        else:
+            raise CorruptXSpace(f"truncated or corrupt protobuf (wire type {wt})")
+
+
+def _fields_until_events(buf: Any, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+    """Like _fields, but an `events` field (4, length-delimited) is yielded as (4, 2, the offset
+    of its tag, end) without being read: events are decoded column-wise, not one by one."""
+    while pos < end:
+        key, _ = _varint(buf, pos, end)
+        if key == _EVENT_TAG:
+            yield 4, 2, pos, end
+            return
+        for item in _fields(buf, pos, end):
+            yield item
+            pos = item[3]
+            break
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+@dataclass
+class Events:
+    """The events of one line as columns (one entry per event, in file order)."""
+
+    metadata_id: I64
+    offset_ps: I64
+    duration_ps: I64
+    # Where each event's stats start and its body ends, in bytes of the file.
+    stats_start: I64
+    body_end: I64
+
+    def __len__(self) -> int:
+        return len(self.metadata_id)
+
+
+@dataclass
+class Line:
+    name: str
+    timestamp_ns: int
+    _space: XSpaceScan = field(repr=False)
+    _blocks: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    _events: Events | None = field(default=None, repr=False)
+    # The line's payload in the file (between its length prefix and its end).
+    _payload: tuple[int, int] = (0, 0)
+
+    @property
+    def events(self) -> Events:
+        """Decoded on first use, then kept: lines a pass does not need cost nothing."""
+        if self._events is None:
+            self._events = self._space.decode_events(self._blocks)
+        return self._events
+
+    def start_ns(self) -> NDArray[np.float64]:
+        ev = self.events
+        return self.timestamp_ns + ev.offset_ps.astype(np.float64) / 1000.0
+
+    def duration_ns(self) -> NDArray[np.float64]:
+        return self.events.duration_ps.astype(np.float64) / 1000.0
+
+
+@dataclass
+class Plane:
+    name: str
+    lines: list[Line]
+    event_names: dict[int, str]
+    stat_names: dict[int, str]
+    # Byte ranges of each event metadata's own stats, for stat lookups by metadata.
+    event_metadata_stats: dict[int, list[tuple[int, int]]]
+    # (field number, start of its key, end) of each field of the plane, in file order.
+    _fields: list[tuple[int, int, int]] = field(default_factory=list, repr=False)
+
+    def stat_id(self, name: str) -> int | None:
+        for k, v in self.stat_names.items():
+            if v == name:
+                return k
+        return None
+
+
+class XSpaceScan:
+    """One xplane file, memory-mapped; planes and lines parsed, events decoded lazily.
+
+    Use as a context manager (the map is closed on exit). Raises CorruptXSpace with a one-line
+    reason when the file does not parse.
+    """
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = os.fspath(path)
+        self._file = open(self.path, "rb")  # noqa: SIM115 - closed in close()
+        size = os.fstat(self._file.fileno()).st_size
+        if size == 0:
+            self._file.close()
+            raise CorruptXSpace("empty file (0 bytes)")
+        self._map = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        self.buf = np.frombuffer(self._map, dtype=np.uint8)
+        self.size = size
+        self._trailing: dict[tuple[int, int], str] = {}
+        # Byte ranges of the space's other fields (errors, warnings, hostnames), kept on writes.
+        self._space_fields: list[tuple[int, int]] = []
+        self.planes = self._parse_space()
+
+    def __enter__(self) -> XSpaceScan:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for plane in getattr(self, "planes", []):
+            for line in plane.lines:
+                line._events = None
+        self.buf = np.empty(0, dtype=np.uint8)
+        try:
+            self._map.close()
+        except BufferError:
+            # A caller still holds a view of the map; it is released with that view.
+            pass
+        self._file.close()
+
+    # -- structure -----------------------------------------------------------------------------
+
+    def _parse_space(self) -> list[Plane]:
+        m = self._map
+        planes = []
+        key_at = 0
+        for num, wt, start, end in _fields(m, 0, self.size):
+            if num == 1 and wt == 2:
+                planes.append(self._parse_plane(start, end))
+            else:
+                self._space_fields.append((key_at, end))
+            key_at = end
+        return planes
+
+    def _parse_plane(self, pos: int, end: int) -> Plane:
+        m = self._map
+        name = ""
+        lines: list[Line] = []
+        event_names: dict[int, str] = {}
+        stat_names: dict[int, str] = {}
+        md_stats: dict[int, list[tuple[int, int]]] = {}
+        layout: list[tuple[int, int, int]] = []
+        key_at = pos
+        for num, wt, start, stop in _fields(m, pos, end):
+            layout.append((num, key_at, stop))
+            key_at = stop
+            if wt != 2:
+                continue
+            if num == 2:
+                name = m[start:stop].decode("utf-8", errors="replace")
+            elif num == 3:
+                lines.append(self._parse_line(start, stop))
+            elif num in (4, 5):
+                key, value = 0, None
+                for n2, w2, s2, e2 in _fields(m, start, stop):
+                    if n2 == 1 and w2 == 0:
+                        key = _signed(s2)
+                    elif n2 == 2 and w2 == 2:
+                        value = (s2, e2)
+                if value is None:
+                    continue
+                md_name, stats = "", []
+                for n3, w3, s3, e3 in _fields(m, value[0], value[1]):
+                    if n3 == 2 and w3 == 2:
+                        md_name = m[s3:e3].decode("utf-8", errors="replace")
+                    elif num == 4 and n3 == 5 and w3 == 2:
+                        stats.append((s3, e3))
+                if num == 4:
+                    event_names[key] = md_name
+                    if stats:
+                        md_stats[key] = stats
+                else:
+                    stat_names[key] = md_name
+        return Plane(name=name, lines=lines, event_names=event_names, stat_names=stat_names,
+                     event_metadata_stats=md_stats, _fields=layout)
+
+    def _parse_line(self, pos: int, end: int) -> Line:
+        m = self._map
+        name = ""
+        timestamp_ns = 0
+        events_at = end
+        for n, w, value, stop in _fields_until_events(m, pos, end):
+            if n == 4:
+                events_at = value
+                break
+            if n == 2 and w == 2:
+                name = m[value:stop].decode("utf-8", errors="replace")
+            elif n == 3 and w == 0:
+                timestamp_ns = _signed(value)
+        line = Line(name=name, timestamp_ns=timestamp_ns, _space=self,
+                    _blocks=[(events_at, end)], _payload=(pos, end))
+        if not name:
+            # The display name (field 11) follows the events: find them, then read on.
+            line.events  # noqa: B018 - decodes and records the trailing fields
+            line.name = self._trailing.pop((events_at, end), "")
+        return line
+
+    # -- events --------------------------------------------------------------------------------
+
+    def _chain(self, start: int, end: int) -> I64:
+        """Offsets of the consecutive events fields from `start` (whose byte is the tag)."""
+        seg = self.buf[start:end]
+        cand = np.flatnonzero(seg == _EVENT_TAG).astype(np.int64)
+        # Length varint after each candidate tag; event bodies are short, but decode fully.
+        length, body = _varints_at(seg, cand + 1)
+        nxt = body + length
+        ok = (length >= 0) & (nxt <= len(seg))
+        # Successor: the candidate at `nxt`, else the sentinel (end of the run).
+        n = len(cand)
+        idx = np.searchsorted(cand, nxt)
+        idx_c = np.minimum(idx, n - 1)
+        succ = np.where(ok & (idx < n) & (cand[idx_c] == nxt), idx, n).astype(np.int64)
+        succ = np.append(succ, n)
+        # After k rounds `on` marks the first 2**k events of the chain; it is complete once it
+        # reaches the sentinel.
+        on = np.zeros(n + 1, dtype=bool)
+        on[0] = True
+        jump = succ
+        while not on[n]:
+            on[jump[np.flatnonzero(on)]] = True
+            jump = jump[jump]
+        members = np.flatnonzero(on[:n])
+        if not ok[members[-1]]:
+            raise CorruptXSpace("truncated or corrupt protobuf (an event runs past its line)")
+        return cand[members] + start
+
+    def decode_events(self, blocks: list[tuple[int, int]]) -> Events:
+        parts = []
+        for start, end in blocks:
+            pos = start
+            while pos < end:
+                tags = self._chain(pos, end)
+                parts.append(self._decode_block(tags))
+                pos = int(parts[-1].body_end[-1])
+                # Fields after the run (duration_ps, display_id, display_name), and any
+                # further run of events (writers need not keep a message's fields in order).
+                for n, w, value, stop in _fields_until_events(self._map, pos, end):
+                    if n == 4:
+                        pos = value
+                        break
+                    if n == 11 and w == 2:
+                        self._trailing[(start, end)] = self._map[value:stop].decode(
+                            "utf-8", errors="replace")
+                    pos = stop
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return Events(z, z, z, z, z)
+        if len(parts) == 1:
+            return parts[0]
+        return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
+            "metadata_id", "offset_ps", "duration_ps", "stats_start", "body_end")))
+
+    def _decode_block(self, tags: I64) -> Events:
+        buf = self.buf
+        length, pos = _varints_at(buf, tags + 1)
+        body_end = pos + length
+        mid = _optional_varint(buf, pos, body_end, 0x08)
+        offset = _optional_varint(buf, pos, body_end, 0x10)
+        duration = _optional_varint(buf, pos, body_end, 0x18)
+        if np.any(pos > body_end):
+            raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
+        return Events(metadata_id=mid, offset_ps=offset, duration_ps=duration,
+                      stats_start=pos, body_end=body_end)
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def write_filtered(self, out: str | os.PathLike[str], keep: KeepFn) -> tuple[int, int]:
+        """Write a copy of this XSpace without the events that `keep` rejects.
+
+        `keep(plane, line)` returns a boolean mask over the line's events, or None to keep the
+        line whole. Everything else (metadata, stats, other fields) is copied byte for byte.
+        Returns (events kept, events dropped).
+        """
+        kept_total = dropped_total = 0
+        m = self._map
+        with open(out, "wb") as f:
+            for plane in self.planes:
+                chunks: list[bytes | memoryview] = []
+                for num, key_at, stop in plane._fields:
+                    if num != 3:
+                        chunks.append(memoryview(m)[key_at:stop])
+                        continue
+                    line = next(ln for ln in plane.lines if ln._payload[1] == stop)
+                    mask = keep(plane, line)
+                    if mask is None:
+                        chunks.append(memoryview(m)[key_at:stop])
+                        kept_total += len(line.events)
+                        continue
+                    payload = self._filtered_line(line, mask)
+                    kept_total += int(mask.sum())
+                    dropped_total += int(len(mask) - mask.sum())
+                    chunks.append(b"\x1a" + _encode_varint(len(payload)))
+                    chunks.append(payload)
+                body_len = sum(len(c) for c in chunks)
+                f.write(b"\x0a" + _encode_varint(body_len))
+                for c in chunks:
+                    f.write(c)
+            for start, stop in self._space_fields:
+                f.write(m[start:stop])
+        return kept_total, dropped_total
+
+    def _filtered_line(self, line: Line, mask: NDArray[np.bool_]) -> bytes:
+        ev = line.events
+        pos, end = line._payload
+        events_at = line._blocks[0][0]
+        # The events' own bytes: from each event's tag to its body's end.
+        tag_at = self._event_tags(line)
+        starts, stops = tag_at[mask], ev.body_end[mask]
+        lengths = stops - starts
+        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
+        index = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+        head = bytes(self._map[pos:events_at])
+        last_end = int(ev.body_end[-1]) if len(ev) else events_at
+        tail = bytes(self._map[last_end:end])
+        return head + self.buf[index].tobytes() + tail
+
+    def _event_tags(self, line: Line) -> I64:
+        tags = []
+        for start, end in line._blocks:
+            at = start
+            while at < end:
+                run = self._chain(at, end)
+                tags.append(run)
+                length, body = _varint(self._map, int(run[-1]) + 1, end)
+                at = body + length
+                for n, _, value, stop in _fields_until_events(self._map, at, end):
+                    if n == 4:
+                        at = value
+                        break
+                    at = stop
+        return np.concatenate(tags) if tags else np.zeros(0, dtype=np.int64)
+
+    # -- stats ---------------------------------------------------------------------------------
+
+    def stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+        """(stat metadata id, value) of each XStat in the bytes [start, end)."""
+        m = self._map
+        for num, wt, s, e in _fields(m, start, end):
+            if num != 4 or wt != 2:
+                continue
+            sid, value = 0, None  # type: tuple[int, Any]
+            for n2, w2, s2, e2 in _fields(m, s, e):
+                if n2 == 1 and w2 == 0:
+                    sid = s2
+                elif n2 == 2 and w2 == 1:
+                    value = struct.unpack("<d", m[s2:e2])[0]
+                elif n2 in (3, 7) and w2 == 0:
+                    value = s2
+                elif n2 == 4 and w2 == 0:
+                    value = _signed(s2)
+                elif n2 in (5, 6) and w2 == 2:
+                    value = m[s2:e2].decode("utf-8", errors="replace")
+            yield sid, value
+
+    def metadata_stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+        """Like stats_of, for one XStat message of an event metadata (XEventMetadata.stats)."""
+        m = self._map
+        sid, value = 0, None  # type: tuple[int, Any]
+        for n2, w2, s2, e2 in _fields(m, start, end):
+            if n2 == 1 and w2 == 0:
+                sid = s2
+            elif n2 in (3, 4, 7) and w2 == 0:
+                value = s2
+            elif n2 in (5, 6) and w2 == 2:
+                value = m[s2:e2].decode("utf-8", errors="replace")
+        yield sid, value
+
+    def int_stat(self, events: Events, stat_id: int, max_stats: int = 64) -> I64:
+        """The integer value of stat `stat_id` on every event (-1 where it has none)."""
+        buf = self.buf
+        out = np.full(len(events), -1, dtype=np.int64)
+        pos = events.stats_start.copy()
+        end = events.body_end
+        active = pos < end
+        for _ in range(max_stats):
+            if not active.any():
+                break
+            at = np.flatnonzero(active)
+            p = pos[at]
+            is_stat = buf[p] == _EVENT_TAG
+            length, body = _varints_at(buf, p + 1)
+            stat_end = body + length
+            sid = _optional_varint(buf, body.copy(), stat_end, 0x08)
+            vpos = body.copy()
+            _optional_varint(buf, vpos, stat_end, 0x08)
+            val = np.full(len(at), -1, dtype=np.int64)
+            for tag in (0x18, 0x20, 0x38):
+                v = _optional_varint(buf, vpos.copy(), stat_end, tag, missing=-2)
+                val = np.where(v != -2, v, val)
+            hit = is_stat & (sid == stat_id) & (out[at] == -1)
+            out[at[hit]] = val[hit]
+            # Advance past this field (non-stat fields such as num_occurrences end the scan).
+            pos[at] = np.where(is_stat, stat_end, end[at])
+            active[at] = is_stat & (stat_end < end[at])
+        return out
+
+
+KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
+    """Decode the varint at each position; returns (values, positions after them).
+
+    A varint that runs past the buffer decodes as -1.
+    """
+    n = len(buf)
+    inside = pos < n
+    first = buf[np.where(inside, pos, 0)].astype(np.int64)
+    value = np.where(inside, first & 0x7F, -1)
+    cur = pos + 1
+    # Most varints here (lengths, ids) fit one byte: only the others take the loop.
+    idx = np.flatnonzero(inside & (first >= 0x80))
+    shift = 7
+    while len(idx) and shift < 7 * _MAX_VARINT:
+        past = cur[idx] >= n
+        if past.any():
+            value[idx[past]] = -1
+            idx = idx[~past]
+        b = buf[cur[idx]].astype(np.int64)
+        value[idx] |= (b & 0x7F) << shift
+        cur[idx] += 1
+        idx = idx[b >= 0x80]
+        shift += 7
+    return value, cur
+
+
+def _optional_varint(buf: NDArray[np.uint8], pos: I64, end: I64, tag: int,
+                     missing: int = 0) -> I64:
+    """Decode a varint field with key byte `tag` where present at `pos` (in place: `pos` moves
+    past the fields decoded). Absent fields read as `missing` (proto3 default 0)."""
+    out = np.full(len(pos), missing, dtype=np.int64)
+    inside = pos < end
+    safe = np.minimum(pos, len(buf) - 1)
+    has = np.flatnonzero(inside & (buf[safe] == tag))
+    if len(has):
+        v, after = _varints_at(buf, pos[has] + 1)
+        out[has] = v
+        pos[has] = after
+    return out

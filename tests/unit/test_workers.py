@@ -1,0 +1,95 @@
+"""Collection jobs in worker processes: deadlines kill, the budget holds, the run always ends."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from mldiag.analysis.workers import ERROR, Job, parse_bytes, rss_bytes, run_jobs
+
+REPO = Path(__file__).resolve().parents[2]
+GiB = 1024**3
+
+
+@pytest.fixture(autouse=True)
+def _importable_jobs(monkeypatch):
+    # The workers are fresh interpreters: let them import tests.unit.worker_jobs.
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+
+
+def _job(name: str, fn: str, group: str = "a", **kw) -> Job:
+    return Job(name=name, group=group, runner=f"tests.unit.worker_jobs:{fn}", **kw)
+
+
+def _run(jobs, budget=8 * GiB, timeout=30.0, **kw):
+    return run_jobs(jobs, setup="tests.unit.worker_jobs:setup", setup_args={"x": 1},
+                    budget_bytes=budget, default_timeout_s=timeout, **kw)
+
+
+def test_groups_run_in_separate_processes_and_inputs_flow():
+    out = _run([_job("one", "echo", "a"), _job("two", "echo", "b", after=("one",))],
+               inputs_for=lambda job, done: {"after": sorted(done)})
+    assert out["one"].status == out["two"].status == "DATA"
+    assert out["one"].value["pid"] != out["two"].value["pid"]
+    assert out["two"].value["after"] == ["one"]
+
+
+def test_a_job_past_its_deadline_is_killed_and_the_rest_still_run():
+    started = time.monotonic()
+    out = _run([_job("slow", "sleep", timeout_s=0.5), _job("next", "echo"),
+                _job("other", "echo", "b")])
+    assert time.monotonic() - started < 20
+    assert out["slow"].status == ERROR
+    assert out["slow"].killed == "timed out after 0.5 s (worker killed)"
+    # A fresh worker took the killed one's remaining job.
+    assert out["next"].status == "DATA" and out["other"].status == "DATA"
+
+
+def test_a_worker_over_the_memory_budget_is_killed_not_the_analysis():
+    out = _run([_job("hog", "hog"), _job("after", "echo")], budget=int(0.5 * GiB))
+    assert out["hog"].status == ERROR
+    assert "exceeded the memory budget" in out["hog"].killed
+    assert "budget 0.50 GiB" in out["hog"].killed
+    assert out["after"].status == "DATA"
+
+
+def test_a_job_whose_estimate_exceeds_the_budget_is_skipped_with_the_reason():
+    out = _run([_job("big", "echo", memory_bytes=3 * GiB), _job("needs_big", "echo",
+                after=("big",), requires=("big",)), _job("small", "echo")], budget=GiB)
+    assert out["big"].skipped.startswith("skipped: needs about 3.00 GiB of memory, over the "
+                                         "budget of 1.00 GiB")
+    assert "needs big, which failed" in out["needs_big"].skipped
+    assert out["small"].status == "DATA"
+
+
+def test_jobs_wait_for_memory_rather_than_run_side_by_side_over_the_budget():
+    out = _run([_job("x", "echo", "a", memory_bytes=600 * 1024**2),
+                _job("y", "echo", "b", memory_bytes=600 * 1024**2)], budget=GiB)
+    assert out["x"].status == out["y"].status == "DATA"
+
+
+def test_a_crashing_worker_and_a_failing_job_are_recorded():
+    out = _run([_job("crash", "crash"), _job("fail", "fail", "b"), _job("ok", "echo")])
+    assert out["crash"].status == ERROR and "died (exit code 3)" in out["crash"].killed
+    assert out["fail"].status == ERROR and out["fail"].value == "ValueError: bad input, line 1"
+    assert out["ok"].status == "DATA"
+
+
+def test_killed_workers_leave_no_process_behind():
+    out = _run([_job("who", "echo"), _job("slow", "sleep", timeout_s=0.3)])
+    assert out["slow"].killed
+    # The worker that ran both was killed and reaped: its pid is gone.
+    pid = out["who"].value["pid"]
+    assert rss_bytes(pid) == 0
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
+
+
+def test_sizes_parse():
+    assert parse_bytes("6G") == 6 * GiB and parse_bytes("512MiB") == 512 * 1024**2
+    assert parse_bytes("1000") == 1000
+    with pytest.raises(ValueError, match="not a size"):
+        parse_bytes("lots")

@@ -1,0 +1,101 @@
+"""The vectorised XSpace reader agrees with xprof's own reader, event for event."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mldiag.analysis.timeline import _covered, _merge
+from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan
+from tests.conftest import SHARED_FIXTURES
+
+FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
+
+
+def _xprof_lines(path: Path) -> list[tuple[str, str, list[tuple[str, float, float]]]]:
+    from xprof.profile_data import ProfileData
+
+    out = []
+    with ProfileData.from_file(str(path)) as data:
+        for plane in data.planes:
+            for line in plane.lines:
+                events = [(e.name, e.start_ns, e.duration_ns) for e in line.events]
+                out.append((plane.name, line.name, events))
+    return out
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+def test_every_event_matches_xprofs_reader(path: Path):
+    expected = _xprof_lines(path)
+    with XSpaceScan(path) as scan:
+        got = []
+        for plane in scan.planes:
+            for line in plane.lines:
+                names = [plane.event_names.get(int(m), "") for m in line.events.metadata_id]
+                got.append((plane.name, line.name,
+                            list(zip(names, line.start_ns(), line.duration_ns(), strict=True))))
+    assert [(p, n, len(e)) for p, n, e in got] == [(p, n, len(e)) for p, n, e in expected]
+    for (_, _, ours), (_, _, theirs) in zip(got, expected, strict=True):
+        assert [e[0] for e in ours] == [e[0] for e in theirs]
+        assert np.allclose([e[1] for e in ours], [e[1] for e in theirs], rtol=0, atol=1e-3)
+        assert np.allclose([e[2] for e in ours], [e[2] for e in theirs], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+def test_a_filtered_copy_keeping_everything_is_byte_identical(path: Path, tmp_path: Path):
+    out = tmp_path / "copy.xplane.pb"
+    with XSpaceScan(path) as scan:
+        scan.write_filtered(out, lambda plane, line: np.ones(len(line.events), dtype=bool))
+    assert out.read_bytes() == path.read_bytes()
+
+
+def test_a_filtered_copy_drops_exactly_the_rejected_events(tmp_path: Path):
+    path = FIXTURES[0]
+    out = tmp_path / "odd.xplane.pb"
+    with XSpaceScan(path) as scan:
+        kept, dropped = scan.write_filtered(
+            out, lambda plane, line: np.arange(len(line.events)) % 2 == 0)
+    before, after = _xprof_lines(path), _xprof_lines(out)
+    assert dropped > 0 and kept + dropped == sum(len(e) for _, _, e in before)
+    for (p1, n1, e1), (p2, n2, e2) in zip(before, after, strict=True):
+        assert (p1, n1) == (p2, n2)
+        assert e2 == e1[::2]
+
+
+def test_truncated_and_garbage_files_are_corrupt(tmp_path: Path):
+    data = FIXTURES[0].read_bytes()
+    for i, content in enumerate([data[: len(data) // 3], b"\xff" * 64, b"\x0a\x05abc"]):
+        p = tmp_path / f"bad{i}.xplane.pb"
+        p.write_bytes(content)
+        with pytest.raises(CorruptXSpace, match="truncated or corrupt"), XSpaceScan(p) as scan:
+            for plane in scan.planes:
+                for line in plane.lines:
+                    line.events  # noqa: B018 - decoding is what must fail
+
+
+def _brute_union(intervals: list[tuple[float, float]], lo: float, hi: float) -> float:
+    points = sorted({lo, hi, *[x for iv in intervals for x in iv if lo <= x <= hi]})
+    total = 0.0
+    for a, b in zip(points, points[1:], strict=False):
+        mid = (a + b) / 2
+        if any(s <= mid < e for s, e in intervals):
+            total += b - a
+    return total
+
+
+def test_busy_time_per_window_matches_a_brute_force_union():
+    rng = random.Random(7)
+    for _ in range(50):
+        n = rng.randint(0, 30)
+        ivs = [(s := rng.uniform(0, 100), s + rng.uniform(0, 15)) for _ in range(n)]
+        windows = [(a := rng.uniform(-5, 100), a + rng.uniform(0, 40)) for _ in range(10)]
+        starts = np.array([s for s, _ in ivs])
+        ends = np.array([e for _, e in ivs])
+        seg_s, seg_e = _merge(starts, ends)
+        got = _covered(seg_s, seg_e, np.array([w[0] for w in windows]),
+                       np.array([w[1] for w in windows]))
+        want = [_brute_union(ivs, lo, hi) for lo, hi in windows]
+        assert np.allclose(got, want, atol=1e-9)
