@@ -27,10 +27,19 @@ locals {
     }
     # /tmp is memory on gen2: a 2 GiB host (the default cap) is 2 GiB of RAM before xprof
     # parses it. Raise memory with MLDIAG_MAX_HOST_BYTES and the hosts per session.
+    # Sessions over var.collect_function_max_host_bytes per host (or max hosts) go to the
+    # collect Cloud Run job (job.tf); many-host and large sessions fan out to collect_host
+    # (host-analysis-requests) and come back here to be combined.
     collect = {
       memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage   = ["roles/storage.objectUser"]
-      publishes = ["investigation-requests", "report-requests"]
+      publishes = ["investigation-requests", "report-requests", "host-analysis-requests"]
+    }
+    # One instance per host of a fanned-out session; the last one asks for the combine.
+    collect_host = {
+      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 50
+      storage   = ["roles/storage.objectUser"]
+      publishes = ["analysis-requests"]
     }
     investigate = {
       memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
@@ -65,6 +74,7 @@ locals {
     on_degradation_alert = "alerts"
     on_capture_request   = "capture"
     collect              = "collect"
+    collect_host         = "collect-host"
     investigate          = "investigate"
     render_report        = "report"
     sweep                = "sweep"
@@ -90,6 +100,13 @@ locals {
   investigator_environment = {
     MLDIAG_INVESTIGATOR  = var.investigator
     MLDIAG_GEMINI_MODEL  = var.gemini_model
+  }
+
+  # Where collect sends what it cannot take on (job.tf).
+  collect_environment = {
+    MLDIAG_COLLECT_JOB             = "${var.prefix}collect"
+    MLDIAG_FUNCTION_MAX_HOST_BYTES = tostring(var.collect_function_max_host_bytes)
+    MLDIAG_FUNCTION_MAX_HOSTS      = tostring(var.collect_function_max_hosts)
   }
 
   storage_grants = merge([
@@ -252,7 +269,7 @@ resource "google_cloudfunctions2_function" "pubsub" {
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.function[each.key].email
-    environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {})
+    environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {}, each.key == "collect" ? local.collect_environment : {})
     vpc_connector                  = each.key == "on_capture_request" ? var.capture_vpc_connector : null
     vpc_connector_egress_settings  = each.key == "on_capture_request" && var.capture_vpc_connector != null ? "PRIVATE_RANGES_ONLY" : null
   }

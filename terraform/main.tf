@@ -24,6 +24,7 @@ locals {
     "degradation-alerts"     = "on_degradation_alert"
     "capture-requests"       = "on_capture_request"
     "analysis-requests"      = "collect"
+    "host-analysis-requests" = "collect_host"
     "investigation-requests" = "investigate"
     "report-requests"        = "render_report"
     "sweep-ticks"            = "sweep"

@@ -132,3 +132,39 @@ variable "settle_seconds" {
   type        = number
   default     = 30
 }
+
+variable "collect_job_image" {
+  description = "Container image of the collect Cloud Run job (built from deploy/collect-job/Dockerfile)."
+  type        = string
+  default     = "us-docker.pkg.dev/cloudrun/container/job:latest"
+}
+
+variable "collect_job_memory" {
+  description = "Memory of the collect job (Cloud Run allows up to 32Gi, with 8 CPUs)."
+  type        = string
+  default     = "32Gi"
+}
+
+variable "collect_job_cpu" {
+  description = "CPUs of the collect job."
+  type        = string
+  default     = "8"
+}
+
+variable "collect_job_timeout_seconds" {
+  description = "Deadline of one collect job task."
+  type        = number
+  default     = 3600
+}
+
+variable "collect_function_max_host_bytes" {
+  description = "Sessions with a host larger than this go to the collect job instead of the collect function (8 GiB, 540 s)."
+  type        = number
+  default     = 536870912
+}
+
+variable "collect_function_max_hosts" {
+  description = "Sessions with more hosts than this go to the collect job (many-host sessions below it fan out to collect_host)."
+  type        = number
+  default     = 64
+}

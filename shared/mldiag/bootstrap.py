@@ -25,6 +25,7 @@ from mldiag.errors import MldiagError
 from mldiag.messages import (
     TOPIC_OF,
     AnalyzeSession,
+    CollectHost,
     InvestigateSession,
     ProfileObjectFinalized,
     RenderReport,
@@ -45,7 +46,8 @@ TOPIC_PRIORITY = {
     TOPIC_OF[ProfileObjectFinalized]: 0,
     TOPIC_OF[RenderReport]: 1,
     TOPIC_OF[InvestigateSession]: 2,
-    TOPIC_OF[AnalyzeSession]: 3,
+    TOPIC_OF[CollectHost]: 3,
+    TOPIC_OF[AnalyzeSession]: 4,
 }
 
 
@@ -209,6 +211,11 @@ def gcp_services(
     services = Services(settings=settings, storage=gcp.storage, state=gcp.state, bus=gcp.bus,
                         clock=clock)
     services.investigator = investigator or make_investigator(settings)
+    if settings.collect_job and not settings.in_job:
+        from mldiag.adapters.gcp.jobs import CloudRunJobRunner
+
+        services.jobs = CloudRunJobRunner(settings.project, settings.location,
+                                          settings.collect_job)
     return services
 
 
@@ -243,6 +250,10 @@ def bootstrap(
     storage = LocalDirStorage(Path(settings.bucket_dir))
 
     services = Services(settings=settings, storage=storage, state=state, bus=bus, clock=clock)
+    if settings.collect_job and not settings.in_job:
+        from mldiag.adapters.local.jobs import LocalProcessJobRunner
+
+        services.jobs = LocalProcessJobRunner(settings, log_dir=settings.home)
 
     def finalized(info: ObjectInfo) -> None:
         # Through services.bus, so a bus swapped in later (a test's, Pub/Sub) gets the events.

@@ -56,6 +56,14 @@ class AnalyzeSession(SessionMessage):
 
 
 @dataclass(frozen=True)
+class CollectHost(SessionMessage):
+    """Run one host's share of a fanned-out collection (its own function instance)."""
+
+    kind: ClassVar[str] = "CollectHost"
+    host: str
+
+
+@dataclass(frozen=True)
 class InvestigateSession(SessionMessage):
     """Investigate a session whose triage was not OPTIMAL."""
 
@@ -127,6 +135,7 @@ TOPIC_OF: dict[type[Message], str] = {
     ContinuousProfiling: "capture-requests",
     ProfileObjectFinalized: "profile-objects",
     AnalyzeSession: "analysis-requests",
+    CollectHost: "host-analysis-requests",
     InvestigateSession: "investigation-requests",
     RenderReport: "report-requests",
 }

@@ -167,6 +167,15 @@ class Bus(Protocol):
     def publish(self, message: Message, attributes: Mapping[str, str] | None = None) -> str: ...
 
 
+class JobRunner(Protocol):
+    """Starts a stage on a bigger engine than a function instance: the collect job (a Cloud
+    Run job on GCP, a separate process locally), which runs the same stage code."""
+
+    def run(self, message: Message) -> str:
+        """Start the job on `message`; returns the execution's name. Raises if it cannot."""
+        ...
+
+
 class Investigator(Protocol):
     """Turns a health snapshot and its triage into findings, with at most 4 follow-up calls.
 

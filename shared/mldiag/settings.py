@@ -19,7 +19,8 @@ class Settings:
     MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND, MLDIAG_PROJECT, MLDIAG_BUCKET,
     MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX, MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
     MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S, MLDIAG_MEMORY_BUDGET,
-    MLDIAG_TOOL_TIMEOUT_S.
+    MLDIAG_TOOL_TIMEOUT_S, MLDIAG_FANOUT_MIN_HOSTS, MLDIAG_FANOUT_MIN_BYTES,
+    MLDIAG_FUNCTION_MAX_HOST_BYTES, MLDIAG_FUNCTION_MAX_HOSTS, MLDIAG_IN_JOB, MLDIAG_COLLECT_JOB.
     """
 
     home: Path = Path(".mldiag")
@@ -58,6 +59,28 @@ class Settings:
     memory_budget: str = ""
     # Each collection job's deadline; past it, its worker process is killed.
     tool_timeout_s: float = 300.0
+    # A session fans out, one `collect_host` per host, then one combine step, when it has at
+    # least this many hosts, or several hosts and at least fanout_min_bytes in all.
+    fanout_min_hosts: int = 8
+    fanout_min_bytes: int = 512 * 1024**2
+    # What one collect function instance takes on (0: no limit). A session over either goes
+    # to the collect job (a Cloud Run job on GCP) that runs the same stage code.
+    function_max_host_bytes: int = 0
+    function_max_hosts: int = 0
+    # Set in the collect job itself: it never hands a session on again.
+    in_job: bool = False
+    # The collect job: a Cloud Run job name on GCP, "local" for a separate local process;
+    # empty: a session over the function limits is FAILED with the reason.
+    collect_job: str = ""
+
+    def to_env(self) -> dict[str, str]:
+        """These settings as MLDIAG_* variables, for a process that builds its own."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f"MLDIAG_{f.name.upper()}"] = ("1" if value else "0") if isinstance(
+                value, bool) else str(value)
+        return out
 
     @property
     def memory_budget_bytes(self) -> int | None:
@@ -86,6 +109,9 @@ class Settings:
                 continue
             kind = type(getattr(cls, f.name)) if hasattr(cls, f.name) else str
             try:
+                if kind is bool:
+                    values[f.name] = raw.strip().lower() in ("1", "true", "yes")
+                    continue
                 values[f.name] = Path(raw) if f.name == "home" else kind(raw)
             except ValueError as e:
                 raise ValueError(f"MLDIAG_{f.name.upper()}={raw!r}: {e}") from e

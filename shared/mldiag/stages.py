@@ -18,6 +18,8 @@ import hashlib
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -28,6 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from mldiag.analysis.collect import collect as collect_snapshot
+from mldiag.analysis.collect import collect_host as collect_host_parts
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.html import render_summary_html
@@ -40,6 +43,7 @@ from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileU
 from mldiag.messages import (
     AnalyzeSession,
     CaptureProfile,
+    CollectHost,
     ContinuousProfiling,
     DegradationDetected,
     InvestigateSession,
@@ -64,7 +68,7 @@ from mldiag.model import (
     session_dir,
     short_reason,
 )
-from mldiag.ports import Bus, Investigator, StateStore, Storage
+from mldiag.ports import Bus, Investigator, JobRunner, StateStore, Storage
 from mldiag.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,8 @@ class Services:
     bus: Bus
     investigator: Investigator = field(default_factory=RuleBasedInvestigator)
     clock: Callable[[], float] = time.time
+    # Where sessions over a function instance's limits go (None: they fail with the reason).
+    jobs: JobRunner | None = None
     owner: str = field(default_factory=lambda: f"{os.getpid()}-{uuid.uuid4().hex[:8]}")
 
 
@@ -259,14 +265,36 @@ def _write_artifact(services: Services, s: SessionRecord, filename: str, data: b
 
 
 def collect(msg: AnalyzeSession, services: Services) -> None:
-    """Run the collection tools, write health_snapshot.json, triage, route onwards."""
+    """Run the collection tools, write health_snapshot.json, triage, route onwards.
+
+    A session over this instance's limits goes to the collect job; a large or many-host one
+    fans out (one `collect_host` per host) and is combined here when every host is done.
+    """
     s = _current(services, msg, (CAPTURED, ANALYZING))
     if s is None:
         return
     if s.progress.startswith("collected:"):
         _route_after_collect(services, msg, s.progress.split(":", 1)[1])
         return
-    with claimed(services, _stage_key("collect", msg)) as mine:
+    arrived = {h: r for h, r in s.hosts.items() if r.status == "ARRIVED"}
+    if not arrived:
+        _fail(services, msg.run, msg.session, "no host's profile arrived: " + short_reason(
+            *(r.reason or h for h, r in s.hosts.items())), msg.version)
+        return
+    settings = services.settings
+    sizes = [r.size for r in arrived.values()]
+    over = _over_function_limits(settings, sizes)
+    if over and not settings.in_job:
+        _hand_to_job(services, msg, s, over)
+        return
+    host_parts = None
+    if _fans_out(settings, sizes):
+        host_parts = _host_parts(services, s, sorted(arrived))
+        if host_parts is None:
+            _fan_out(services, msg, s, sorted(arrived))
+            return
+    key = "combine" if host_parts is not None else "collect"
+    with claimed(services, _stage_key(key, msg)) as mine:
         if not mine:
             return
         s = services.state.transition(msg.run, msg.session, ANALYZING,
@@ -274,35 +302,168 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
                                       now=services.clock())
         if s is None:
             return
-        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        if not names:
-            _fail(services, msg.run, msg.session, "no host's profile arrived: " + short_reason(
-                *(r.reason or h for h, r in s.hosts.items())), msg.version)
-            return
         try:
-            with services.storage.local_files(names) as local:
-                # collect() validates every host first (ProfileUnreadable with the reason).
-                # A session too large for the memory budget is FAILED with both figures
-                # (SessionTooLarge is a ProfileUnreadable).
-                snapshot = collect_snapshot(
-                    _profile_session(s, local), max_host_bytes=services.settings.max_host_bytes,
-                    memory_budget_bytes=services.settings.memory_budget_bytes,
-                    tool_timeout_s=services.settings.tool_timeout_s)
+            snapshot = _collect_snapshot(services, s, host_parts)
         except ProfileUnreadable as e:
+            # Bad input, or a session too large for the memory budget (SessionTooLarge).
             _fail(services, msg.run, msg.session, str(e), msg.version)
             return
         snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
         snapshot["session"]["version"] = s.version
+        failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
+        failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
         snapshot["session"]["capture"] = {
-            "kind": s.kind, "trigger": s.trigger, "note": s.note,
-            "failed_hosts": {h: r.reason for h, r in sorted(s.hosts.items())
-                             if r.status == "FAILED"}}
+            "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
         _write_json(services, s, "health_snapshot.json", snapshot)
         status = triage(snapshot).status
         services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
                                   version=msg.version, now=services.clock(),
                                   progress=f"collected:{status}")
         _route_after_collect(services, msg, status)
+
+
+def _collect_snapshot(services: Services, s: SessionRecord,
+                      host_parts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    settings = services.settings
+    options: dict[str, Any] = {"max_host_bytes": settings.max_host_bytes,
+                               "memory_budget_bytes": settings.memory_budget_bytes,
+                               "tool_timeout_s": settings.tool_timeout_s}
+    if host_parts is None:
+        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        with services.storage.local_files(names) as local:
+            return collect_snapshot(_profile_session(s, local), **options)
+    ok = {h: p for h, p in host_parts.items() if "failed" not in p}
+    if not ok:
+        raise ProfileUnreadable("no host could be analysed: " + short_reason(
+            *(f"{h}: {p['failed']}" for h, p in sorted(host_parts.items()))))
+    # The converters read each host's reduced copy where collect_host made one.
+    base = _analysis_dir(s)
+    inputs = {h: (f"{base}/v{s.version}/hosts/{h}.converter-input.pb"
+                  if p["parts"].get("converter_input") == "reduced" else s.hosts[h].object_name)
+              for h, p in ok.items()}
+    with services.storage.local_files(list(inputs.values())) as local:
+        view = Path(tempfile.mkdtemp(prefix="mldiag-combine-"))
+        try:
+            for h, name in inputs.items():
+                (view / f"{h}.xplane.pb").symlink_to(local / name.rsplit("/", 1)[1])
+            session = ProfileSession(run=s.run, name=s.session, path=view, xplanes=tuple(
+                view / f"{h}.xplane.pb" for h in sorted(ok)))
+            snapshot = collect_snapshot(session, host_parts=ok, **options)
+        finally:
+            shutil.rmtree(view, ignore_errors=True)
+    snapshot["collection"]["fanned_out"] = {
+        "hosts": len(host_parts), "failed": sorted(h for h in host_parts if h not in ok),
+        "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())}}
+    return snapshot
+
+
+def _over_function_limits(settings: Settings, sizes: Sequence[int]) -> str:
+    if settings.function_max_host_bytes and max(sizes) > settings.function_max_host_bytes:
+        return (f"its largest host is {max(sizes) / 1024**3:.2f} GiB, over the collect "
+                f"function's {settings.function_max_host_bytes / 1024**3:.2f} GiB per host")
+    if settings.function_max_hosts and len(sizes) > settings.function_max_hosts:
+        return (f"it has {len(sizes)} hosts, over the collect function's "
+                f"{settings.function_max_hosts} per session")
+    return ""
+
+
+def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
+                 why: str) -> None:
+    """Start the collect job on the session, once per lease (a job that dies is started
+    again when the sweeper re-queues the session after the lease)."""
+    if services.jobs is None:
+        _fail(services, msg.run, msg.session, f"session too large for the collect function: "
+              f"{why}, and no collect job is configured (MLDIAG_COLLECT_JOB)", msg.version)
+        return
+    key = _stage_key("job", msg)
+    if not services.state.claim(key, services.owner, services.settings.stuck_after_s,
+                                services.clock()):
+        return
+    try:
+        execution = services.jobs.run(msg)
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.transition(msg.run, msg.session, ANALYZING, expect=[CAPTURED, ANALYZING],
+                              version=msg.version, now=services.clock(),
+                              progress=f"job:{execution}")
+    log.info("session %s/%s handed to the collect job (%s): %s", msg.run, msg.session,
+             execution, why)
+
+
+def _fans_out(settings: Settings, sizes: Sequence[int]) -> bool:
+    return len(sizes) >= max(settings.fanout_min_hosts, 2) or (
+        len(sizes) >= 2 and sum(sizes) >= settings.fanout_min_bytes)
+
+
+def _host_part_name(s: SessionRecord, host: str) -> str:
+    return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.json"
+
+
+def _host_parts(services: Services, s: SessionRecord,
+                hosts: Sequence[str]) -> dict[str, dict[str, Any]] | None:
+    """Every host's collect_host result, or None while any is missing."""
+    prefix = f"{_analysis_dir(s)}/v{s.version}/hosts/"
+    present = {o.name for o in services.storage.list(prefix)}
+    if any(_host_part_name(s, h) not in present for h in hosts):
+        return None
+    return {h: _read_json(services, _host_part_name(s, h)) for h in hosts}
+
+
+def _fan_out(services: Services, msg: AnalyzeSession, s: SessionRecord,
+             hosts: Sequence[str]) -> None:
+    """Ask for every host's collect_host. Once fanned out, a repeat of the request (the
+    sweeper's, for a session stuck past its deadline) asks again for the hosts still missing:
+    a host whose instance died is retried, and the claims keep the others from running twice.
+    """
+    if not s.progress.startswith("fanout:"):
+        moved = services.state.transition(msg.run, msg.session, ANALYZING,
+                                          expect=[CAPTURED, ANALYZING], version=msg.version,
+                                          now=services.clock(), progress=f"fanout:{len(hosts)}")
+        if moved is None:
+            return
+    present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
+    for host in hosts:
+        if _host_part_name(s, host) not in present:
+            services.bus.publish(CollectHost(run=msg.run, session=msg.session,
+                                             version=msg.version, host=host))
+
+
+def collect_host(msg: CollectHost, services: Services) -> None:
+    """One host of a fanned-out session: its per-host jobs, written to analysis/v<N>/hosts/;
+    the host that completes the set asks for the combine step."""
+    s = _current(services, msg, (ANALYZING,))
+    if s is None or msg.host not in s.hosts or s.hosts[msg.host].status != "ARRIVED":
+        return
+    with claimed(services, f"collect_host:{msg.run}/{msg.session}#v{msg.version}/"
+                           f"{msg.host}") as mine:
+        if not mine:
+            return
+        settings = services.settings
+        record = s.hosts[msg.host]
+        with services.storage.local_files([record.object_name]) as local, \
+                tempfile.TemporaryDirectory(prefix="mldiag-host-") as out:
+            xplane = local / record.object_name.rsplit("/", 1)[1]
+            try:
+                result = collect_host_parts(
+                    xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
+                    max_host_bytes=settings.max_host_bytes,
+                    memory_budget_bytes=settings.memory_budget_bytes)
+            except ProfileUnreadable as e:
+                # This host is left out of the report, which names it and says why.
+                result = {"host": msg.host, "failed": str(e)}
+            reduced = Path(out) / f"{msg.host}.xplane.pb"
+            if reduced.exists():
+                services.storage.write_bytes(
+                    f"{_analysis_dir(s)}/v{s.version}/hosts/{msg.host}.converter-input.pb",
+                    reduced.read_bytes(), content_type="application/octet-stream")
+        services.storage.write_bytes(_host_part_name(s, msg.host),
+                                     json.dumps(result, default=str).encode(),
+                                     content_type="application/json")
+    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
+    if _host_parts(services, s, hosts) is not None:
+        services.bus.publish(AnalyzeSession(run=msg.run, session=msg.session,
+                                            version=msg.version))
 
 
 def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
@@ -592,6 +753,7 @@ HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {
     ContinuousProfiling: on_capture_request,
     ProfileObjectFinalized: on_profile_object,
     AnalyzeSession: collect,
+    CollectHost: collect_host,
     InvestigateSession: investigate,
     RenderReport: render_report,
 }

@@ -34,6 +34,7 @@ PUSHED_FROM = {
     "on_degradation_alert": "degradation-alerts",
     "on_capture_request": "capture-requests",
     "collect": "analysis-requests",
+    "collect_host": "host-analysis-requests",
     "investigate": "investigation-requests",
     "render_report": "report-requests",
     "sweep": "sweep-ticks",

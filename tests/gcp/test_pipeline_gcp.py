@@ -31,6 +31,7 @@ from mldiag.messages import (
     TOPIC_OF,
     AnalyzeSession,
     CaptureProfile,
+    CollectHost,
     DegradationDetected,
     InvestigateSession,
     RenderReport,
@@ -46,6 +47,7 @@ TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inferen
 FUNCTIONS = REPO / "functions"
 # The function each pipeline topic is delivered to (as terraform's push subscriptions do).
 FUNCTION_OF = {TOPIC_OF[AnalyzeSession]: "collect",
+               TOPIC_OF[CollectHost]: "collect_host",
                TOPIC_OF[InvestigateSession]: "investigate",
                TOPIC_OF[RenderReport]: "render_report",
                TOPIC_OF[DegradationDetected]: "on_degradation_alert",
@@ -106,7 +108,7 @@ def deployment(emu: Emulators, tmp_path_factory: pytest.TempPathFactory) -> Iter
                            "MLDIAG_INVESTIGATOR": "rule-based"}.items():
             mp.setenv(key, value)
         entrypoints.set_services(None)
-        names = ["on_profile_object", "collect", "investigate", "render_report",
+        names = ["on_profile_object", "collect", "collect_host", "investigate", "render_report",
                  "dead_letters", "sweep", "on_degradation_alert", "on_capture_request"]
         servers = {name: FunctionServer(FUNCTIONS / name, name) for name in names}
         routes = [Route(notifications, publisher.topic_path(emu.project, emu.notification_topic),
@@ -322,3 +324,31 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def test_an_eight_host_session_fans_out_to_collect_host_and_is_combined(
+        deployment: Deployment, tmp_path: Any) -> None:
+    """Eight hosts: one collect_host delivery each, then one combined analysis and report."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    run = f"fan-{deployment.prefix.rstrip('-')}"
+    hosts = [f"host-{i}" for i in range(8)]
+    local = tmp_path / "h.xplane.pb"
+    shutil.copyfile(TPU_XPLANE, local)
+    bucket = deployment.storage.client.bucket(deployment.storage.bucket)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda h: bucket.blob(f"{run}/plugins/profile/s8/{h}.xplane.pb")
+                      .upload_from_filename(str(local)), hosts))
+    session = wait_for(
+        lambda: (s := deployment.state.get_session(run, "s8")) and s.state in (REPORTED, FAILED)
+        and len(s.hosts) == 8 and s, "the 8-host session to be REPORTED", timeout=300)
+    assert session.state == REPORTED, session.reason
+    per_host = deployment.relay.to("collect_host", kind="CollectHost", run=run, session="s8")
+    assert sorted({json.loads(d.data)["host"] for d in per_host}) == hosts
+    base = f"{run}/plugins/profile/s8/analysis"
+    snapshot = json.loads(deployment.storage.read_bytes(f"{base}/health_snapshot.json"))
+    assert snapshot["session"]["hosts"] == hosts
+    assert snapshot["collection"]["fanned_out"]["hosts"] == 8
+    assert sorted(snapshot["tools"]["get_memory_profile"]["data"]["per_host_peak_gib"]) == hosts
+    for h in hosts:
+        assert deployment.storage.stat(f"{base}/v{session.version}/hosts/{h}.json") is not None

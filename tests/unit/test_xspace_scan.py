@@ -99,3 +99,20 @@ def test_busy_time_per_window_matches_a_brute_force_union():
                        np.array([w[1] for w in windows]))
         want = [_brute_union(ivs, lo, hi) for lo, hi in windows]
         assert np.allclose(got, want, atol=1e-9)
+
+
+@pytest.mark.parametrize("plane,event", [(".*", ".*"), ("^/device:TPU:0$", "fusion"),
+                                         ("^/host:CPU$", r"^\$")])
+def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
+    from mldiag.analysis.profile_input import resolve_session
+    from mldiag.analysis.xprof_tools import XprofWorkspace
+    from mldiag.analysis.xspace_scan import aggregate_events
+
+    session = resolve_session(FIXTURES[-1].parent)
+    with XprofWorkspace(session) as ws:
+        theirs = ws.call("aggregate_xplane_events", plane_regex=plane, event_regex=event)
+    ours = aggregate_events(session.xplanes, plane, event)
+    assert ours["events_scanned"] == theirs["events_scanned"]
+    assert [r["event"] for r in ours["aggregates"]] == [r["event"] for r in theirs["aggregates"]]
+    for a, b in zip(ours["aggregates"], theirs["aggregates"], strict=True):
+        assert a == pytest.approx(b)

@@ -109,19 +109,21 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats"], total, prepare_timeout_s),
         job("device_information", "xprof", opstats),
         job("hosts", "xprof", opstats),
-        job("xprof_step_trace", "xprof", opstats),
         job("roofline", "xprof", opstats),
         job("op_profile", "xprof", opstats),
         job("list_hlo_modules", "xprof", opstats),
         job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
         job("peak_allocations", "xprof", opstats),
+        job("smart_suggestions", "xprof", opstats, _RSS_PER_BYTE["smart_suggestions"], total),
         job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
         # The second worker: the timeline pass (our own, on the original files) and the
         # converters that read the xplanes rather than op_stats.
         job("timeline_pass", "xplane", (), _RSS_PER_BYTE["timeline"], largest),
         job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
-        job("smart_suggestions", "xplane", opstats, _RSS_PER_BYTE["smart_suggestions"], total),
+        # xprof's step trace is mostly Python over every step's row (10 s for 48,000 steps):
+        # here it runs beside the converters of the first worker instead of after them.
+        job("xprof_step_trace", "xplane", opstats),
     ]
     return jobs
 
@@ -336,6 +338,105 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
     }
 
 
+def collect_host(
+    xplane: Path,
+    host: str,
+    out_dir: Path,
+    *,
+    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
+    max_host_bytes: int = DEFAULT_MAX_HOST_BYTES,
+    memory_budget_bytes: int | None = None,
+) -> dict[str, Any]:
+    """One host's share of a fanned-out collection (see `collect(host_parts=...)`).
+
+    Runs the per-host jobs (timeline pass, memory profile, utilization, and on large files the
+    copy without Python-tracer events) in a worker process, and writes the file the combine
+    step's converters should read to `out_dir/<host>.xplane.pb` when it differs from the
+    original. Returns the parts, JSON-able. Raises ProfileUnreadable for an unusable xplane.
+    """
+    validate_xplane(xplane, max_bytes=max_host_bytes)
+    session = ProfileSession(run="", name="host", path=xplane.parent, xplanes=(xplane,))
+    budget = memory_budget_bytes or default_budget_bytes()
+    size = xplane.stat().st_size
+    reduce = size >= REDUCE_MIN_BYTES
+    job = Job(name="host_parts", group="host", runner=f"{_JOBS}:host_parts",
+              memory_bytes=int(_BASE_RSS + _RSS_PER_BYTE["memory_profile"] * size))
+    root = XprofWorkspace.create_root(session)
+    started = time.perf_counter()
+    try:
+        outcomes = run_jobs([job], setup=f"{_JOBS}:attach",
+                            setup_args={"root": str(root), "session": session},
+                            budget_bytes=budget, default_timeout_s=tool_timeout_s,
+                            inputs_for=lambda j, o: {"reduce": reduce})
+        o = outcomes["host_parts"]
+        if o.status != DATA:
+            reason = _reason(o)
+            parts: dict[str, Any] = {name: {"status": ERROR, "value": reason} for name in (
+                "timeline", "memory_profile", "utilization_viewer")}
+        else:
+            parts = dict(o.value)
+            converted = Path(parts.pop("converter_input"))
+            if reduce and parts.get("reduce", {}).get("status") == DATA and not (
+                    converted.is_symlink()):
+                out_dir.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(converted, out_dir / f"{host}.xplane.pb")
+                parts["converter_input"] = "reduced"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return {"host": host, "bytes": size, "elapsed_ms": round(
+        (time.perf_counter() - started) * 1000.0, 1), "parts": parts}
+
+
+def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outcome]:
+    """The session-level outcomes of the per-host jobs, from every host's parts."""
+    hosts = sorted(host_parts)
+    parts = {h: host_parts[h]["parts"] for h in hosts}
+    elapsed = max((float(host_parts[h].get("elapsed_ms", 0.0)) for h in hosts), default=0.0)
+    out = []
+
+    def failed(name: str) -> list[str]:
+        return [f"{h}: {p[name]['value']}" for h, p in parts.items()
+                if p.get(name, {}).get("status") == ERROR]
+
+    bad = failed("timeline")
+    if bad:
+        out.append(Outcome("timeline_pass", ERROR, "; ".join(bad), elapsed))
+    else:
+        from mldiag.analysis import timeline
+
+        hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
+        out.append(Outcome("timeline_pass", DATA, timeline.summarize(hts), elapsed))
+    from mldiag.analysis.jobs import combine_memory_profiles
+
+    memory = {h: (p["memory_profile"]["value"] if p["memory_profile"]["status"] == DATA
+                  else None) for h, p in parts.items()}
+    try:
+        out.append(Outcome("memory_profile", DATA, combine_memory_profiles(memory), elapsed))
+    except NoData as e:
+        bad = failed("memory_profile")
+        out.append(Outcome("memory_profile", ERROR, "; ".join(bad), elapsed) if bad and len(
+            bad) == len(hosts) else Outcome("memory_profile", NO_DATA, {"reason": str(e)},
+                                            elapsed))
+    util = [(h, p["utilization_viewer"]) for h, p in parts.items()]
+    got = next(((h, u["value"]) for h, u in util if u["status"] == DATA), None)
+    if got is not None:
+        value = {**got[1], "host": got[0]} if len(hosts) > 1 else got[1]
+        out.append(Outcome("utilization_viewer", DATA, value, elapsed))
+    else:
+        reasons = "; ".join(f"{h}: {_part_reason(u)}" for h, u in util)
+        out.append(Outcome("utilization_viewer", NO_DATA, {"reason": reasons}, elapsed))
+    reduced = {h: p["reduce"]["value"] for h, p in parts.items()
+               if p.get("reduce", {}).get("status") == DATA}
+    if reduced:
+        out.append(Outcome("reduce_for_converters", DATA, reduced, elapsed))
+    return out
+
+
+def _part_reason(part: Mapping[str, Any]) -> str:
+    value = part.get("value")
+    return str(value.get("reason")) if isinstance(value, Mapping) else str(value)
+
+
 class SessionTooLarge(ProfileUnreadable):
     """Not even the core of the analysis (the op_stats build) fits the memory budget."""
 
@@ -349,6 +450,7 @@ def collect(
     prepare_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     memory_budget_bytes: int | None = None,
     tools: Sequence[str] = COLLECTION_TOOLS,
+    host_parts: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
@@ -360,6 +462,8 @@ def collect(
     else what the cgroup or host allows); what cannot fit is skipped, with the reason in the
     snapshot's `collection` block. Always returns once every tool is accounted for.
     `tools` restricts the snapshot to some tools (and the jobs they need), for benchmarks.
+    `host_parts` (host → `collect_host` result) combines a fanned-out collection: the per-host
+    jobs are taken from it, and `session_path` holds the converters' inputs of those hosts.
     Raises ProfileUnreadable (one-line reason) when the input cannot be analysed, and
     SessionTooLarge when not even the op_stats build fits the budget.
     """
@@ -373,8 +477,9 @@ def collect(
     started = time.perf_counter()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
-                 reduce=session_bytes >= REDUCE_MIN_BYTES)
-    jobs = _needed(jobs, tools)
+                 reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None)
+    premade = _combine_host_parts(host_parts) if host_parts is not None else []
+    jobs = [j for j in _needed(jobs, tools) if j.name not in {o.name for o in premade}]
     core = next((j for j in jobs if j.name == "op_stats"), None)
     if core is not None and core.memory_bytes > budget:
         raise SessionTooLarge(
@@ -382,6 +487,8 @@ def collect(
             f"needs about {core.memory_bytes / 1024**3:.2f} GiB for xprof's op_stats build, "
             f"over the memory budget of {budget / 1024**3:.2f} GiB (MLDIAG_MEMORY_BUDGET)")
     assembler = _Assembler(progress, tools)
+    for outcome in premade:
+        assembler.add(outcome)
     root = XprofWorkspace.create_root(session)
     try:
         outcomes = run_jobs(
@@ -390,6 +497,7 @@ def collect(
             on_outcome=assembler.add)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    outcomes = {**{o.name: o for o in premade}, **outcomes}
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     results = assembler.results
     overview = results.get("get_xprof_overview", {}).get("data", {})

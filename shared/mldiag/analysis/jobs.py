@@ -155,22 +155,46 @@ def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     # xprof's memory profile reads exactly one host: take each host's and report the host
     # closest to running out of memory, with every host's peak beside it.
     session = ctx.session
-    per_host: dict[str, dict[str, Any]] = {}
-    for host in session.hosts:
+    per_host: dict[str, dict[str, Any] | None] = {}
+    for xplane, host in zip(session.xplanes, session.hosts, strict=True):
+        if not has_memory_events(xplane):
+            per_host[host] = None
+            continue
         only = host if len(session.hosts) > 1 else None
-        data = ctx.ws.call("get_memory_profile", only_host=only)
-        # xprof reports -1.0 for every figure when there are no memory activity events.
-        if float(data.get("peak_memory_usage_gib", -1.0)) >= 0:
-            per_host[host] = data
+        per_host[host] = ctx.ws.call("get_memory_profile", only_host=only)
+    return combine_memory_profiles(per_host)
+
+
+MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
+
+
+def has_memory_events(xplane: Path) -> bool:
+    """Whether a host plane names the allocator events xprof's memory profile is built from.
+
+    Without them the converter reads the whole file to report -1 for every figure (10 s for
+    a 111 MB CPU profile); the plane headers answer in milliseconds.
+    """
+    with XSpaceScan(xplane) as scan:
+        return any(name in MEMORY_EVENTS for plane in scan.planes
+                   if plane.name.startswith("/host:") for name in plane.event_names.values())
+
+
+def combine_memory_profiles(per_host: Mapping[str, dict[str, Any] | None]) -> dict[str, Any]:
+    """One memory-profile result from each host's: the host closest to running out."""
+    hosts = sorted(per_host)
+    measured = {h: d for h, d in per_host.items()
+                # xprof reports -1.0 for every figure when there are no memory events.
+                if d is not None and float(d.get("peak_memory_usage_gib", -1.0)) >= 0}
+    per_host = measured
     if not per_host:
         raise NoData("no memory allocation events in the profile (the CPU runtime does not "
                      "record them)")
-    worst = max(per_host, key=lambda h: _usage_ratio(per_host[h]))
-    result = dict(per_host[worst])
-    if len(session.hosts) > 1:
+    worst = max(per_host, key=lambda h: _usage_ratio(measured[h]))
+    result = dict(measured[worst])
+    if len(hosts) > 1:
         result["host"] = worst
         result["per_host_peak_gib"] = {
-            h: d.get("peak_memory_usage_gib") for h, d in sorted(per_host.items())}
+            h: d.get("peak_memory_usage_gib") for h, d in sorted(measured.items())}
     return result
 
 
@@ -185,6 +209,33 @@ def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any
         except NoData as e:
             reasons.append(f"{host}: {e}")
     raise NoData("; ".join(reasons))
+
+
+def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """A one-host session's share of a fanned-out collection, in one job: its timeline pass,
+    memory profile and utilization, and the reduced copy that the combine step converts.
+
+    Each part is {"status", "value"} so a host's NO_DATA or failure travels to the combine.
+    """
+    (xplane,) = ctx.session.xplanes
+    parts: dict[str, Any] = {}
+
+    def part(name: str, fn: Any) -> None:
+        try:
+            parts[name] = {"status": "DATA", "value": fn()}
+        except NoData as e:
+            parts[name] = {"status": "NO_DATA", "value": {"reason": str(e)}}
+        except Exception as e:  # noqa: BLE001 - recorded per part; the combine says which
+            parts[name] = {"status": "ERROR", "value": f"{type(e).__name__}: {e}"[:500]}
+
+    part("timeline", lambda: timeline.analyze_host(xplane, ctx.session.hosts[0]).to_json())
+    if inputs.get("reduce"):
+        part("reduce", lambda: reduce_for_converters(ctx, inputs))
+    part("memory_profile", lambda: ctx.ws.call("get_memory_profile")
+         if has_memory_events(xplane) else None)
+    part("utilization_viewer", lambda: ctx.ws.call("get_utilization_viewer"))
+    parts["converter_input"] = str(ctx.ws.run_dir / xplane.name)
+    return parts
 
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:

@@ -52,6 +52,28 @@ class HostTimeline:
     busy_in_span_ns: float = 0.0
     events_scanned: int = 0
 
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
+        return {"host": self.host, "source": self.source, "steps": self.steps.tolist(),
+                "busy_per_step_ns": self.busy_per_step_ns.tolist(),
+                "ops": [[p, n, t, self.op_count[(p, n)]]
+                        for (p, n), t in sorted(self.op_time_ns.items())],
+                "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
+                "events_scanned": self.events_scanned}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> HostTimeline:
+        h = cls(host=str(d["host"]), source=str(d["source"]),
+                steps=np.array(d["steps"], dtype=np.float64).reshape(-1, 2),
+                busy_per_step_ns=np.array(d["busy_per_step_ns"], dtype=np.float64),
+                active_span_ns=float(d["active_span_ns"]),
+                busy_in_span_ns=float(d["busy_in_span_ns"]),
+                events_scanned=int(d.get("events_scanned", 0)))
+        for program, name, t, count in d["ops"]:
+            h.op_time_ns[(program, name)] = float(t)
+            h.op_count[(program, name)] = int(count)
+        return h
+
 
 def _is_runtime_event(name: str) -> bool:
     # Runtime bookkeeping on the execution threads ("SlinkyThreadPool::Await", "end: fusion"),

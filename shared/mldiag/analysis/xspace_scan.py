@@ -119,6 +119,8 @@ class Events:
     # Where each event's stats start and its body ends, in bytes of the file.
     stats_start: I64
     body_end: I64
+    # Where each event's field starts (its tag byte), for byte-level copies.
+    tag_at: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
     def __len__(self) -> int:
         return len(self.metadata_id)
@@ -333,11 +335,11 @@ class XSpaceScan:
                     pos = stop
         if not parts:
             z = np.zeros(0, dtype=np.int64)
-            return Events(z, z, z, z, z)
+            return Events(z, z, z, z, z, z)
         if len(parts) == 1:
             return parts[0]
         return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
-            "metadata_id", "offset_ps", "duration_ps", "stats_start", "body_end")))
+            "metadata_id", "offset_ps", "duration_ps", "stats_start", "body_end", "tag_at")))
 
     def _decode_block(self, tags: I64) -> Events:
         buf = self.buf
@@ -349,7 +351,7 @@ class XSpaceScan:
         if np.any(pos > body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
         return Events(metadata_id=mid, offset_ps=offset, duration_ps=duration,
-                      stats_start=pos, body_end=body_end)
+                      stats_start=pos, body_end=body_end, tag_at=tags)
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -393,8 +395,7 @@ class XSpaceScan:
         pos, end = line._payload
         events_at = line._blocks[0][0]
         # The events' own bytes: from each event's tag to its body's end.
-        tag_at = self._event_tags(line)
-        starts, stops = tag_at[mask], ev.body_end[mask]
+        starts, stops = ev.tag_at[mask], ev.body_end[mask]
         lengths = stops - starts
         offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
         index = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
@@ -402,22 +403,6 @@ class XSpaceScan:
         last_end = int(ev.body_end[-1]) if len(ev) else events_at
         tail = bytes(self._map[last_end:end])
         return head + self.buf[index].tobytes() + tail
-
-    def _event_tags(self, line: Line) -> I64:
-        tags = []
-        for start, end in line._blocks:
-            at = start
-            while at < end:
-                run = self._chain(at, end)
-                tags.append(run)
-                length, body = _varint(self._map, int(run[-1]) + 1, end)
-                at = body + length
-                for n, _, value, stop in _fields_until_events(self._map, at, end):
-                    if n == 4:
-                        at = value
-                        break
-                    at = stop
-        return np.concatenate(tags) if tags else np.zeros(0, dtype=np.int64)
 
     # -- stats ---------------------------------------------------------------------------------
 
@@ -538,3 +523,72 @@ def _optional_varint(buf: NDArray[np.uint8], pos: I64, end: I64, tag: int,
         out[has] = v
         pos[has] = after
     return out
+
+
+def aggregate_events(
+    xplanes: Any, plane_regex: str, event_regex: str, *,
+    min_duration_ps: int | None = None, max_duration_ps: int | None = None,
+    start_time_ps: int | None = None, end_time_ps: int | None = None,
+) -> dict[str, Any]:
+    """Duration statistics per event name over matching planes: xprof's
+    aggregate_xplane_events output (`aggregates` sorted by total time, each with count,
+    total/avg/min/p50/p90/p99/max duration and std dev in ps), computed per distinct name."""
+    import re
+
+    if start_time_ps is not None and end_time_ps is not None and start_time_ps > end_time_ps:
+        raise ValueError(f"start_time_ps ({start_time_ps}) must be <= end_time_ps "
+                         f"({end_time_ps})")
+    p_re, e_re = re.compile(plane_regex), re.compile(event_regex)
+    groups: dict[str, list[NDArray[np.int64]]] = {}
+    scanned = 0
+    for path in xplanes:
+        with XSpaceScan(path) as scan:
+            for plane in scan.planes:
+                if not p_re.search(plane.name):
+                    continue
+                for line in plane.lines:
+                    ev = line.events
+                    scanned += len(ev)
+                    if not len(ev):
+                        continue
+                    # xprof's times: start in ps from the line's ns timestamp, truncated.
+                    start_ps = (line.start_ns() * 1000).astype(np.int64)
+                    dur_ps = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(
+                        np.int64)
+                    keep = np.ones(len(ev), dtype=bool)
+                    if start_time_ps is not None:
+                        keep &= start_ps >= start_time_ps
+                    if end_time_ps is not None:
+                        keep &= start_ps + dur_ps <= end_time_ps
+                    if min_duration_ps is not None:
+                        keep &= dur_ps >= min_duration_ps
+                    if max_duration_ps is not None:
+                        keep &= dur_ps <= max_duration_ps
+                    mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
+                    for k, mid in enumerate(mids.tolist()):
+                        name = plane.event_names.get(int(mid), "")
+                        if not e_re.search(name):
+                            continue
+                        sel = keep & (inverse == k)
+                        if sel.any():
+                            groups.setdefault(name, []).append(dur_ps[sel])
+    rows: list[dict[str, Any]] = []
+    for name, parts in groups.items():
+        d = np.sort(np.concatenate(parts))
+        n = len(d)
+        total = int(d.sum())
+
+        def q(frac: float, d: NDArray[np.int64] = d, n: int = n) -> float:
+            pos = frac * (n - 1)
+            lo = int(pos)
+            hi = min(lo + 1, n - 1)
+            return float(d[lo]) + (pos - lo) * float(d[hi] - d[lo])
+
+        rows.append({"event": name, "count": n, "total_duration_ps": total,
+                     "avg_duration_ps": total / n, "min_duration_ps": int(d[0]),
+                     "p50_duration_ps": q(0.5), "p90_duration_ps": q(0.9),
+                     "p99_duration_ps": q(0.99), "max_duration_ps": int(d[-1]),
+                     "std_dev_ps": float(np.std(d, ddof=1)) if n > 1 else 0.0})
+    rows.sort(key=lambda r: r["total_duration_ps"], reverse=True)
+    return {"aggregates": rows, "returned": len(rows), "total_matched": len(rows),
+            "events_scanned": scanned, "truncated": False}

@@ -1,0 +1,86 @@
+# The collect job (DESIGN.md "Scale"): a session over the collect function's limits, in bytes
+# per host (var.collect_function_max_host_bytes) or hosts per session, is handed by the collect
+# stage to this Cloud Run job, which runs the same stage code (`python -m mldiag.job`) with up
+# to 32 GiB and an hour. State transitions, claims and the messages it publishes are the
+# pipeline's own; a task that dies is retried (max_retries), and a session whose job never
+# finishes is re-queued by the sweeper after its deadline, which starts the job again.
+#
+# The image: `gcloud builds submit --tag ${var.region}-docker.pkg.dev/PROJECT/REPO/collect-job
+# -f deploy/collect-job/Dockerfile .` (README "Deploy to Google Cloud").
+
+resource "google_service_account" "collect_job" {
+  account_id   = "${var.prefix}job-collect"
+  display_name = "mldiag collect job"
+  description  = "Runtime identity of the collect Cloud Run job (sessions too large for the collect function)."
+}
+
+resource "google_cloud_run_v2_job" "collect" {
+  name                = "${var.prefix}collect"
+  location            = var.region
+  deletion_protection = false
+
+  template {
+    task_count = 1
+    template {
+      service_account = google_service_account.collect_job.email
+      timeout         = "${var.collect_job_timeout_seconds}s"
+      max_retries     = 2
+      containers {
+        image   = var.collect_job_image
+        command = ["python", "-m", "mldiag.job"]
+        resources {
+          limits = {
+            memory = var.collect_job_memory
+            cpu    = var.collect_job_cpu
+          }
+        }
+        dynamic "env" {
+          for_each = merge(local.environment, {
+            MLDIAG_IN_JOB = "1"
+            # The job's memory, so collection plans its workers within it.
+            MLDIAG_MEMORY_BUDGET = var.collect_job_memory
+          })
+          content {
+            name  = env.key
+            value = env.value
+          }
+        }
+      }
+    }
+  }
+
+  depends_on = [google_project_service.apis]
+}
+
+# The job reads and writes the session's state and artifacts, and publishes what collect does.
+resource "google_project_iam_member" "collect_job_firestore" {
+  project = var.project
+  role    = "roles/datastore.user"
+  member  = google_service_account.collect_job.member
+
+  condition {
+    title      = "mldiag-database"
+    expression = "resource.name == \"projects/${var.project}/databases/${google_firestore_database.main.name}\" || resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}/\")"
+  }
+}
+
+resource "google_storage_bucket_iam_member" "collect_job_storage" {
+  bucket = google_storage_bucket.profiles.name
+  role   = "roles/storage.objectUser"
+  member = google_service_account.collect_job.member
+}
+
+resource "google_pubsub_topic_iam_member" "collect_job_publishes" {
+  for_each = toset(["investigation-requests", "report-requests", "host-analysis-requests"])
+  topic    = google_pubsub_topic.topic[each.key].id
+  role     = "roles/pubsub.publisher"
+  member   = google_service_account.collect_job.member
+}
+
+# Only the collect function may start the job (with its message as an env override).
+resource "google_cloud_run_v2_job_iam_member" "collect_runs_job" {
+  name     = google_cloud_run_v2_job.collect.name
+  location = google_cloud_run_v2_job.collect.location
+  role     = "roles/run.developer"
+  member   = google_service_account.function["collect"].member
+}

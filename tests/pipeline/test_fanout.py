@@ -1,0 +1,127 @@
+"""Big sessions: many hosts fan out to one collect_host each and are combined into one
+analysis; a session over the collect function's limits goes to the collect job."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mldiag.model import ANALYZING, FAILED, REPORTED
+from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
+from tests.pipeline.test_stages import (
+    RUN,
+    SESSION,
+    analysis_dir,
+    object_name,
+    session_of,
+    wait_state,
+)
+
+HOSTS = [f"host-{i}" for i in range(8)]
+
+
+def _drop(rt: Any, hosts: list[str], content: dict[str, bytes] | None = None,
+          default: bytes = b"") -> None:
+    for h in hosts:
+        rt.storage.write_bytes(object_name(h), (content or {}).get(h, default))
+
+
+def test_an_eight_host_session_fans_out_and_is_combined_into_one_analysis(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(workers=4)
+    rt.start()
+    _drop(rt, HOSTS, default=xplane_bytes)
+    s = wait_state(rt, REPORTED, timeout=180)
+    assert sorted(s.hosts) == HOSTS
+    messages = bus_messages(rt.state)
+    per_host = [m for m in messages if m["topic"] == "host-analysis-requests"]
+    assert sorted(m["body"]["host"] for m in per_host) == HOSTS
+    base = analysis_dir(rt)
+    assert sorted(p.stem for p in (base / "v1" / "hosts").glob("*.json")) == HOSTS
+    snapshot = json.loads((base / "health_snapshot.json").read_text())
+    assert snapshot["session"]["hosts"] == HOSTS
+    fanned = snapshot["collection"]["fanned_out"]
+    assert fanned["hosts"] == 8 and fanned["failed"] == []
+    tools = snapshot["tools"]
+    # One combined analysis: xprof's op_stats over all eight hosts, and every host's memory.
+    assert tools["get_xprof_overview"]["status"] == "DATA"
+    assert sorted(tools["get_memory_profile"]["data"]["per_host_peak_gib"]) == HOSTS
+    assert tools["get_step_trace"]["status"] in ("DATA", "NO_DATA")
+    analyses = [m for m in messages if m["topic"] == "analysis-requests"]
+    assert len(analyses) >= 2  # the first asks for the fan-out, the last host's for the combine
+    assert rt.wait_idle(30) and rt.state.list_dead_letters() == []
+
+
+def test_a_host_that_cannot_be_read_is_named_in_a_partial_report(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(workers=4, fanout_min_hosts=3)
+    rt.start()
+    hosts = HOSTS[:3]
+    _drop(rt, hosts, {"host-1": xplane_bytes[:30000]}, default=xplane_bytes)
+    s = wait_state(rt, REPORTED, timeout=180)
+    snapshot = json.loads((analysis_dir(rt) / "health_snapshot.json").read_text())
+    failed = snapshot["session"]["capture"]["failed_hosts"]
+    assert list(failed) == ["host-1"] and "not a readable XSpace" in failed["host-1"]
+    assert snapshot["session"]["hosts"] == ["host-0", "host-2"]
+    assert snapshot["collection"]["fanned_out"]["failed"] == ["host-1"]
+    html = (analysis_dir(rt) / "summary.html").read_text()
+    assert "host-1" in html and "not a readable XSpace" in html
+    assert s.state == REPORTED
+
+
+def test_a_fanned_out_session_with_no_readable_host_fails_with_each_reason(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(fanout_min_hosts=2)
+    rt.start()
+    _drop(rt, HOSTS[:2], default=xplane_bytes[:30000])
+    s = wait_state(rt, FAILED, timeout=120)
+    assert s.reason.startswith("no host could be analysed: host-0: ")
+    assert "host-1: " in s.reason
+
+
+def test_a_session_over_the_function_limits_goes_to_the_collect_job(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    started: list[Any] = []
+
+    class Recorder:
+        def run(self, message: Any) -> str:
+            started.append(message)
+            return "executions/e1"
+
+    rt = make_runtime(function_max_host_bytes=100_000)
+    rt.services.jobs = Recorder()
+    rt.start()
+    _drop(rt, ["h0"], default=xplane_bytes)
+
+    def handed() -> bool:
+        s = rt.state.get_session(RUN, SESSION)
+        return s is not None and s.progress == "job:executions/e1"
+
+    wait_until(handed, what="the hand-off to the collect job")
+    assert [(m.run, m.session, m.version) for m in started] == [(RUN, SESSION, 1)]
+    assert session_of(rt).state == ANALYZING  # the job's to finish now
+    wait_until(lambda: not rt.bus.pending(), what="the bus to drain")
+    assert len(started) == 1
+
+
+def test_without_a_collect_job_an_oversized_session_fails_with_the_reason(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(function_max_host_bytes=100_000)
+    rt.start()
+    _drop(rt, ["h0"], default=xplane_bytes)
+    s = wait_state(rt, FAILED)
+    assert "over the collect function's 0.00 GiB per host" in s.reason
+    assert "no collect job is configured" in s.reason
+
+
+def test_the_local_collect_job_runs_the_same_stage_in_its_own_process(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    rt = make_runtime(function_max_host_bytes=100_000, collect_job="local")
+    rt.start()
+    _drop(rt, ["h0"], default=xplane_bytes)
+    s = wait_state(rt, REPORTED, timeout=120)
+    assert s.timings.get(ANALYZING)
+    snapshot = json.loads((analysis_dir(rt) / "health_snapshot.json").read_text())
+    assert snapshot["tools"]["get_xprof_overview"]["status"] == "DATA"
+    log = (rt.services.settings.home / "collect-job.log").read_text()
+    assert "Traceback" not in log
