@@ -64,7 +64,8 @@ WORKLOAD = textwrap.dedent("""
 
 
 def generate(logdir: Path, steps: int) -> Path:
-    """Write a profile of `steps` steps under `logdir`; returns its xplane."""
+    """Write a profile of `steps` steps under `logdir` (emptied first); returns its xplane."""
+    shutil.rmtree(logdir, ignore_errors=True)
     subprocess.run([sys.executable, "-c", WORKLOAD, str(logdir), str(steps)], check=True,
                    env={**os.environ, "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"},
                    capture_output=True)

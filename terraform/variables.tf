@@ -158,9 +158,9 @@ variable "collect_job_timeout_seconds" {
 }
 
 variable "collect_function_max_host_bytes" {
-  description = "Sessions with a host larger than this go to the collect job instead of the collect function (8 GiB, 540 s)."
+  description = "Sessions with a host larger than this go to the collect job instead of the collect function (8 GiB, 540 s; xprof needs 20-30 bytes of memory per byte of xplane). A session that does not fit the function's memory budget goes there too."
   type        = number
-  default     = 536870912
+  default     = 268435456
 }
 
 variable "collect_function_max_hosts" {

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from mldiag.analysis.collect import SessionTooLarge
 from mldiag.analysis.collect import collect as collect_snapshot
 from mldiag.analysis.collect import collect_host as collect_host_parts
 from mldiag.analysis.engine import build_analysis
@@ -294,32 +295,50 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             _fan_out(services, msg, s, sorted(arrived))
             return
     key = "combine" if host_parts is not None else "collect"
-    with claimed(services, _stage_key(key, msg)) as mine:
-        if not mine:
-            return
-        s = services.state.transition(msg.run, msg.session, ANALYZING,
-                                      expect=[CAPTURED, ANALYZING], version=msg.version,
-                                      now=services.clock())
-        if s is None:
-            return
-        try:
-            snapshot = _collect_snapshot(services, s, host_parts)
-        except ProfileUnreadable as e:
-            # Bad input, or a session too large for the memory budget (SessionTooLarge).
-            _fail(services, msg.run, msg.session, str(e), msg.version)
-            return
-        snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
-        snapshot["session"]["version"] = s.version
-        failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
-        failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
-        snapshot["session"]["capture"] = {
-            "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
-        _write_json(services, s, "health_snapshot.json", snapshot)
-        status = triage(snapshot).status
-        services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
-                                  version=msg.version, now=services.clock(),
-                                  progress=f"collected:{status}")
-        _route_after_collect(services, msg, status)
+    try:
+        with claimed(services, _stage_key(key, msg)) as mine:
+            if not mine:
+                return
+            _collect_claimed(services, msg, host_parts)
+    except _TooLargeHere as e:
+        # The claim was released: the collect job takes the session with its own.
+        _hand_to_job(services, msg, s, str(e))
+
+
+class _TooLargeHere(Exception):
+    """The session does not fit this instance's memory budget, and a collect job exists."""
+
+
+def _collect_claimed(services: Services, msg: AnalyzeSession,
+                     host_parts: Mapping[str, Mapping[str, Any]] | None) -> None:
+    s = services.state.transition(msg.run, msg.session, ANALYZING,
+                                  expect=[CAPTURED, ANALYZING], version=msg.version,
+                                  now=services.clock())
+    if s is None:
+        return
+    try:
+        snapshot = _collect_snapshot(services, s, host_parts)
+    except SessionTooLarge as e:
+        if services.jobs is not None and not services.settings.in_job:
+            raise _TooLargeHere(str(e)) from e
+        _fail(services, msg.run, msg.session, str(e), msg.version)
+        return
+    except ProfileUnreadable as e:
+        # Bad input: FAILED with the reason, acknowledged.
+        _fail(services, msg.run, msg.session, str(e), msg.version)
+        return
+    snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
+    snapshot["session"]["version"] = s.version
+    failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
+    failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
+    snapshot["session"]["capture"] = {
+        "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
+    _write_json(services, s, "health_snapshot.json", snapshot)
+    status = triage(snapshot).status
+    services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
+                              version=msg.version, now=services.clock(),
+                              progress=f"collected:{status}")
+    _route_after_collect(services, msg, status)
 
 
 def _collect_snapshot(services: Services, s: SessionRecord,

@@ -20,12 +20,26 @@ def test_llo_tools_answer_llo_data_absent_without_llo_lines(tpu_logdir: Path):
 
 
 def test_events_store_loads_and_answers_sql(tpu_logdir: Path):
-    with FollowUps(resolve_session(tpu_logdir)) as fu:
-        info = fu.load_events_store()
+    from mldiag.analysis.followups import FollowUpRunner
+    from mldiag.analysis.xprof_tools import XprofWorkspace
+
+    session = resolve_session(tpu_logdir)
+    with XprofWorkspace(session) as ws:
+        runner = FollowUpRunner(ws, session)
+        info = runner.load_events_store()
         assert Path(info["path"]).is_file()
-        rows = fu.query_events_store(
+        rows = runner.query_events_store(
             "SELECT COUNT(*) AS n FROM Events WHERE hlo_op LIKE 'copy-done%'")
     assert rows[0]["n"] > 0
+
+
+def test_a_follow_up_past_its_deadline_is_stopped_and_recorded(tpu_logdir: Path):
+    with FollowUps(resolve_session(tpu_logdir), timeout_s=0.0) as fu:
+        # Every event of the trace: a few tenths of a second, past a deadline of 0 s.
+        rec = fu.call("aggregate_xplane_events", "all events", plane_regex=".*")
+    assert rec["status"] == "ERROR"
+    assert rec["error"] == "timed out after 0 s (worker killed)"
+    assert fu.remaining == 3
 
 
 def test_budget_of_four_calls_is_enforced(tpu_logdir: Path):

@@ -125,3 +125,21 @@ def test_the_local_collect_job_runs_the_same_stage_in_its_own_process(
     assert snapshot["tools"]["get_xprof_overview"]["status"] == "DATA"
     log = (rt.services.settings.home / "collect-job.log").read_text()
     assert "Traceback" not in log
+
+
+def test_a_session_over_the_memory_budget_goes_to_the_collect_job_when_there_is_one(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    started: list[Any] = []
+
+    class Recorder:
+        def run(self, message: Any) -> str:
+            started.append(message)
+            return "executions/e2"
+
+    rt = make_runtime(memory_budget="64M")
+    rt.services.jobs = Recorder()
+    rt.start()
+    _drop(rt, ["h0"], default=xplane_bytes)
+    wait_until(lambda: (s := rt.state.get_session(RUN, SESSION)) is not None
+               and s.progress == "job:executions/e2", what="the hand-off to the collect job")
+    assert len(started) == 1 and session_of(rt).state == ANALYZING

@@ -745,3 +745,36 @@ def test_overview_hides_roofline_relative_fields_without_a_roofline(analysis, sn
     assert "could not place this program on a roofline" in overview
     assert "FLOP rate vs roofline" in _section_html(
         render_summary_html(analysis, snapshot), "overview", "roofline")
+
+
+def test_the_summary_says_how_collection_went_and_what_it_cut(analysis, snapshot):
+    collection = {
+        "elapsed_ms": 37429.2, "session_bytes": 111206386, "memory_budget_bytes": 6 * 1024**3,
+        "worker_peak_rss_bytes": 2490806272,
+        "jobs": {"op_stats": {"status": "DATA", "elapsed_ms": 14879.1,
+                              "peak_rss_bytes": 2490806272},
+                 "memory_profile": {"status": "ERROR", "elapsed_ms": 300000.0}},
+        "skipped": [{"job": "smart_suggestions", "reason": "skipped: needs about 9.00 GiB"}],
+        "killed": [{"job": "memory_profile", "reason": f"timed out after 300 s {SCRIPT}"}],
+        "degraded": [{"tools": "xprof converters",
+                      "reason": "read a copy of the xplanes without 2,304,010 Python-tracer "
+                                "events"}],
+    }
+    html = render_summary_html({**analysis, "collection": collection},
+                               {**snapshot, "collection": collection})
+    summary = html[html.index('id="summary"'):html.index('id="bottlenecks"')]
+    assert "Collection took 37.4 s for 106.1 MB of xplanes" in summary
+    assert "peaked at 2.32 GiB (memory budget 6.00 GiB)" in summary
+    assert "Stopped: <span class=\"mono\">memory_profile</span>" in summary
+    assert "Skipped: <span class=\"mono\">smart_suggestions</span>" in summary
+    assert "without 2,304,010 Python-tracer events" in summary
+    assert SCRIPT not in html and SCRIPT_ESCAPED in summary
+    provenance = html[html.index('id="provenance"'):]
+    assert "Collection jobs (worker processes)" in provenance and "op_stats" in provenance
+
+
+def test_a_clean_collection_says_nothing_was_cut(analysis, snapshot):
+    collection = {"elapsed_ms": 310.0, "session_bytes": 862707, "skipped": [], "killed": [],
+                  "degraded": []}
+    html = render_summary_html({**analysis, "collection": collection}, snapshot)
+    assert "no tool was skipped, stopped or degraded" in html

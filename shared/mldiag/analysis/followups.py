@@ -1,7 +1,10 @@
 """Follow-up tools an investigator may call after triage, at most MAX_FOLLOW_UPS per analysis.
 
-`llo_load`/`llo_query` are ours: they load the trace's events into xprof's DuckDB events store
-and answer `LLO_DATA_ABSENT` when the capture has no LLO lines (any non-TPU trace).
+Each call runs in a worker process (`workers.py`) with a deadline, like the collection jobs:
+a follow-up that runs away is stopped and recorded as ERROR with the reason, and the
+investigation goes on. `llo_load`/`llo_query` are ours: they load the trace's events into
+xprof's DuckDB events store and answer `LLO_DATA_ABSENT` when the capture has no LLO lines
+(any non-TPU trace). `aggregate_xplane_events` is xprof's, computed column-wise.
 """
 
 from __future__ import annotations
@@ -9,15 +12,16 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collect import tool_result
 from mldiag.analysis.profile_input import ProfileSession
 from mldiag.analysis.xprof_tools import NoData, XprofWorkspace
 
 MAX_FOLLOW_UPS = 4
+DEFAULT_FOLLOW_UP_TIMEOUT_S = 120.0
 FOLLOW_UP_TOOLS = (
     "get_hlo_neighborhood",
     "aggregate_xplane_events",
@@ -36,29 +40,28 @@ class FollowUpRefused(Exception):
 class FollowUps:
     """Runs follow-up tools on one session, recording each call for investigation.json."""
 
-    def __init__(self, session: ProfileSession, max_calls: int = MAX_FOLLOW_UPS) -> None:
+    def __init__(self, session: ProfileSession, max_calls: int = MAX_FOLLOW_UPS, *,
+                 timeout_s: float = DEFAULT_FOLLOW_UP_TIMEOUT_S,
+                 memory_budget_bytes: int | None = None) -> None:
         self.session = session
         self.max_calls = max_calls
+        self.timeout_s = timeout_s
+        self.memory_budget_bytes = memory_budget_bytes
         self.records: list[dict[str, Any]] = []
-        self._ws: XprofWorkspace | None = None
+        self._root: Path | None = None
         self._llo_db: str | None = None
 
     def __enter__(self) -> FollowUps:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._ws is not None:
-            self._ws.close()
-            self._ws = None
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+            self._root = None
 
     @property
     def remaining(self) -> int:
         return self.max_calls - len(self.records)
-
-    def _workspace(self) -> XprofWorkspace:
-        if self._ws is None:
-            self._ws = XprofWorkspace(self.session).__enter__()
-        return self._ws
 
     def call(self, tool: str, purpose: str, **args: Any) -> dict[str, Any]:
         """Run one follow-up; returns `{tool, args, purpose, status, elapsed_ms, data|error}`."""
@@ -66,24 +69,56 @@ class FollowUps:
             raise FollowUpRefused(f"{tool} is not a follow-up tool ({', '.join(FOLLOW_UP_TOOLS)})")
         if self.remaining <= 0:
             raise FollowUpRefused(f"follow-up budget of {self.max_calls} calls is spent")
-        ours: dict[str, Callable[..., dict[str, Any]]] = {
+        from mldiag.analysis.workers import DATA, Job, default_budget_bytes, run_jobs
+
+        if self._root is None:
+            self._root = XprofWorkspace.create_root(self.session)
+        job = Job(name=tool, group="follow-ups", runner="mldiag.analysis.jobs:follow_up",
+                  timeout_s=self.timeout_s)
+        outcome = run_jobs(
+            [job], setup="mldiag.analysis.jobs:attach",
+            setup_args={"root": str(self._root), "session": self.session},
+            budget_bytes=self.memory_budget_bytes or default_budget_bytes(),
+            default_timeout_s=self.timeout_s,
+            inputs_for=lambda j, o: {"tool": tool, "args": args, "llo_db": self._llo_db},
+        )[tool]
+        result: dict[str, Any] = {"status": outcome.status, "elapsed_ms": outcome.elapsed_ms}
+        if outcome.status == DATA or outcome.status == "NO_DATA":
+            result["data"] = outcome.value
+        else:
+            result["error"] = outcome.skipped or outcome.killed or str(outcome.value)
+        if tool == "llo_load" and outcome.status == DATA and isinstance(outcome.value, dict):
+            self._llo_db = str(outcome.value.get("path") or "") or None
+        record = {"tool": tool, "args": args, "purpose": purpose, **result}
+        self.records.append(record)
+        return record
+
+
+class FollowUpRunner:
+    """The follow-up implementations, as they run inside a worker (`jobs.follow_up`)."""
+
+    def __init__(self, ws: XprofWorkspace, session: ProfileSession,
+                 llo_db: str | None = None) -> None:
+        self.ws = ws
+        self.session = session
+        self._llo_db = llo_db
+
+    def _workspace(self) -> XprofWorkspace:
+        return self.ws
+
+    def run(self, tool: str, args: dict[str, Any]) -> Any:
+        ours: dict[str, Callable[..., Any]] = {
             "aggregate_xplane_events": self._aggregate_events,
             "get_kernel_stats": self._kernel_stats,
             "llo_load": self._llo_load,
             "llo_query": self._llo_query,
         }
         impl = ours.get(tool)
-        if impl is None:
-            # Text-mode tools echo their trace selection to stderr; keep the terminal clean.
-            with contextlib.redirect_stderr(io.StringIO()):
-                result = tool_result(tool, lambda: self._workspace().call(tool, **args))
-        else:
-            run = impl
-            result = tool_result(tool, lambda: run(**args))
-        record = {"tool": tool, "args": args, "purpose": purpose, **result}
-        record.pop("name", None)
-        self.records.append(record)
-        return record
+        if impl is not None:
+            return impl(**args)
+        # Text-mode tools echo their trace selection to stderr; keep the terminal clean.
+        with contextlib.redirect_stderr(io.StringIO()):
+            return self.ws.call(tool, **args)
 
     def _aggregate_events(self, plane_regex: str = ".*", event_regex: str = ".*",
                           min_duration_ps: int | None = None,
@@ -137,12 +172,13 @@ class FollowUps:
         # xprof's inspect_capture answers the same question but visits every event; line names
         # are enough (xprof's own list of the lines that carry LLO detail).
         from xprof.cli.internal.oss.xplane_tools import _LLO_LINE_NAMES
-        from xprof.profile_data import ProfileData
+
+        from mldiag.analysis.xspace_scan import XSpaceScan
 
         planes: list[str] = []
         for xplane in self.session.xplanes:
-            with ProfileData.from_file(str(xplane)) as data:
-                for plane in data.planes:
+            with XSpaceScan(xplane) as scan:
+                for plane in scan.planes:
                     planes.append(plane.name)
                     if any(line.name in _LLO_LINE_NAMES for line in plane.lines):
                         return

@@ -500,7 +500,9 @@ def _render_collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, 
     size = _measured(info.get("session_bytes"))
     budget = _measured(info.get("memory_budget_bytes"))
     peak = _measured(info.get("worker_peak_rss_bytes"))
-    parts = [f"Collection took {_fmt_ms(elapsed)}"]
+    ms = _measured(elapsed)
+    took = (f"{ms / 1000:,.1f} s" if ms is not None and ms >= 1000 else _fmt_ms(elapsed))
+    parts = [f"Collection took {took}"]
     if size is not None:
         parts.append(f"for {size / 1024**2:,.1f} MB of xplanes")
     line = " ".join(parts)

@@ -31,7 +31,42 @@ def attach(args: Mapping[str, Any], worker: Mapping[str, Any]) -> Context:
     """Worker setup: join the session's workspace, with this group's own result cache."""
     session: ProfileSession = args["session"]
     ws = XprofWorkspace.attach(Path(args["root"]), session, cache_name=worker["group"])
+    _share_run_dir_lock()
     return Context(ws=ws, session=session)
+
+
+_EXCLUSIVE = {"on": False}
+
+
+def _share_run_dir_lock() -> None:
+    """Let the tools that only read the saved op_stats convert side by side.
+
+    xprof serialises every op_stats-based conversion of a run directory under one exclusive
+    file lock, since any of them may rebuild op_stats. Here only the op_stats job builds them,
+    before every tool that reads them starts (the plan's dependencies), so the readers take
+    the lock shared: the step trace no longer waits seconds behind the smart suggestions. The
+    op_stats job itself holds it exclusively.
+    """
+    import contextlib
+    import fcntl
+
+    from xprof.cli.internal.oss import xprof_client
+
+    if getattr(xprof_client, "_mldiag_shared_lock", False):
+        return
+
+    @contextlib.contextmanager
+    def lock_run_dir(lock_dir: Path, run_dir_hash: str) -> Any:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        with open(lock_dir / f"{run_dir_hash}.lock", "a+", encoding="utf-8") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX if _EXCLUSIVE["on"] else fcntl.LOCK_SH)
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    xprof_client._lock_run_dir = lock_run_dir
+    xprof_client._mldiag_shared_lock = True
 
 
 def _call(name: str, **kwargs: Any) -> Any:
@@ -122,7 +157,11 @@ def _drop_python_events(plane: Plane, line: Line) -> Any:
 
 def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """The overview, which builds op_stats (and the HLO protos) that later jobs reuse."""
-    return ctx.ws.precompute_op_stats()
+    _EXCLUSIVE["on"] = True
+    try:
+        return ctx.ws.precompute_op_stats()
+    finally:
+        _EXCLUSIVE["on"] = False
 
 
 def xprof_step_trace(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,7 +237,21 @@ def combine_memory_profiles(per_host: Mapping[str, dict[str, Any] | None]) -> di
     return result
 
 
+# xprof's answer when a trace has no hardware performance counters.
+NO_COUNTERS = "No hardware performance counter events found in trace"
+
+
+def has_tpu_planes(xplane: Path) -> bool:
+    """Whether the trace has TPU device planes, the only ones that carry the hardware
+    performance counters the utilization viewer reads (TensorCore and SparseCore counters).
+    Elsewhere its converter reads the whole file to answer NO_DATA (67 s at 514 MB)."""
+    with XSpaceScan(xplane) as scan:
+        return any(plane.name.startswith("/device:TPU") for plane in scan.planes)
+
+
 def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    if not any(has_tpu_planes(x) for x in ctx.session.xplanes):
+        raise NoData(NO_COUNTERS)
     hosts_ = ctx.session.hosts
     if len(hosts_) == 1:
         return ctx.ws.call("get_utilization_viewer")
@@ -233,9 +286,17 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         part("reduce", lambda: reduce_for_converters(ctx, inputs))
     part("memory_profile", lambda: ctx.ws.call("get_memory_profile")
          if has_memory_events(xplane) else None)
-    part("utilization_viewer", lambda: ctx.ws.call("get_utilization_viewer"))
+    part("utilization_viewer", lambda: utilization_viewer(ctx, inputs))
     parts["converter_input"] = str(ctx.ws.run_dir / xplane.name)
     return parts
+
+
+def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:
+    """One investigator follow-up call (see `followups.FollowUps.call`)."""
+    from mldiag.analysis.followups import FollowUpRunner
+
+    runner = FollowUpRunner(ctx.ws, ctx.session, llo_db=inputs.get("llo_db"))
+    return runner.run(str(inputs["tool"]), dict(inputs.get("args") or {}))
 
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:

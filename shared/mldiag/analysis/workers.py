@@ -274,7 +274,13 @@ def run_jobs(
             workers[group] = spawn(group, pending)
     try:
         while workers:
-            running = sum(w.job.memory_bytes for w in workers.values() if w.job is not None)
+            # Memory in use or promised: every worker's resident memory (a worker keeps what
+            # its converters allocated), plus what running jobs are expected to add to it.
+            rss = {g: rss_bytes(w.process.pid) for g, w in workers.items()}
+            committed = sum(rss.values()) + sum(
+                max(0, w.job.memory_bytes - rss[g]) for g, w in workers.items()
+                if w.job is not None)
+            busy_any = any(w.job is not None for w in workers.values())
             for w in list(workers.values()):
                 if w.job is not None:
                     continue
@@ -293,13 +299,15 @@ def run_jobs(
                         f"skipped: needs {failed[0]}, which failed "
                         f"({_reason(outcomes[failed[0]])})")))
                     continue
-                if running and running + job.memory_bytes > budget_bytes:
+                need = max(0, job.memory_bytes - rss.get(w.group, 0))
+                if busy_any and committed + need > budget_bytes:
                     continue  # waits until the running jobs have released their memory
                 w.queue.pop(0)
                 inputs = inputs_for(job, outcomes) if inputs_for is not None else {}
                 w.conn.send(("job", job, inputs))
                 w.job, w.started, w.peak_rss = job, time.monotonic(), 0
-                running += job.memory_bytes
+                committed += need
+                busy_any = True
             busy = [w for w in workers.values() if w.job is not None]
             if not busy:
                 if workers and all(w.job is None for w in workers.values()):
