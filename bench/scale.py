@@ -91,13 +91,14 @@ def measure(fn: Any) -> dict[str, float]:
             round(rss.peak_single / 1024**2)}
 
 
-def run_mldiag(xplane: Path, out: Path) -> dict[str, Any]:
+def run_mldiag(xplane: Path, out: Path, budget: str | None = None) -> dict[str, Any]:
     mldiag = Path(sys.executable).with_name("mldiag")
     result: dict[str, Any] = {}
+    extra = ["--memory-budget", budget] if budget else []
 
     def call() -> None:
         proc = subprocess.run([str(mldiag), "analyze", str(xplane.parent), "--out", str(out),
-                               "-q"], capture_output=True, text=True, timeout=3600)
+                               "-q", *extra], capture_output=True, text=True, timeout=3600)
         result["rc"] = proc.returncode
         result["stderr"] = proc.stderr[-2000:]
 
@@ -134,6 +135,7 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-cli-above", type=float, default=1e9,
                         help="skip the CLI side above this many MB")
+    parser.add_argument("--memory-budget", help="also run mldiag with this budget (e.g. 3G)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -154,10 +156,17 @@ def main() -> int:
         print(f"== {row['file_mb']} MB, {steps} steps", flush=True)
         row["mldiag"] = run_mldiag(xplane, work / f"out{mb:g}")
         print(f"   mldiag: {json.dumps(row['mldiag'])}", flush=True)
+        if args.memory_budget:
+            row["mldiag_budget"] = run_mldiag(xplane, work / f"out{mb:g}-budget",
+                                              args.memory_budget)
+            print(f"   mldiag --memory-budget {args.memory_budget}: "
+                  f"{json.dumps(row['mldiag_budget'])}", flush=True)
         if mb <= args.no_cli_above:
             row["cli"] = run_cli_measured(xplane)
             print(f"   cli:    {json.dumps(row['cli'])}", flush=True)
             row["speedup_vs_cli"] = round(row["cli"]["wall_s"] / row["mldiag"]["wall_s"], 2)
+            row["collection_speedup_vs_cli"] = round(
+                row["cli"]["wall_s"] / row["mldiag"]["collection_s"], 2)
         rows.append(row)
 
     print(f"\n{'file MB':>8} {'mldiag s':>9} {'cpu s':>7} {'RSS tree MB':>12} "

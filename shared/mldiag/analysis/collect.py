@@ -474,10 +474,10 @@ def collect(
         session_path if isinstance(session_path, ProfileSession)
         else resolve_session(session_path)
     )
+    started = time.perf_counter()
     for xplane in session.xplanes:
         validate_xplane(xplane, max_bytes=max_host_bytes)
     budget = memory_budget_bytes or default_budget_bytes()
-    started = time.perf_counter()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
                  reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None)

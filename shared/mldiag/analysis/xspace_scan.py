@@ -291,17 +291,19 @@ class XSpaceScan:
     def _chain(self, start: int, end: int) -> I64:
         """Offsets of the consecutive events fields from `start` (whose byte is the tag)."""
         seg = self.buf[start:end]
-        cand = np.flatnonzero(seg == _EVENT_TAG).astype(np.int64)
+        cand = np.flatnonzero(seg == _EVENT_TAG)
         # Length varint after each candidate tag; event bodies are short, but decode fully.
         length, body = _varints_at(seg, cand + 1)
         nxt = body + length
         ok = (length >= 0) & (nxt <= len(seg))
-        # Successor: the candidate at `nxt`, else the sentinel (end of the run).
+        # Successor: the candidate at `nxt`, else the sentinel (end of the run). Indices fit
+        # 32 bits (a line is under 2 GiB), which halves the memory traffic of the rounds below.
         n = len(cand)
+        index = np.int32 if n < 2**31 - 1 else np.int64
         idx = np.searchsorted(cand, nxt)
         idx_c = np.minimum(idx, n - 1)
-        succ = np.where(ok & (idx < n) & (cand[idx_c] == nxt), idx, n).astype(np.int64)
-        succ = np.append(succ, n)
+        succ = np.where(ok & (idx < n) & (cand[idx_c] == nxt), idx, n).astype(index)
+        succ = np.append(succ, np.array([n], dtype=index))
         # After k rounds `on` marks the first 2**k events of the chain; it is complete once it
         # reaches the sentinel.
         on = np.zeros(n + 1, dtype=bool)
@@ -313,7 +315,7 @@ class XSpaceScan:
         members = np.flatnonzero(on[:n])
         if not ok[members[-1]]:
             raise CorruptXSpace("truncated or corrupt protobuf (an event runs past its line)")
-        return cand[members] + start
+        return cand[members].astype(np.int64) + start
 
     def decode_events(self, blocks: list[tuple[int, int]]) -> Events:
         parts = []
@@ -395,14 +397,16 @@ class XSpaceScan:
         pos, end = line._payload
         events_at = line._blocks[0][0]
         # The events' own bytes: from each event's tag to its body's end.
-        starts, stops = ev.tag_at[mask], ev.body_end[mask]
-        lengths = stops - starts
-        offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]]) if len(lengths) else lengths
-        index = np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()))
+        # Consecutive kept events are contiguous in the file: copy them run by run.
+        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+        first, last = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+        view = memoryview(self._map)
+        kept = b"".join(view[a:b] for a, b in zip(ev.tag_at[first].tolist(),
+                                                   ev.body_end[last].tolist(), strict=True))
         head = bytes(self._map[pos:events_at])
         last_end = int(ev.body_end[-1]) if len(ev) else events_at
         tail = bytes(self._map[last_end:end])
-        return head + self.buf[index].tobytes() + tail
+        return head + kept + tail
 
     # -- stats ---------------------------------------------------------------------------------
 
