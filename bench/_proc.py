@@ -8,8 +8,9 @@ import os
 import threading
 import time
 
+from mldiag.analysis.workers import rss_bytes as _rss
+
 _TICK = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def tree_pids(root: int) -> list[int]:
@@ -33,14 +34,6 @@ def _cpu(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICK  # utime + stime
     except (OSError, IndexError, ValueError):
         return 0.0
-
-
-def _rss(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/statm") as f:
-            return int(f.read().split()[1]) * _PAGE
-    except (OSError, IndexError, ValueError):
-        return 0
 
 
 def tree_cpu_s(root: int | None = None) -> float:

@@ -79,17 +79,24 @@ def test_a_fanned_out_session_with_no_readable_host_fails_with_each_reason(
     assert "host-1: " in s.reason
 
 
+class RecordingJobs:
+    """A JobRunner that records what it was asked to start."""
+
+    def __init__(self, execution: str) -> None:
+        self.started: list[Any] = []
+        self.execution = execution
+
+    def run(self, message: Any) -> str:
+        self.started.append(message)
+        return self.execution
+
+
 def test_a_session_over_the_function_limits_goes_to_the_collect_job(
         make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
-    started: list[Any] = []
-
-    class Recorder:
-        def run(self, message: Any) -> str:
-            started.append(message)
-            return "executions/e1"
-
+    jobs = RecordingJobs("executions/e1")
+    started = jobs.started
     rt = make_runtime(function_max_host_bytes=100_000)
-    rt.services.jobs = Recorder()
+    rt.services.jobs = jobs
     rt.start()
     _drop(rt, ["h0"], default=xplane_bytes)
 
@@ -129,17 +136,11 @@ def test_the_local_collect_job_runs_the_same_stage_in_its_own_process(
 
 def test_a_session_over_the_memory_budget_goes_to_the_collect_job_when_there_is_one(
         make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
-    started: list[Any] = []
-
-    class Recorder:
-        def run(self, message: Any) -> str:
-            started.append(message)
-            return "executions/e2"
-
+    jobs = RecordingJobs("executions/e2")
     rt = make_runtime(memory_budget="64M")
-    rt.services.jobs = Recorder()
+    rt.services.jobs = jobs
     rt.start()
     _drop(rt, ["h0"], default=xplane_bytes)
     wait_until(lambda: (s := rt.state.get_session(RUN, SESSION)) is not None
                and s.progress == "job:executions/e2", what="the hand-off to the collect job")
-    assert len(started) == 1 and session_of(rt).state == ANALYZING
+    assert len(jobs.started) == 1 and session_of(rt).state == ANALYZING

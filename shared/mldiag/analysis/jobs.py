@@ -118,28 +118,35 @@ def kpi_metrics(ctx: Context, inputs: Mapping[str, Any]) -> Any:
 
 
 def reduce_for_converters(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Give xprof's converters a copy of each host without its Python-tracer events.
+    """Give xprof's converters a copy of each host without its Python-tracer events, and run
+    the timeline pass on the same decoded events (one read of each file, not two).
 
     Python-tracer events ("$file.py:line function") feed none of the collection tools, yet on
     a profile captured with the Python tracer they are most of the events, and xprof's
-    converters spend time and memory on every event they read. The timeline pass still reads
-    the original files.
+    converters spend time and memory on every event they read. The timeline pass reads the
+    original events, Python's included. Returns {"hosts": per-host counts, "timeline": the
+    timeline summary}.
     """
     per_host = {}
+    hosts = []
     for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
-        target = ctx.ws.run_dir / xplane.name
-        tmp = target.with_name(f".{xplane.name}.reduced")
         with XSpaceScan(xplane) as scan:
-            kept, dropped = scan.write_filtered(tmp, _drop_python_events)
-        if dropped:
-            target.unlink()
-            tmp.replace(target)
-        else:
-            tmp.unlink()
-        per_host[host] = {"events_kept": kept, "python_events_dropped": dropped,
-                          "bytes_in": xplane.stat().st_size,
-                          "bytes_out": target.stat().st_size}
-    return per_host
+            hosts.append(timeline.analyze_scan(scan, host))
+            per_host[host] = _reduce_one(ctx, scan, xplane, host)
+    return {"hosts": per_host, "timeline": timeline.summarize(hosts)}
+
+
+def _reduce_one(ctx: Context, scan: XSpaceScan, xplane: Path, host: str) -> dict[str, Any]:
+    target = ctx.ws.run_dir / xplane.name
+    tmp = target.with_name(f".{xplane.name}.reduced")
+    kept, dropped = scan.write_filtered(tmp, _drop_python_events)
+    if dropped:
+        target.unlink()
+        tmp.replace(target)
+    else:
+        tmp.unlink()
+    return {"events_kept": kept, "python_events_dropped": dropped,
+            "bytes_in": xplane.stat().st_size, "bytes_out": target.stat().st_size}
 
 
 def _drop_python_events(plane: Plane, line: Line) -> Any:
@@ -281,9 +288,12 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - recorded per part; the combine says which
             parts[name] = {"status": "ERROR", "value": f"{type(e).__name__}: {e}"[:500]}
 
-    part("timeline", lambda: timeline.analyze_host(xplane, ctx.session.hosts[0]).to_json())
     if inputs.get("reduce"):
-        part("reduce", lambda: reduce_for_converters(ctx, inputs))
+        with XSpaceScan(xplane) as scan:
+            part("timeline", lambda: timeline.analyze_scan(scan, ctx.session.hosts[0]).to_json())
+            part("reduce", lambda: _reduce_one(ctx, scan, xplane, ctx.session.hosts[0]))
+    else:
+        part("timeline", lambda: timeline.analyze_host(xplane, ctx.session.hosts[0]).to_json())
     part("memory_profile", lambda: ctx.ws.call("get_memory_profile")
          if has_memory_events(xplane) else None)
     part("utilization_viewer", lambda: utilization_viewer(ctx, inputs))

@@ -184,46 +184,51 @@ def _compute_lines(scan: XSpaceScan) -> tuple[str, list[tuple[Plane, Line]]]:
 
 def analyze_host(path: Path, host: str) -> HostTimeline:
     """Measure steps and busy time in one xplane file (column-wise: no object per event)."""
-    result = HostTimeline(host=host)
     with XSpaceScan(path) as scan:
-        result.steps = _step_events(scan)
-        source, lines = _compute_lines(scan)
-        result.source = source
-        starts, ends = [], []
-        for plane, line in lines:
-            ev = line.events
-            result.events_scanned += len(ev)
-            if not len(ev):
-                continue
-            mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
-            names = [plane.event_names.get(int(m), "") for m in mids]
-            marker = np.array([n.startswith(_MARKER_PREFIXES) for n in names])[inverse]
-            runtime = np.array([_is_runtime_event(n) for n in names])[inverse]
-            timed = (ev.duration_ps > 0) & ~marker
-            start, dur = line.start_ns(), line.duration_ns()
-            starts.append(start[timed])
-            ends.append(start[timed] + dur[timed])
-            attributed = timed & ~runtime
-            # Device ops are attributed through xprof's op profile; only XLA:CPU events need
-            # their program to tell same-named ops of different modules apart.
-            program_id = plane.stat_id("program_id") if source == "xla_cpu" else None
-            programs = (scan.int_stat(ev, program_id) if program_id is not None
-                        else np.full(len(ev), -1, dtype=np.int64))
-            keys, key_index = np.unique(
-                np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
-                return_inverse=True)
-            key_index = key_index.reshape(-1)
-            totals = np.bincount(key_index, weights=dur[attributed], minlength=len(keys))
-            counts = np.bincount(key_index, minlength=len(keys))
-            for (program, name_index), t, c in zip(keys.tolist(), totals.tolist(),
-                                                   counts.tolist(), strict=True):
-                key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
-                result.op_time_ns[key] += t
-                result.op_count[key] += c
-        if starts:
-            seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
-        else:
-            seg_s = seg_e = np.zeros(0)
+        return analyze_scan(scan, host)
+
+
+def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
+    """`analyze_host` on a file already open (its decoded lines stay cached in `scan`)."""
+    result = HostTimeline(host=host)
+    result.steps = _step_events(scan)
+    source, lines = _compute_lines(scan)
+    result.source = source
+    starts, ends = [], []
+    for plane, line in lines:
+        ev = line.events
+        result.events_scanned += len(ev)
+        if not len(ev):
+            continue
+        mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
+        names = [plane.event_names.get(int(m), "") for m in mids]
+        marker = np.array([n.startswith(_MARKER_PREFIXES) for n in names])[inverse]
+        runtime = np.array([_is_runtime_event(n) for n in names])[inverse]
+        timed = (ev.duration_ps > 0) & ~marker
+        start, dur = line.start_ns(), line.duration_ns()
+        starts.append(start[timed])
+        ends.append(start[timed] + dur[timed])
+        attributed = timed & ~runtime
+        # Device ops are attributed through xprof's op profile; only XLA:CPU events need
+        # their program to tell same-named ops of different modules apart.
+        program_id = plane.stat_id("program_id") if source == "xla_cpu" else None
+        programs = (scan.int_stat(ev, program_id) if program_id is not None
+                    else np.full(len(ev), -1, dtype=np.int64))
+        keys, key_index = np.unique(
+            np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
+            return_inverse=True)
+        key_index = key_index.reshape(-1)
+        totals = np.bincount(key_index, weights=dur[attributed], minlength=len(keys))
+        counts = np.bincount(key_index, minlength=len(keys))
+        for (program, name_index), t, c in zip(keys.tolist(), totals.tolist(),
+                                               counts.tolist(), strict=True):
+            key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
+            result.op_time_ns[key] += t
+            result.op_count[key] += c
+    if starts:
+        seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
+    else:
+        seg_s = seg_e = np.zeros(0)
     if len(seg_s):
         result.active_span_ns = float(seg_e[-1] - seg_s[0])
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
