@@ -105,7 +105,9 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
     opstats = ("op_stats",)
     jobs = []
     if reduce:
-        jobs.append(job("reduce_for_converters", "xprof", (), _RSS_PER_BYTE[
+        # In the second worker, which then runs the timeline pass on the events it decoded,
+        # while the first builds op_stats from the reduced copy.
+        jobs.append(job("reduce_for_converters", "xplane", (), _RSS_PER_BYTE[
             "reduce_for_converters"], largest))
     jobs += [
         job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats_reduced" if reduce else "op_stats"],
@@ -119,11 +121,9 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         job("peak_allocations", "xprof", opstats),
         job("smart_suggestions", "xprof", opstats, _RSS_PER_BYTE["smart_suggestions"], total),
         job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
-        # The second worker: the timeline pass (our own, on the original files; done by the
-        # reduction when there is one, which decodes the same events) and the converters that
-        # read the xplanes rather than op_stats.
-        *([] if reduce else [job("timeline_pass", "xplane", (), _RSS_PER_BYTE["timeline"],
-                                 largest)]),
+        # The second worker: the timeline pass (our own, on the original files) and the
+        # converters that read the xplanes rather than op_stats.
+        job("timeline_pass", "xplane", pre, _RSS_PER_BYTE["timeline"], largest),
         job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
         # xprof's step trace is mostly Python over every step's row (10 s for 48,000 steps):
@@ -198,10 +198,6 @@ class _Assembler:
         self.progress = progress
         self.tools = [t for t in COLLECTION_TOOLS if t in tools]
 
-    def add_split(self, outcome: Outcome) -> None:
-        for part in _split(outcome):
-            self.add(part)
-
     def add(self, outcome: Outcome) -> None:
         self.outcomes[outcome.name] = outcome
         for tool in self.tools:
@@ -265,18 +261,6 @@ class _Assembler:
             "reference_time_ms": round(step_ms, 4) if step_ms else None,
             "time_source": time_source,
         }
-
-
-def _split(o: Outcome) -> list[Outcome]:
-    """The reduction also ran the timeline pass: one outcome each."""
-    if o.name != "reduce_for_converters":
-        return [o]
-    if o.status != DATA:
-        return [o, Outcome("timeline_pass", o.status, o.value, o.elapsed_ms, killed=o.killed,
-                           skipped=o.skipped)]
-    return [Outcome(o.name, DATA, o.value["hosts"], o.elapsed_ms,
-                    peak_rss_bytes=o.peak_rss_bytes),
-            Outcome("timeline_pass", DATA, o.value["timeline"], 0.0)]
 
 
 def _payload(o: Outcome) -> dict[str, Any]:
@@ -515,8 +499,7 @@ def collect(
         outcomes = run_jobs(
             jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s, inputs_for=_inputs_for,
-            on_outcome=assembler.add_split)
-        outcomes = {x.name: x for o in outcomes.values() for x in _split(o)}
+            on_outcome=assembler.add)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     outcomes = {**{o.name: o for o in premade}, **outcomes}

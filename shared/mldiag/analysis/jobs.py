@@ -32,6 +32,7 @@ def attach(args: Mapping[str, Any], worker: Mapping[str, Any]) -> Context:
     session: ProfileSession = args["session"]
     ws = XprofWorkspace.attach(Path(args["root"]), session, cache_name=worker["group"])
     _share_run_dir_lock()
+    _forget_decoded()
     return Context(ws=ws, session=session)
 
 
@@ -118,22 +119,34 @@ def kpi_metrics(ctx: Context, inputs: Mapping[str, Any]) -> Any:
 
 
 def reduce_for_converters(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """Give xprof's converters a copy of each host without its Python-tracer events, and run
-    the timeline pass on the same decoded events (one read of each file, not two).
+    """Give xprof's converters a copy of each host without its Python-tracer events.
 
     Python-tracer events ("$file.py:line function") feed none of the collection tools, yet on
     a profile captured with the Python tracer they are most of the events, and xprof's
-    converters spend time and memory on every event they read. The timeline pass reads the
-    original events, Python's included. Returns {"hosts": per-host counts, "timeline": the
-    timeline summary}.
+    converters spend time and memory on every event they read. The decoded events stay in
+    this worker for the timeline pass, its next job (one read of each file, not two); the
+    timeline pass reads the original events, Python's included.
     """
     per_host = {}
-    hosts = []
     for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
-        with XSpaceScan(xplane) as scan:
-            hosts.append(timeline.analyze_scan(scan, host))
+        scan = XSpaceScan(xplane)
+        try:
             per_host[host] = _reduce_one(ctx, scan, xplane, host)
-    return {"hosts": per_host, "timeline": timeline.summarize(hosts)}
+        except BaseException:
+            scan.close()
+            raise
+        _DECODED[str(xplane)] = scan
+    return per_host
+
+
+# Files this worker has decoded for the timeline pass that follows the reduction.
+_DECODED: dict[str, XSpaceScan] = {}
+
+
+def _forget_decoded() -> None:
+    for scan in _DECODED.values():
+        scan.close()
+    _DECODED.clear()
 
 
 def _reduce_one(ctx: Context, scan: XSpaceScan, xplane: Path, host: str) -> dict[str, Any]:
@@ -194,7 +207,15 @@ def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, str]:
 
 
 def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    return timeline.analyze(list(zip(ctx.session.xplanes, ctx.session.hosts, strict=True)))
+    hosts = []
+    for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
+        scan = _DECODED.pop(str(xplane), None)
+        if scan is None:
+            hosts.append(timeline.analyze_host(xplane, host))
+            continue
+        with scan:
+            hosts.append(timeline.analyze_scan(scan, host))
+    return timeline.summarize(hosts)
 
 
 def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
