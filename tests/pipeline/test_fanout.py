@@ -47,6 +47,9 @@ def test_an_eight_host_session_fans_out_and_is_combined_into_one_analysis(
     assert tools["get_xprof_overview"]["status"] == "DATA"
     assert sorted(tools["get_memory_profile"]["data"]["per_host_peak_gib"]) == HOSTS
     assert tools["get_step_trace"]["status"] in ("DATA", "NO_DATA")
+    # Jobs that wait on the per-host parts (the KPI tool needs the memory profile) still run.
+    assert tools["get_kpi_metrics"]["status"] == "DATA"
+    assert snapshot["collection"]["skipped"] == [] and snapshot["collection"]["killed"] == []
     analyses = [m for m in messages if m["topic"] == "analysis-requests"]
     assert len(analyses) >= 2  # the first asks for the fan-out, the last host's for the combine
     assert rt.wait_idle(30) and rt.state.list_dead_letters() == []

@@ -499,10 +499,9 @@ def collect(
         outcomes = run_jobs(
             jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s, inputs_for=_inputs_for,
-            on_outcome=assembler.add)
+            on_outcome=assembler.add, done={o.name: o for o in premade})
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    outcomes = {**{o.name: o for o in premade}, **outcomes}
     elapsed_ms = (time.perf_counter() - started) * 1000.0
     results = assembler.results
     overview = results.get("get_xprof_overview", {}).get("data", {})

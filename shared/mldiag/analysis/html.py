@@ -1629,7 +1629,7 @@ def _render_capture(capture: Mapping[str, Any]) -> str:
     if note:
         lines.append(f"<span>{_e(note)}</span>")
     for host, reason in _map(capture.get("failed_hosts")).items():
-        lines.append(f'<span class="warn">Host {_e(host)} not captured: {_e(reason)}</span>')
+        lines.append(f'<span class="warn">Host {_e(host)} not analysed: {_e(reason)}</span>')
     return '<div class="meta capture">' + "".join(lines) + "</div>"
 
 

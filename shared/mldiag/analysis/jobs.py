@@ -158,12 +158,17 @@ def _reduce_one(ctx: Context, scan: XSpaceScan, xplane: Path, host: str) -> dict
         tmp.replace(target)
     else:
         tmp.unlink()
-    return {"events_kept": kept, "python_events_dropped": dropped,
+    return {"events_kept_on_filtered_lines": kept, "python_events_dropped": dropped,
             "bytes_in": xplane.stat().st_size, "bytes_out": target.stat().st_size}
 
 
+_XLA_THREADS = ("tf_XLA",)
+
+
 def _drop_python_events(plane: Plane, line: Line) -> Any:
-    if not plane.name.startswith("/host:"):
+    # XLA's executor threads (tf_XLA*) never run Python: their lines are copied whole without
+    # being decoded here (the timeline pass decodes them later, beside the op_stats build).
+    if not plane.name.startswith("/host:") or line.name.startswith(_XLA_THREADS):
         return None
     python = [k for k, v in plane.event_names.items() if v.startswith("$")]
     if not python:

@@ -223,8 +223,12 @@ def run_jobs(
     default_timeout_s: float,
     inputs_for: Callable[[Job, Mapping[str, Outcome]], Mapping[str, Any]] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
+    done: Mapping[str, Outcome] | None = None,
 ) -> dict[str, Outcome]:
     """Run `jobs` in one worker process per group and return every job's outcome.
+
+    `done` holds outcomes obtained elsewhere (a fanned-out session's per-host jobs): jobs may
+    wait on them and receive them as inputs; they are returned with the rest.
 
     `setup(setup_args, {"group": group})` builds each worker's context once, in the worker.
     A job starts when the jobs it is `after` are done (whatever their status) and its memory
@@ -232,7 +236,7 @@ def run_jobs(
     inputs.
     Always returns, with every job accounted for: done, failed, timed out, killed or skipped.
     """
-    outcomes: dict[str, Outcome] = {}
+    outcomes: dict[str, Outcome] = dict(done or {})
     by_group: dict[str, list[Job]] = {}
     for job in jobs:
         by_group.setdefault(job.group, []).append(job)

@@ -362,7 +362,7 @@ class XSpaceScan:
 
         `keep(plane, line)` returns a boolean mask over the line's events, or None to keep the
         line whole. Everything else (metadata, stats, other fields) is copied byte for byte.
-        Returns (events kept, events dropped).
+        Returns (events kept, events dropped) on the lines that `keep` masked.
         """
         kept_total = dropped_total = 0
         m = self._map
@@ -376,8 +376,8 @@ class XSpaceScan:
                     line = next(ln for ln in plane.lines if ln._payload[1] == stop)
                     mask = keep(plane, line)
                     if mask is None:
+                        # Copied whole, and not decoded for it: its events are not counted.
                         chunks.append(memoryview(m)[key_at:stop])
-                        kept_total += len(line.events)
                         continue
                     payload = self._filtered_line(line, mask)
                     kept_total += int(mask.sum())
