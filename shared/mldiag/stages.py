@@ -419,12 +419,16 @@ def _host_part_name(s: SessionRecord, host: str) -> str:
     return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.json"
 
 
+def _hosts_done(services: Services, s: SessionRecord, hosts: Sequence[str]) -> set[str]:
+    """The hosts whose collect_host result is written."""
+    present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
+    return {h for h in hosts if _host_part_name(s, h) in present}
+
+
 def _host_parts(services: Services, s: SessionRecord,
                 hosts: Sequence[str]) -> dict[str, dict[str, Any]] | None:
     """Every host's collect_host result, or None while any is missing."""
-    prefix = f"{_analysis_dir(s)}/v{s.version}/hosts/"
-    present = {o.name for o in services.storage.list(prefix)}
-    if any(_host_part_name(s, h) not in present for h in hosts):
+    if len(_hosts_done(services, s, hosts)) < len(hosts):
         return None
     return {h: _read_json(services, _host_part_name(s, h)) for h in hosts}
 
@@ -441,9 +445,9 @@ def _fan_out(services: Services, msg: AnalyzeSession, s: SessionRecord,
                                           now=services.clock(), progress=f"fanout:{len(hosts)}")
         if moved is None:
             return
-    present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
+    done = _hosts_done(services, s, hosts)
     for host in hosts:
-        if _host_part_name(s, host) not in present:
+        if host not in done:
             services.bus.publish(CollectHost(run=msg.run, session=msg.session,
                                              version=msg.version, host=host))
 
@@ -480,7 +484,7 @@ def collect_host(msg: CollectHost, services: Services) -> None:
                                      json.dumps(result, default=str).encode(),
                                      content_type="application/json")
     hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
-    if _host_parts(services, s, hosts) is not None:
+    if len(_hosts_done(services, s, hosts)) == len(hosts):
         services.bus.publish(AnalyzeSession(run=msg.run, session=msg.session,
                                             version=msg.version))
 

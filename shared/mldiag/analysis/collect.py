@@ -25,7 +25,7 @@ from mldiag.analysis.profile_input import (
     resolve_session,
     validate_xplane,
 )
-from mldiag.analysis.workers import Job, Outcome, default_budget_bytes, run_jobs
+from mldiag.analysis.workers import Job, Outcome, default_budget_bytes, reason_of, run_jobs
 from mldiag.analysis.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
 from mldiag.errors import ProfileUnreadable
 
@@ -233,7 +233,7 @@ class _Assembler:
     def _detect(self, tool: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
                 modules_o: Outcome) -> dict[str, Any]:
         if texts_o.status == ERROR:
-            raise RuntimeError(_reason(texts_o))
+            raise RuntimeError(reason_of(texts_o))
         texts = texts_o.value if texts_o.status == DATA else {}
         if not texts:
             raise NoData("no HLO modules in the profile")
@@ -264,11 +264,7 @@ class _Assembler:
 
 
 def _payload(o: Outcome) -> dict[str, Any]:
-    return {"data": o.value} if o.status == DATA else {"error": _reason(o)}
-
-
-def _reason(o: Outcome) -> str:
-    return o.skipped or o.killed or str(o.value)
+    return {"data": o.value} if o.status == DATA else {"error": reason_of(o)}
 
 
 def _as_result(tool: str, o: Outcome, elapsed: float) -> dict[str, Any]:
@@ -276,7 +272,7 @@ def _as_result(tool: str, o: Outcome, elapsed: float) -> dict[str, Any]:
         return {"name": tool, "status": DATA, "elapsed_ms": elapsed, "data": o.value}
     if o.status == NO_DATA:
         return {"name": tool, "status": NO_DATA, "elapsed_ms": elapsed, "data": o.value}
-    return {"name": tool, "status": ERROR, "elapsed_ms": elapsed, "error": _reason(o)}
+    return {"name": tool, "status": ERROR, "elapsed_ms": elapsed, "error": reason_of(o)}
 
 
 def _op_times(prof: Mapping[str, Any] | None, tl: Mapping[str, Any], modules: list[str]
@@ -375,7 +371,7 @@ def collect_host(
                             inputs_for=lambda j, o: {"reduce": reduce})
         o = outcomes["host_parts"]
         if o.status != DATA:
-            reason = _reason(o)
+            reason = reason_of(o)
             parts: dict[str, Any] = {name: {"status": ERROR, "value": reason} for name in (
                 "timeline", "memory_profile", "utilization_viewer")}
         else:
@@ -428,7 +424,7 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
         value = {**got[1], "host": got[0]} if len(hosts) > 1 else got[1]
         out.append(Outcome("utilization_viewer", DATA, value, elapsed))
     else:
-        reasons = "; ".join(f"{h}: {_part_reason(u)}" for h, u in util)
+        reasons = "; ".join(f"{h}: {_partreason_of(u)}" for h, u in util)
         out.append(Outcome("utilization_viewer", NO_DATA, {"reason": reasons}, elapsed))
     reduced = {h: p["reduce"]["value"] for h, p in parts.items()
                if p.get("reduce", {}).get("status") == DATA}
@@ -437,7 +433,7 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
     return out
 
 
-def _part_reason(part: Mapping[str, Any]) -> str:
+def _partreason_of(part: Mapping[str, Any]) -> str:
     value = part.get("value")
     return str(value.get("reason")) if isinstance(value, Mapping) else str(value)
 

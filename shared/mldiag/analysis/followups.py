@@ -69,7 +69,7 @@ class FollowUps:
             raise FollowUpRefused(f"{tool} is not a follow-up tool ({', '.join(FOLLOW_UP_TOOLS)})")
         if self.remaining <= 0:
             raise FollowUpRefused(f"follow-up budget of {self.max_calls} calls is spent")
-        from mldiag.analysis.workers import DATA, Job, default_budget_bytes, run_jobs
+        from mldiag.analysis.workers import DATA, Job, default_budget_bytes, reason_of, run_jobs
 
         if self._root is None:
             self._root = XprofWorkspace.create_root(self.session)
@@ -86,7 +86,7 @@ class FollowUps:
         if outcome.status == DATA or outcome.status == "NO_DATA":
             result["data"] = outcome.value
         else:
-            result["error"] = outcome.skipped or outcome.killed or str(outcome.value)
+            result["error"] = reason_of(outcome)
         if tool == "llo_load" and outcome.status == DATA and isinstance(outcome.value, dict):
             self._llo_db = str(outcome.value.get("path") or "") or None
         record = {"tool": tool, "args": args, "purpose": purpose, **result}

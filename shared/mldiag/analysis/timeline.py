@@ -128,9 +128,8 @@ def _has_stat(scan: XSpaceScan, plane: Plane, line: Line, index: int, stat: str)
             int(ev.stats_start[index]), int(ev.body_end[index]))):
         return True
     mid = int(ev.metadata_id[index])
-    return any(names.get(sid) == stat
-               for s, e in plane.event_metadata_stats.get(mid, ())
-               for sid, _ in scan.metadata_stats_of(s, e))
+    return any(names.get(scan.stat(s, e)[0]) == stat
+               for s, e in plane.event_metadata_stats.get(mid, ()))
 
 
 def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
@@ -324,7 +323,3 @@ def _by_program(op_time: dict[tuple[str, str], float], denom: int) -> dict[str, 
         out[program][name] = _round(t / 1e6 / denom, 4)
     return dict(out)
 
-
-def analyze(xplanes: list[tuple[Path, str]]) -> dict[str, Any]:
-    """Analyse every host of a session; `xplanes` holds (path, host) pairs."""
-    return summarize([analyze_host(p, h) for p, h in xplanes])

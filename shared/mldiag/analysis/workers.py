@@ -301,7 +301,7 @@ def run_jobs(
                     w.queue.pop(0)
                     record(Outcome(job.name, ERROR, None, 0.0, skipped=(
                         f"skipped: needs {failed[0]}, which failed "
-                        f"({_reason(outcomes[failed[0]])})")))
+                        f"({reason_of(outcomes[failed[0]])})")))
                     continue
                 need = max(0, job.memory_bytes - rss.get(w.group, 0))
                 if busy_any and committed + need > budget_bytes:
@@ -344,7 +344,8 @@ def run_jobs(
     return outcomes
 
 
-def _reason(o: Outcome) -> str:
+def reason_of(o: Outcome) -> str:
+    """Why an outcome is not DATA: its skip or kill reason, else the job's own message."""
     return o.skipped or o.killed or str(o.value)
 
 

@@ -411,37 +411,27 @@ class XSpaceScan:
     # -- stats ---------------------------------------------------------------------------------
 
     def stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
-        """(stat metadata id, value) of each XStat in the bytes [start, end)."""
-        m = self._map
-        for num, wt, s, e in _fields(m, start, end):
-            if num != 4 or wt != 2:
-                continue
-            sid, value = 0, None  # type: tuple[int, Any]
-            for n2, w2, s2, e2 in _fields(m, s, e):
-                if n2 == 1 and w2 == 0:
-                    sid = s2
-                elif n2 == 2 and w2 == 1:
-                    value = struct.unpack("<d", m[s2:e2])[0]
-                elif n2 in (3, 7) and w2 == 0:
-                    value = s2
-                elif n2 == 4 and w2 == 0:
-                    value = _signed(s2)
-                elif n2 in (5, 6) and w2 == 2:
-                    value = m[s2:e2].decode("utf-8", errors="replace")
-            yield sid, value
+        """(stat metadata id, value) of each XStat in the bytes [start, end) of an event."""
+        for num, wt, s, e in _fields(self._map, start, end):
+            if num == 4 and wt == 2:
+                yield self.stat(s, e)
 
-    def metadata_stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
-        """Like stats_of, for one XStat message of an event metadata (XEventMetadata.stats)."""
+    def stat(self, start: int, end: int) -> tuple[int, Any]:
+        """(stat metadata id, value) of one XStat message (an event's, or a metadata's)."""
         m = self._map
         sid, value = 0, None  # type: tuple[int, Any]
         for n2, w2, s2, e2 in _fields(m, start, end):
             if n2 == 1 and w2 == 0:
                 sid = s2
-            elif n2 in (3, 4, 7) and w2 == 0:
+            elif n2 == 2 and w2 == 1:
+                value = struct.unpack("<d", m[s2:e2])[0]
+            elif n2 in (3, 7) and w2 == 0:
                 value = s2
+            elif n2 == 4 and w2 == 0:
+                value = _signed(s2)
             elif n2 in (5, 6) and w2 == 2:
                 value = m[s2:e2].decode("utf-8", errors="replace")
-        yield sid, value
+        return sid, value
 
     def int_stat(self, events: Events, stat_id: int, max_stats: int = 64) -> I64:
         """The integer value of stat `stat_id` on every event (-1 where it has none)."""
