@@ -1584,7 +1584,8 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
         for k, v in facts[:-1]
     )
     cells += f"<dt>Collection wall time</dt><dd>{_fmt_ms(snapshot.get('elapsed_ms'))}</dd>"
-    jobs = _map(_map(analysis.get("collection") or snapshot.get("collection")).get("jobs"))
+    # analysis.json keeps the collection summary; the per-job table is in the snapshot.
+    jobs = _map(_map(snapshot.get("collection")).get("jobs"))
     if jobs:
         job_rows = [
             (f'<span class="mono">{_e(name)}</span>', _status_chip(_map(j).get("status")),
