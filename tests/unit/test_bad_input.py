@@ -91,3 +91,23 @@ def test_read_only_commands_on_a_home_without_state(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "no mldiag state in" in err and len(err.splitlines()) == 1
     assert not home.exists()
+
+
+def test_a_session_over_the_memory_budget_says_so_in_one_line(tmp_path, capsys):
+    if not TPU.is_file():
+        pytest.skip(f"{TPU} absent")
+    code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes())), "--out",
+                     str(tmp_path / "out"), "--memory-budget", "64M")
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err.startswith("mldiag: too large: session of 0.8 MB (1 host(s)) needs about")
+    assert "over the memory budget of 0.06 GiB" in err
+
+
+def test_a_bad_memory_budget_variable_is_one_line(tmp_path, capsys, monkeypatch):
+    if not TPU.is_file():
+        pytest.skip(f"{TPU} absent")
+    monkeypatch.setenv("MLDIAG_MEMORY_BUDGET", "lots")
+    code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes())), "--out",
+                     str(tmp_path / "out"))
+    assert code == 1 and err == ("mldiag: error: MLDIAG_MEMORY_BUDGET: not a size: 'lots' "
+                                 "(use bytes or a K/M/G/T suffix)")

@@ -399,7 +399,12 @@ def default_budget_bytes() -> int:
     """
     raw = os.environ.get("MLDIAG_MEMORY_BUDGET", "").strip()
     if raw:
-        return parse_bytes(raw)
+        from mldiag.errors import MldiagError
+
+        try:
+            return parse_bytes(raw)
+        except ValueError as e:
+            raise MldiagError(f"MLDIAG_MEMORY_BUDGET: {e}") from e
     limits = []
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:

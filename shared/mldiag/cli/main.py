@@ -59,7 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(COMMANDS[args.command].run(args))
     except ProfileUnreadable as e:
-        print(f"mldiag: unreadable profile: {e}", file=sys.stderr)
+        # A session too large for the memory budget is not unreadable: say which it is.
+        kind = "too large" if type(e).__name__ == "SessionTooLarge" else "unreadable profile"
+        print(f"mldiag: {kind}: {e}", file=sys.stderr)
         return 2
     except MldiagError as e:
         print(f"mldiag: error: {e}", file=sys.stderr)
