@@ -1,6 +1,7 @@
 """Benchmark: collection cost against profile size, mldiag beside the sequential xprof CLI.
 
     python bench/scale.py [--sizes 1,10,100,500] [--workdir DIR] [--json OUT] [--no-cli-above MB]
+                          [--memory-budget 3G] [--repeat N]
 
 For each size it generates a synthetic profile, then measures on the same file, in one run:
   (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses, cold (fresh
@@ -23,6 +24,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -140,6 +142,10 @@ def run_cli_measured(xplane: Path) -> dict[str, Any]:
     return {**figures, "per_tool_s": {k: round(v, 2) for k, v in per_tool.items()}}
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    return sorted(runs, key=lambda r: r["wall_s"])[len(runs) // 2]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="1,10,100,500", help="profile sizes in MB")
@@ -148,6 +154,8 @@ def main() -> int:
     parser.add_argument("--no-cli-above", type=float, default=1e9,
                         help="skip the CLI side above this many MB")
     parser.add_argument("--memory-budget", help="also run mldiag with this budget (e.g. 3G)")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="runs of each side per size, alternated; medians are kept")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -168,19 +176,31 @@ def main() -> int:
         row: dict[str, Any] = {"target_mb": mb, "steps": steps,
                                "file_mb": round(xplane.stat().st_size / 1024**2, 1)}
         print(f"== {row['file_mb']} MB, {steps} steps", flush=True)
-        row["mldiag"] = run_mldiag(xplane, work / f"out{mb:g}")
-        print(f"   mldiag: {json.dumps(row['mldiag'])}", flush=True)
+        # Alternate the sides, so drift in the machine's speed hits both alike; keep the run
+        # of median wall time of each side and the median of the pairwise ratios.
+        ours, theirs = [], []
+        for _ in range(args.repeat):
+            ours.append(run_mldiag(xplane, work / f"out{mb:g}"))
+            print(f"   mldiag: {json.dumps(ours[-1])}", flush=True)
+            if mb <= args.no_cli_above:
+                theirs.append(run_cli_measured(xplane))
+                print(f"   cli:    {json.dumps(theirs[-1])}", flush=True)
+        row["mldiag"] = _median_run(ours)
         if args.memory_budget:
             row["mldiag_budget"] = run_mldiag(xplane, work / f"out{mb:g}-budget",
                                               args.memory_budget)
             print(f"   mldiag --memory-budget {args.memory_budget}: "
                   f"{json.dumps(row['mldiag_budget'])}", flush=True)
-        if mb <= args.no_cli_above:
-            row["cli"] = run_cli_measured(xplane)
-            print(f"   cli:    {json.dumps(row['cli'])}", flush=True)
-            row["speedup_vs_cli"] = round(row["cli"]["wall_s"] / row["mldiag"]["wall_s"], 2)
-            row["collection_speedup_vs_cli"] = round(
-                row["cli"]["wall_s"] / row["mldiag"]["collection_s"], 2)
+        if theirs:
+            row["cli"] = _median_run(theirs)
+            row["speedup_vs_cli"] = statistics.median(
+                c["wall_s"] / m["wall_s"] for m, c in zip(ours, theirs, strict=True))
+            row["collection_speedup_vs_cli"] = statistics.median(
+                c["wall_s"] / m["collection_s"] for m, c in zip(ours, theirs, strict=True))
+            row["speedup_vs_cli"] = round(row["speedup_vs_cli"], 2)
+            row["collection_speedup_vs_cli"] = round(row["collection_speedup_vs_cli"], 2)
+        if args.repeat > 1:
+            row["runs"] = {"mldiag": ours, "cli": theirs}
         rows.append(row)
 
     print(f"\n{'file MB':>8} {'mldiag s':>9} {'cpu s':>7} {'RSS tree MB':>12} "
