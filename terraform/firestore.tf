@@ -53,6 +53,24 @@ resource "google_firestore_index" "index" {
   }
 }
 
+# The console's share-link access log, newest first per link (list_access(link_id=...)):
+# mldiag.adapters.gcp.access.INDEXES.
+resource "google_firestore_index" "share_access" {
+  project     = var.project
+  database    = google_firestore_database.main.name
+  collection  = "share_access"
+  query_scope = "COLLECTION"
+
+  fields {
+    field_path = "link_id"
+    order      = "ASCENDING"
+  }
+  fields {
+    field_path = "at"
+    order      = "DESCENDING"
+  }
+}
+
 resource "google_firestore_field" "unindexed" {
   for_each   = local.firestore_unindexed_fields
   project    = var.project

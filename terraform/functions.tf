@@ -46,10 +46,21 @@ locals {
       storage   = ["roles/storage.objectUser"]
       publishes = ["report-requests"]
     }
+    # Asks for the viewer's caches once the session is REPORTED (viewer-requests).
     render_report = {
       memory = "1Gi", cpu = "1", timeout = 300, max_instances = 10
       storage   = ["roles/storage.objectUser"]
-      publishes = []
+      publishes = ["viewer-requests"]
+    }
+    # Builds the XProf viewer's caches (trace viewer, overview) of a REPORTED session, so the
+    # first open in the console is warm: the session's xplanes in /tmp (memory) and xprof's
+    # conversions, like collect. It reads the bucket and writes only under the sessions'
+    # analysis/xprof_cache/ (viewer_cache: local.viewer_cache_condition).
+    prebuild_viewer = {
+      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
+      storage      = ["roles/storage.objectViewer"]
+      viewer_cache = true
+      publishes    = []
     }
     # Settles quiet sessions (analysis-requests) and re-queues stuck ones (analysis- and
     # investigation-requests). One instance: ticks never overlap.
@@ -77,6 +88,7 @@ locals {
     collect_host         = "collect-host"
     investigate          = "investigate"
     render_report        = "report"
+    prebuild_viewer      = "viewer"
     sweep                = "sweep"
     dead_letters         = "dead-letters"
   }
@@ -108,6 +120,24 @@ locals {
     MLDIAG_FUNCTION_MAX_HOST_BYTES = tostring(var.collect_function_max_host_bytes)
     MLDIAG_FUNCTION_MAX_HOSTS      = tostring(var.collect_function_max_hosts)
   }
+
+  # objectUser on the XProf viewer's caches only (mldiag.viewer.cache_prefix:
+  # <session dir>/analysis/xprof_cache/<key>/...), for prebuild_viewer and the console. The
+  # session directory is any depth under the bucket (an optional prefix, then the run), so the
+  # condition looks for the analysis/xprof_cache/ segment after plugins/profile/<session>/ and
+  # refuses xplane names there: a cache object can never pass for a profile (on_profile_object).
+  # Listing is checked on the bucket, not on an object: it comes with objectViewer.
+  viewer_cache_condition = {
+    title       = "xprof-viewer-cache"
+    description = "Objects under <session>/analysis/xprof_cache/ of the profile bucket, except xplanes."
+    expression = join(" && ", [
+      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.profiles.name}/objects/\")",
+      "resource.name.extract(\"/plugins/profile/{session}/analysis/xprof_cache/\") != \"\"",
+      "!resource.name.endsWith(\".xplane.pb\")",
+      "!resource.name.endsWith(\".xplane.riegeli\")",
+    ])
+  }
+  viewer_cache_writers = toset([for name, f in local.functions : name if try(f.viewer_cache, false)])
 
   storage_grants = merge([
     for name, f in local.functions : { for role in f.storage : "${name} ${role}" => { name = name, role = role } }
@@ -158,6 +188,19 @@ resource "google_storage_bucket_iam_member" "function_storage" {
   bucket   = google_storage_bucket.profiles.name
   role     = each.value.role
   member   = google_service_account.function[each.value.name].member
+}
+
+resource "google_storage_bucket_iam_member" "function_viewer_cache" {
+  for_each = local.viewer_cache_writers
+  bucket   = google_storage_bucket.profiles.name
+  role     = "roles/storage.objectUser"
+  member   = google_service_account.function[each.key].member
+
+  condition {
+    title       = local.viewer_cache_condition.title
+    description = local.viewer_cache_condition.description
+    expression  = local.viewer_cache_condition.expression
+  }
 }
 
 resource "google_pubsub_topic_iam_member" "function_publishes" {

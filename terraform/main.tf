@@ -27,6 +27,7 @@ locals {
     "host-analysis-requests" = "collect_host"
     "investigation-requests" = "investigate"
     "report-requests"        = "render_report"
+    "viewer-requests"        = "prebuild_viewer"
     "sweep-ticks"            = "sweep"
   }
 
@@ -39,6 +40,8 @@ locals {
     "eventarc.googleapis.com",
     "firestore.googleapis.com",
     "iam.googleapis.com",
+    # IAP on the load balancer in front of the console (console.tf).
+    "iap.googleapis.com",
     "logging.googleapis.com",
     "pubsub.googleapis.com",
     "run.googleapis.com",

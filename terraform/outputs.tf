@@ -31,6 +31,7 @@ output "service_accounts" {
   value = merge(
     { for name, sa in google_service_account.function : name => sa.email },
     { trigger = google_service_account.trigger.email, build = google_service_account.build.email },
+    { for sa in google_service_account.console : "console" => sa.email },
   )
 }
 
@@ -40,11 +41,16 @@ output "firestore_database" {
 }
 
 output "share_link_secret" {
-  description = "Secret Manager secret holding the share-link signing key."
+  description = "Secret Manager secret holding the console's key (MLDIAG_CONSOLE_SECRET)."
   value       = google_secret_manager_secret.share_link_key.id
 }
 
 output "environment" {
   description = "The MLDIAG_* settings of the deployment: export them to point the mldiag CLI at it."
   value       = local.environment
+}
+
+output "console_url" {
+  description = "Cloud Run URL of the console (null without var.console_image). Its ingress admits the load balancer and internal traffic only: users come in through the load balancer with IAP."
+  value       = one(google_cloud_run_v2_service.console[*].uri)
 }

@@ -116,7 +116,7 @@ variable "storage_audit_logs" {
 }
 
 variable "share_link_key_version" {
-  description = "Bump to generate a new share-link signing key (links signed with the old one stop verifying)."
+  description = "Bump to generate a new console key (share-link-key in Secret Manager, the console's MLDIAG_CONSOLE_SECRET): forms signed with the old one are refused once the new revision serves."
   type        = number
   default     = 1
 }
@@ -167,4 +167,38 @@ variable "collect_function_max_hosts" {
   description = "Sessions with more hosts than this go to the collect job (many-host sessions below it fan out to collect_host)."
   type        = number
   default     = 64
+}
+
+variable "console_image" {
+  description = "Container image of the console Cloud Run service (built from deploy/console/Dockerfile). Empty: no console."
+  type        = string
+  default     = ""
+}
+
+variable "console_iap_audience" {
+  description = "MLDIAG_IAP_AUDIENCE: the audience of the IAP JWTs the console accepts, /projects/PROJECT_NUMBER/global/backendServices/BACKEND_SERVICE_ID of the load balancer's backend service with IAP on. Empty until that backend service exists: the console then admits no IAP user."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.console_iap_audience == "" || can(regex("^/projects/[0-9]+/[^ ]+$", var.console_iap_audience))
+    error_message = "console_iap_audience: /projects/PROJECT_NUMBER/global/backendServices/BACKEND_SERVICE_ID (the project number, not its id, as IAP signs it)."
+  }
+}
+
+variable "console_max_instances" {
+  description = "Most instances of the console service (each serves 40 requests at once, with 8 GiB and 2 CPUs)."
+  type        = number
+  default     = 10
+}
+
+variable "console_ingress" {
+  description = "Ingress of the console service. The default admits the load balancer (with IAP) and internal traffic only."
+  type        = string
+  default     = "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
+
+  validation {
+    condition     = contains(["INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER", "INGRESS_TRAFFIC_INTERNAL_ONLY", "INGRESS_TRAFFIC_ALL"], var.console_ingress)
+    error_message = "console_ingress: INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER, INGRESS_TRAFFIC_INTERNAL_ONLY or INGRESS_TRAFFIC_ALL."
+  }
 }

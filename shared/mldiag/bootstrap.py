@@ -27,6 +27,7 @@ from mldiag.messages import (
     AnalyzeSession,
     CollectHost,
     InvestigateSession,
+    PrebuildViewer,
     ProfileObjectFinalized,
     RenderReport,
 )
@@ -48,6 +49,7 @@ TOPIC_PRIORITY = {
     TOPIC_OF[InvestigateSession]: 2,
     TOPIC_OF[CollectHost]: 3,
     TOPIC_OF[AnalyzeSession]: 4,
+    TOPIC_OF[PrebuildViewer]: 5,
 }
 
 

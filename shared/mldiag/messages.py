@@ -78,6 +78,13 @@ class RenderReport(SessionMessage):
 
 
 @dataclass(frozen=True)
+class PrebuildViewer(SessionMessage):
+    """Build the XProf viewer's caches of a REPORTED session, so its first open is warm."""
+
+    kind: ClassVar[str] = "PrebuildViewer"
+
+
+@dataclass(frozen=True)
 class DegradationDetected(Message):
     """A monitor saw a run's performance degrade (normalised from any alert payload)."""
 
@@ -138,6 +145,7 @@ TOPIC_OF: dict[type[Message], str] = {
     CollectHost: "host-analysis-requests",
     InvestigateSession: "investigation-requests",
     RenderReport: "report-requests",
+    PrebuildViewer: "viewer-requests",
 }
 MESSAGE_TYPES: dict[str, type[Message]] = {t.kind: t for t in TOPIC_OF}
 

@@ -89,6 +89,8 @@ class TargetRecord:
     last_heartbeat: float = 0.0
     # OFF | RING (the SDK's portable ring buffer) | NATIVE (xprof continuous profiling, TPU)
     continuous: str = "OFF"
+    # When continuous profiling last started on this target (0 while it is OFF).
+    continuous_since: float = 0.0
     # Where the capture stage reaches the target; `host` is its name in profile file names.
     address: str = "127.0.0.1"
     # The SDK's control endpoint (continuous profiling, snapshots); 0 when it has none.

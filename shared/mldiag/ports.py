@@ -48,6 +48,16 @@ class Storage(Protocol):
 
     def list(self, prefix: str) -> list[ObjectInfo]: ...
 
+    def fetch_to(self, name: str, path: Path) -> None:
+        """Copy one object to a local file without holding it in memory (locally a hard
+        link where it can be). FileNotFoundError when it does not exist."""
+        ...
+
+    def put_file(self, name: str, path: Path, *,
+                 content_type: str = "application/octet-stream") -> ObjectInfo:
+        """Write a local file as an object, streamed (a finalize event like any write)."""
+        ...
+
     def uri(self, name: str) -> str:
         """A location users can open: `file:///...` locally, `gs://bucket/...` on GCP."""
         ...

@@ -20,7 +20,10 @@ class Settings:
     MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX, MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
     MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S, MLDIAG_MEMORY_BUDGET,
     MLDIAG_TOOL_TIMEOUT_S, MLDIAG_FANOUT_MIN_HOSTS, MLDIAG_FANOUT_MIN_BYTES,
-    MLDIAG_FUNCTION_MAX_HOST_BYTES, MLDIAG_FUNCTION_MAX_HOSTS, MLDIAG_IN_JOB, MLDIAG_COLLECT_JOB.
+    MLDIAG_FUNCTION_MAX_HOST_BYTES, MLDIAG_FUNCTION_MAX_HOSTS, MLDIAG_IN_JOB, MLDIAG_COLLECT_JOB,
+    MLDIAG_CONSOLE_HOST, MLDIAG_CONSOLE_PORT, MLDIAG_CONSOLE_AUTH, MLDIAG_IAP_AUDIENCE,
+    MLDIAG_IAP_CERTS_URL, MLDIAG_ID_TOKEN_AUDIENCE, MLDIAG_CONSOLE_SECRET, MLDIAG_PUBLIC_URL,
+    MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER.
     """
 
     home: Path = Path(".mldiag")
@@ -72,6 +75,25 @@ class Settings:
     # The collect job: a Cloud Run job name on GCP, "local" for a separate local process;
     # empty: a session over the function limits is FAILED with the reason.
     collect_job: str = ""
+    # The console. Locally it binds loopback only; on Cloud Run `--host 0.0.0.0 --port $PORT`.
+    console_host: str = "127.0.0.1"
+    console_port: int = 8790
+    # How callers sign in: "token" (mldiag tokens, the local login URL) or "iap" (the IAP
+    # JWT, or a Google ID token for API calls; mldiag tokens work too).
+    console_auth: str = "token"
+    iap_audience: str = ""
+    iap_certs_url: str = "https://www.gstatic.com/iap/verify/public_key-jwk"
+    id_token_audience: str = ""
+    # Keys the CSRF tokens of signed-in browsers; empty: a random key kept in MLDIAG_HOME.
+    console_secret: str = ""
+    # The console's address as users reach it, for the links the CLI prints.
+    public_url: str = ""
+    # Where the console keeps session workspaces (xplanes and XProf caches); LRU of
+    # viewer_keep sessions.
+    viewer_cache_dir: str = ""
+    viewer_keep: int = 8
+    # Build each REPORTED session's viewer caches in the pipeline (the prebuild_viewer stage).
+    prebuild_viewer: bool = True
 
     def to_env(self) -> dict[str, str]:
         """These settings as MLDIAG_* variables, for a process that builds its own."""
@@ -89,6 +111,14 @@ class Settings:
         from mldiag.analysis.workers import parse_bytes
 
         return parse_bytes(self.memory_budget)
+
+    @property
+    def console_url(self) -> str:
+        return (self.public_url or f"http://{self.console_host}:{self.console_port}").rstrip("/")
+
+    @property
+    def viewer_cache(self) -> Path:
+        return Path(self.viewer_cache_dir) if self.viewer_cache_dir else self.home / "viewer"
 
     @property
     def bucket_dir(self) -> Path:

@@ -49,6 +49,7 @@ from mldiag.messages import (
     DegradationDetected,
     InvestigateSession,
     Message,
+    PrebuildViewer,
     ProfileObjectFinalized,
     RenderReport,
     SessionMessage,
@@ -561,10 +562,37 @@ def render_report(msg: RenderReport, services: Services) -> None:
         html_name = _write_artifact(services, s, "summary.html",
                                     render_summary_html(analysis, snapshot).encode(),
                                     "text/html; charset=utf-8")
-        services.state.transition(msg.run, msg.session, REPORTED,
-                                  expect=[ANALYZING, INVESTIGATING], version=msg.version,
-                                  now=services.clock(), verdict=analysis["status"],
-                                  report_path=services.storage.uri(html_name))
+        reported = services.state.transition(
+            msg.run, msg.session, REPORTED, expect=[ANALYZING, INVESTIGATING],
+            version=msg.version, now=services.clock(), verdict=analysis["status"],
+            report_path=services.storage.uri(html_name))
+    if reported is not None and services.settings.prebuild_viewer:
+        # After the report, not before: the viewer's caches never delay a verdict.
+        services.bus.publish(PrebuildViewer(run=msg.run, session=msg.session,
+                                            version=msg.version))
+
+
+# prebuild_viewer
+
+
+def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
+    """Build the XProf viewer's caches of a REPORTED session into the bucket, once per
+    version, so that the first open in the console is warm (see mldiag.viewer)."""
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.state != REPORTED or s.version != msg.version:
+        return  # a newer version (or none) supersedes it: nothing to build
+    if not any(h.status == "ARRIVED" for h in s.hosts.values()):
+        return
+    from mldiag import viewer
+
+    if services.storage.stat(f"{viewer.cache_prefix(s)}/{viewer.MANIFEST}") is not None:
+        return
+    with claimed(services, f"viewer:{msg.run}/{msg.session}/v{msg.version}") as mine:
+        if not mine:
+            return
+        manifest = viewer.prebuild(s, services.storage)
+        log.info("viewer caches of %s/%s v%d built in %.1f s (%d files)", msg.run, msg.session,
+                 msg.version, manifest["elapsed_ms"] / 1000, len(manifest["files"]))
 
 
 # on_degradation_alert
@@ -758,8 +786,11 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
                                          last_request=msg.request_id)
             errors.append(f"{target.host}: {reason}")
             return
+        since = 0.0 if state == "OFF" else (target.continuous_since
+                                            if target.continuous != "OFF" else services.clock())
         services.state.update_target(target.run, target.host, target.port, continuous=state,
-                                     last_error="", last_request=msg.request_id)
+                                     continuous_since=since, last_error="",
+                                     last_request=msg.request_id)
 
     with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="continuous") as pool:
         list(pool.map(one, targets))
@@ -779,6 +810,7 @@ HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {
     CollectHost: collect_host,
     InvestigateSession: investigate,
     RenderReport: render_report,
+    PrebuildViewer: prebuild_viewer,
 }
 
 

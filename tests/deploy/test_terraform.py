@@ -37,6 +37,7 @@ PUSHED_FROM = {
     "collect_host": "host-analysis-requests",
     "investigate": "investigation-requests",
     "render_report": "report-requests",
+    "prebuild_viewer": "viewer-requests",
     "sweep": "sweep-ticks",
 }
 STORAGE_FUNCTION = "on_profile_object"
@@ -332,6 +333,203 @@ def test_runtime_roles_are_least_privilege(tf: Terraform) -> None:
     assert "secret_data" not in version and "secret_data_wo" in version
 
 
+def test_render_report_asks_prebuild_viewer_for_the_viewer_caches(tf: Terraform) -> None:
+    functions = tf.locals["functions"]
+    assert "viewer-requests" in functions["render_report"]["publishes"]
+    assert tf.locals["topics"]["viewer-requests"] == "prebuild_viewer"
+    # As heavy as collect: the session's xplanes in /tmp (memory) and xprof's conversions.
+    prebuild = functions["prebuild_viewer"]
+    assert (prebuild["memory"], prebuild["cpu"], prebuild["timeout"],
+            prebuild["max_instances"]) == ("8Gi", "2", 540, 10)
+    # It writes only the caches: no bucket-wide role that writes.
+    assert functions["prebuild_viewer"]["storage"] == ["roles/storage.objectViewer"]
+    grant = tf.resource("google_storage_bucket_iam_member", "function_viewer_cache")
+    assert grant["role"] == "roles/storage.objectUser"
+    assert one(grant["condition"])["expression"] == "${local.viewer_cache_condition.expression}"
+    writers = re.fullmatch(r"toset\(\[for name, f in local\.functions : name if "
+                           r"try\(f\.viewer_cache, false\)\]\)", expr(tf.locals[
+                               "viewer_cache_writers"]))
+    assert writers and grant["for_each"] == "${local.viewer_cache_writers}"
+    assert [f for f, spec in functions.items() if spec.get("viewer_cache")] == ["prebuild_viewer"]
+
+
+# The IAM condition on the viewer caches, evaluated the way Cloud Storage does on an object's
+# resource name (projects/_/buckets/<bucket>/objects/<name>): the clauses this test knows.
+BUCKET = "p-mldiag-profiles"
+
+
+def _cache_condition(tf: Terraform) -> list[str]:
+    expression = expr(tf.locals["viewer_cache_condition"]["expression"])
+    match = re.fullmatch(r'join\(" && ", \[(.*)\]\)', expression, re.S)
+    assert match, expression
+    clauses = [json.loads(c) for c in re.findall(r'"(?:[^"\\]|\\.)*"', match.group(1))]
+    return [c.replace("${google_storage_bucket.profiles.name}", BUCKET) for c in clauses]
+
+
+def _extract(name: str, template: str) -> str:
+    """IAM's resource.name.extract(): what `{x}` stands for after the template's prefix."""
+    match = re.fullmatch(r"([^{]*)\{\w+\}(.*)", template)
+    assert match, template
+    before, after = match.groups()
+    start = name.find(before)
+    if start < 0:
+        return ""
+    rest = name[start + len(before):]
+    if not after:
+        return rest
+    end = rest.find(after)
+    return rest[:end] if end >= 0 else ""
+
+
+def _allows(clauses: list[str], resource_name: str) -> bool:
+    results = []
+    for clause in clauses:
+        if m := re.fullmatch(r'resource\.name\.startsWith\("(.*)"\)', clause):
+            results.append(resource_name.startswith(m.group(1)))
+        elif m := re.fullmatch(r'resource\.name\.extract\("(.*)"\) != ""', clause):
+            results.append(_extract(resource_name, m.group(1)) != "")
+        elif m := re.fullmatch(r'!resource\.name\.endsWith\("(.*)"\)', clause):
+            results.append(not resource_name.endswith(m.group(1)))
+        else:
+            raise AssertionError(f"teach the test this clause: {clause}")
+    return all(results)
+
+
+def test_viewer_cache_writers_can_write_the_caches_and_nothing_else(tf: Terraform) -> None:
+    from mldiag.model import XPLANE_SUFFIXES, HostRecord, SessionRecord
+    from mldiag.viewer import MANIFEST, cache_prefix
+
+    clauses = _cache_condition(tf)
+    session = SessionRecord(run="my_run", session="s1", state="REPORTED", hosts={
+        "host0": HostRecord("team/my_run/plugins/profile/s1/host0.xplane.pb", "7", 10, 0.0)})
+    prefix = cache_prefix(session)
+
+    def obj(name: str, bucket: str = BUCKET) -> str:
+        return f"projects/_/buckets/{bucket}/objects/{name}"
+
+    for written in (f"{prefix}/{MANIFEST}", f"{prefix}/plugins/profile/s1/host0.trace.sstable",
+                    f"{prefix}/responses/overview.json"):
+        assert _allows(clauses, obj(written)), written
+    for refused in ("team/my_run/plugins/profile/s1/host0.xplane.pb",
+                    "team/my_run/plugins/profile/s1/analysis/summary.html",
+                    "team/my_run/plugins/profile/s1/analysis/analysis.json",
+                    "analysis/xprof_cache/k/manifest.json",
+                    # a cache object must never be read as a profile by on_profile_object
+                    *(f"{prefix}/plugins/profile/s1/host9{suffix}" for suffix in XPLANE_SUFFIXES)):
+        assert not _allows(clauses, obj(refused)), refused
+    assert not _allows(clauses, obj(f"{prefix}/{MANIFEST}", bucket="other-bucket"))
+    # Listing is checked on the bucket itself: the condition never grants it.
+    assert not _allows(clauses, f"projects/_/buckets/{BUCKET}")
+
+
+# The console (console.tf)
+
+def _console_members(tf: Terraform) -> dict[str, list[dict[str, Any]]]:
+    """IAM resource kind → the grants to the console's service account."""
+    return {kind: [b for b in named.values()
+                   if b.get("member") == "${google_service_account.console[0].member}"]
+            for kind, named in tf.resources.items() if kind.endswith("_iam_member")}
+
+
+def test_console_is_a_cloud_run_service_with_its_own_service_account(tf: Terraform) -> None:
+    console = tf.resource("google_cloud_run_v2_service", "console")
+    account = tf.resource("google_service_account", "console")
+    assert tf.variables["console_image"]["default"] == ""
+    assert tf.locals["console"] == '${var.console_image != ""}'
+    assert console["count"] == account["count"] == "${local.console ? 1 : 0}"
+    assert account["account_id"] == "${var.prefix}console"
+    assert 12 + len("console") <= 30  # the longest prefix still makes a valid account id
+
+    template = one(console["template"])
+    assert template["service_account"] == "${google_service_account.console[0].email}"
+    assert template["timeout"] == "300s"
+    assert template["max_instance_request_concurrency"] == 40
+    assert one(template["scaling"])["max_instance_count"] == "${var.console_max_instances}"
+    assert tf.variables["console_max_instances"]["default"] == 10
+    container = one(template["containers"])
+    assert container["image"] == "${var.console_image}"
+    assert "command" not in container and "args" not in container  # the image's entrypoint
+    assert one(container["resources"])["limits"] == {"memory": "8Gi", "cpu": "2"}
+    assert one(container["ports"])["container_port"] == 8080
+
+    # Behind the load balancer (and IAP), never straight from the internet by default.
+    assert console["ingress"] == "${var.console_ingress}"
+    assert tf.variables["console_ingress"]["default"] == "INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER"
+    invokers = [b for b in tf.resources["google_cloud_run_v2_service_iam_member"].values()
+                if "google_cloud_run_v2_service.console" in b["name"]]
+    assert [b["member"] for b in invokers] == [
+        "serviceAccount:service-${data.google_project.this.number}"
+        "@gcp-sa-iap.iam.gserviceaccount.com"]
+
+
+def test_console_signs_in_with_iap_and_shares_the_functions_settings(tf: Terraform) -> None:
+    container = one(one(tf.resource("google_cloud_run_v2_service", "console")["template"])[
+        "containers"])
+    assert one(container["dynamic"])["env"]["for_each"] == "${local.console_environment}"
+    environment = re.sub(r"\s+", " ", expr(tf.locals["console_environment"]))
+    assert environment.startswith("merge(local.environment, ")
+    assert '{MLDIAG_CONSOLE_AUTH = "iap"}' in environment.replace("{ ", "{").replace(" }", "}")
+    assert "MLDIAG_IAP_AUDIENCE = var.console_iap_audience" in environment
+    assert tf.variables["console_iap_audience"]["default"] == ""
+    # One CSRF key for every instance, from Secret Manager, never in the plan.
+    secret = one(container["env"])
+    assert secret["name"] == "MLDIAG_CONSOLE_SECRET" and "value" not in secret
+    ref = one(one(secret["value_source"])["secret_key_ref"])
+    assert ref["secret"] == "${google_secret_manager_secret.share_link_key.secret_id}"
+
+    known = {f"MLDIAG_{f.name.upper()}" for f in fields(Settings)}
+    assert {"MLDIAG_CONSOLE_AUTH", "MLDIAG_IAP_AUDIENCE", "MLDIAG_CONSOLE_SECRET"} <= known
+
+
+def test_console_holds_only_what_it_touches(tf: Terraform) -> None:
+    grants = _console_members(tf)
+    roles = {kind: sorted(b["role"] for b in bodies) for kind, bodies in grants.items() if bodies}
+    assert roles == {
+        "google_project_iam_member": ["roles/datastore.user"],
+        "google_storage_bucket_iam_member": ["roles/storage.objectUser",
+                                             "roles/storage.objectViewer"],
+        "google_pubsub_topic_iam_member": ["roles/pubsub.publisher"],
+        "google_secret_manager_secret_iam_member": ["roles/secretmanager.secretAccessor"],
+    }
+    # No project-wide storage role at all, and Firestore on mldiag's database only.
+    firestore = one(grants["google_project_iam_member"])
+    assert "google_firestore_database.main.name" in one(firestore["condition"])["expression"]
+    # Reads the bucket; writes only the viewer caches.
+    for grant in grants["google_storage_bucket_iam_member"]:
+        assert grant["bucket"] == "${google_storage_bucket.profiles.name}"
+        if grant["role"] == "roles/storage.objectUser":
+            assert one(grant["condition"])["expression"] == (
+                "${local.viewer_cache_condition.expression}")
+        else:
+            assert "condition" not in grant
+    # Publishes captures, nothing else.
+    assert one(grants["google_pubsub_topic_iam_member"])["topic"] == (
+        '${google_pubsub_topic.topic["capture-requests"].id}')
+    assert one(grants["google_secret_manager_secret_iam_member"])["secret_id"] == (
+        "${google_secret_manager_secret.share_link_key.id}")
+
+
+def _members(value: Any) -> Iterator[str]:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key in ("member", "members"):
+                yield from (item if isinstance(item, list) else [item])
+            else:
+                yield from _members(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _members(item)
+
+
+def test_nothing_is_granted_to_the_public(tf: Terraform) -> None:
+    members = [m for named in tf.resources.values() for body in named.values()
+               for m in _members(body)]
+    assert len(members) > 20
+    public = [m for m in members if "allUsers" in m or "allAuthenticatedUsers" in m]
+    assert public == []
+    assert not [kind for kind in tf.resources if kind.endswith(("_iam_policy", "_iam_binding"))]
+
+
 def test_firestore_indexes_are_the_state_adapters(tf: Terraform) -> None:
     state = pytest.importorskip("mldiag.adapters.gcp.state")
     index = tf.resource("google_firestore_index", "index")
@@ -424,3 +622,13 @@ def test_push_delivery_reaches_the_function_as_a_message_published_event(
     assert json.loads(delivery.data) == payload
     assert delivery.attributes == attributes
     assert delivery.message_id == "42"
+
+
+def test_the_share_access_log_has_its_composite_index(tf: Any) -> None:
+    from mldiag.adapters.gcp import access
+
+    index = tf.resource("google_firestore_index", "share_access")
+    (wanted,) = access.INDEXES["indexes"]
+    assert index["collection"] == wanted["collectionGroup"] == access.SHARE_ACCESS
+    assert [(f["field_path"], f["order"]) for f in index["fields"]] == [
+        (f["fieldPath"], f["order"]) for f in wanted["fields"]]

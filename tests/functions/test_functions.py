@@ -59,10 +59,17 @@ def test_the_published_messages_drive_the_session_to_its_report(pipeline: Pipeli
     assert analysis["status"] == "NEEDS_ATTENTION" and analysis["findings"]
     assert (pipeline.bucket / ANALYSIS / "investigation.json").is_file()
     # Each stage ran once, in its own function, and acknowledged its message.
-    assert pipeline.pubsub.kinds() == ["AnalyzeSession", "InvestigateSession", "RenderReport"]
+    assert pipeline.pubsub.kinds() == ["AnalyzeSession", "InvestigateSession", "RenderReport",
+                                       "PrebuildViewer"]
     stage_runs = [(d.function, d.status) for d in pipeline.deliveries
                   if d.function != "on_profile_object"]
-    assert stage_runs == [("collect", 200), ("investigate", 200), ("render_report", 200)]
+    assert stage_runs == [("collect", 200), ("investigate", 200), ("render_report", 200),
+                          ("prebuild_viewer", 200)]
+    # After the report, the XProf viewer's caches of this version were built into the bucket.
+    manifests = list((pipeline.bucket / ANALYSIS / "xprof_cache").glob("*/manifest.json"))
+    assert len(manifests) == 1
+    built = json.loads(manifests[0].read_text())["built"]
+    assert any("trace_viewer" in b for b in built) and any("overview_page" in b for b in built)
     # The artifacts' own finalize events reached on_profile_object and were ignored.
     artifacts = [d for d in pipeline.deliveries if d.function == "on_profile_object"][1:]
     assert artifacts and {d.status for d in artifacts} == {200}

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import json
 import math
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
 from typing import Any
 
 _GB_PER_GIB = 1.073741824
@@ -18,101 +20,11 @@ _DETECTORS = (
 )
 _BACKTICK = re.compile(r"`([^`\n]+)`")
 
-_CSS = """
-:root{--fg:#1f2328;--muted:#59636e;--line:#d1d9e0;--bg:#f6f8fa;--card:#fff;--accent:#0969da;
---ok:#1a7f37;--warn:#bc4c00;--bad:#cf222e;--mono:ui-monospace,SFMono-Regular,Menlo,Consolas,
-"Liberation Mono",monospace}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue",Arial,
-sans-serif;color:var(--fg);background:var(--bg)}
-header.top{background:#fff;border-bottom:1px solid var(--line);padding:14px 24px 10px}
-header.top h1{font-size:20px;margin:0 0 4px;display:flex;gap:12px;align-items:center;
-flex-wrap:wrap}
-.meta{color:var(--muted);font-size:12.5px}.meta span{margin-right:14px}
-.meta.capture span{display:block;margin-top:2px}.meta .warn{color:#b45309}
-nav.toc{position:sticky;top:0;z-index:5;background:#24292f;padding:6px 24px;display:flex;
-gap:4px 18px;flex-wrap:wrap;font-size:13px}
-nav.toc a{color:#e6edf3;text-decoration:none}nav.toc a:hover{text-decoration:underline}
-nav.toc a.sub{color:#9aa4ae}
-main{max-width:1200px;margin:0 auto;padding:8px 24px 40px}
-section{margin-top:22px}
-h2{font-size:18px;border-bottom:2px solid var(--line);padding-bottom:4px;margin:0 0 12px}
-h3{font-size:15px;margin:18px 0 8px}
-h4{font-size:12px;margin:0 0 6px;text-transform:uppercase;letter-spacing:.04em;
-color:var(--muted)}
-p{margin:6px 0}
-code,.mono{font-family:var(--mono);font-size:12.5px}
-code{background:#eff2f5;border-radius:4px;padding:1px 4px;overflow-wrap:anywhere}
-h4.gap{margin-top:12px}
-.badge{display:inline-block;border-radius:999px;padding:3px 12px;font-size:13px;font-weight:700;
-color:#fff;letter-spacing:.03em}
-.b-OPTIMAL{background:var(--ok)}.b-NEEDS_ATTENTION{background:var(--warn)}
-.b-FAILED{background:var(--bad)}.b-unknown{background:#6e7781}
-.summary{font-size:15px;max-width:95ch;background:#fff;border:1px solid var(--line);
-border-radius:8px;padding:10px 14px}
-.cards{display:grid;grid-template-columns:repeat(auto-fit,minmax(190px,1fr));gap:10px;
-margin:12px 0}
-.card{background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 12px}
-.metric .label{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.04em}
-.metric .value{font:600 22px/1.3 var(--mono)}
-.metric .note{font-size:12px;color:var(--muted)}
-.na{color:#8c959f;font-style:italic}
-.risk-LOW{color:var(--ok)}.risk-MEDIUM{color:var(--warn)}.risk-HIGH{color:var(--bad)}
-.minibar{display:block;width:100%;height:6px;margin-top:6px;border-radius:3px}
-.notjudged{background:#fff8c5;border:1px solid #d4a72c66;border-radius:8px;padding:8px 14px}
-.notjudged ul{margin:4px 0;padding-left:20px}
-.finding{background:#fff;border:1px solid var(--line);border-left:6px solid #6e7781;
-border-radius:8px;padding:10px 14px;margin-bottom:12px}
-.finding.P0{border-left-color:var(--bad)}.finding.P1{border-left-color:var(--warn)}
-.finding.P2{border-left-color:#bf8700}
-.finding h3{margin:0 0 8px;display:flex;gap:8px;align-items:baseline;flex-wrap:wrap}
-.prio{font:700 12px var(--mono);color:#fff;border-radius:4px;padding:1px 6px;background:#6e7781}
-.prio.P0{background:var(--bad)}.prio.P1{background:var(--warn)}.prio.P2{background:#bf8700}
-.chip{font:12px var(--mono);color:var(--muted);border:1px solid var(--line);border-radius:4px;
-padding:0 5px}
-.fgrid{display:grid;grid-template-columns:minmax(0,1fr) minmax(0,1.6fr) minmax(0,1fr);
-gap:14px}
-@media (max-width:900px){.fgrid{grid-template-columns:minmax(0,1fr)}}
-.fgrid>div{min-width:0}.fgrid td{overflow-wrap:anywhere}
-.impact{font:700 16px var(--mono);color:var(--bad)}
-table{border-collapse:collapse;width:100%;background:#fff;font-size:13px}
-th,td{border-bottom:1px solid #eaeef2;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f0f3f6;font-weight:600;font-size:12px;white-space:nowrap}
-td.num{text-align:right;font-family:var(--mono);white-space:nowrap}th.num{text-align:right}
-td.op{min-width:22ch}td.id{min-width:16ch}td.mono.shape{min-width:16ch;overflow-wrap:normal}td.nw{white-space:nowrap}td.desc{min-width:30ch}
-td.ev{min-width:13ch}
-td.mono{font-family:var(--mono);font-size:12.5px;overflow-wrap:anywhere}
-tr.noexec td{color:#8c959f}tr.noexec code{color:#8c959f}
-.subnote{display:block;font:italic 11.5px system-ui,sans-serif;color:var(--muted);
-white-space:normal}
-.kname{margin:0}.kname summary{color:var(--fg);font-size:12.5px;overflow-wrap:anywhere}
-.kname pre{white-space:pre-wrap;overflow-wrap:anywhere;font-size:11px;margin:4px 0 0}
-tbody tr:nth-child(even){background:#fafbfc}
-.tool{background:#fff;border:1px solid var(--line);border-radius:8px;padding:10px 14px;
-margin-bottom:14px;overflow-x:auto}
-.tool h3{margin-top:0}
-.why{color:var(--muted);font-style:italic}
-.chartrow{display:flex;gap:18px;flex-wrap:wrap;align-items:flex-start}
-.chartrow>svg{flex:0 0 auto;max-width:100%}.chartrow>div{flex:1 1 320px;min-width:0}
-svg text{font-family:system-ui,sans-serif;font-size:11px;fill:#424a53}
-svg text.mono{font-family:var(--mono)}
-details{margin-top:8px}summary{cursor:pointer;color:var(--accent);font-size:13px}
-.evlong pre{white-space:pre-wrap;word-break:break-all;font-size:11px;margin:4px 0 0;max-width:60ch}
-.evlong{margin-top:0}
-.kv{display:grid;grid-template-columns:max-content 1fr;gap:2px 14px;font-size:13px}
-.kv dt{color:var(--muted)}.kv dd{margin:0;font-family:var(--mono);overflow-wrap:anywhere}
-.facts{display:flex;flex-wrap:wrap;gap:8px}.facts div{border:1px solid #eaeef2;border-radius:6px;
-padding:4px 10px;min-width:130px}.facts span{display:block;font-size:11.5px;color:var(--muted)}
-.facts b{font:600 14px var(--mono)}
-.st{font:700 11px var(--mono);border-radius:4px;padding:1px 5px;color:#fff}
-.st-DATA{background:var(--ok)}.st-NO_DATA{background:#8c959f}.st-ERROR{background:var(--bad)}
-.st-other{background:#6e7781}
-.err{color:var(--bad);font-family:var(--mono);font-size:12px;word-break:break-all}
-.legend{font-size:12px;color:var(--muted)}
-.dot{display:inline-block;width:9px;height:9px;border-radius:50%;margin:0 4px 0 10px}
-.dot.prog{background:#cf222e}.dot.ops{background:#0969da}
-footer{color:var(--muted);font-size:12px;margin-top:30px;text-align:center}
-"""
+@functools.cache
+def _css() -> str:
+    """The stylesheet the report inlines and the console links: `mldiag/web/static/mldiag.css`."""
+    return (resources.files("mldiag.web") / "static" / "mldiag.css").read_text(encoding="utf-8")
+
 
 
 # ---------------------------------------------------------------- small helpers
@@ -1610,7 +1522,7 @@ def _render_provenance(analysis: Mapping[str, Any], snapshot: Mapping[str, Any])
 
 def style_hash() -> str:
     """CSP source for the page's one <style> block: ``'sha256-<base64 digest>'``."""
-    digest = hashlib.sha256(_CSS.encode("utf-8")).digest()
+    digest = hashlib.sha256(_css().encode("utf-8")).digest()
     return f"'sha256-{base64.b64encode(digest).decode('ascii')}'"
 
 
@@ -1690,6 +1602,6 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         f'<meta http-equiv="Content-Security-Policy" content="{content_security_policy()}">'
         '<meta name="viewport" content="width=device-width,initial-scale=1">'
         f"<title>mldiag · {_e(run)} / {_e(name)} · {_e(status)}</title>"
-        f"<style>{_CSS}</style></head><body>{header}{toc}<main>{body}{footer}</main>"
+        f"<style>{_css()}</style></head><body>{header}{toc}<main>{body}{footer}</main>"
         "</body></html>\n"
     )

@@ -4,13 +4,9 @@ from __future__ import annotations
 
 import fcntl
 import re
-import socket
-import time
-from collections.abc import Sequence
 
 from mldiag.bootstrap import ControlPlane, control_plane
 from mldiag.errors import MldiagError
-from mldiag.model import RunRecord, TargetRecord
 from mldiag.settings import Settings
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*$")
@@ -64,44 +60,13 @@ def runtime_running(settings: Settings) -> bool:
         return False
 
 
-def get_run(plane: ControlPlane, name: str) -> RunRecord:
-    run = plane.state.get_run(name)
-    if run is None:
-        known = ", ".join(r.name for r in plane.state.list_runs()) or "none"
-        raise MldiagError(f"unknown run {name!r} (known: {known})")
-    return run
+# Shared with the console, which validates captures the same way.
+from mldiag.capture.requests import (  # noqa: E402
+    get_run,
+    reachable,
+    select_targets,
+    target_down,
+)
 
-
-def reachable(address: str, port: int, timeout_s: float = 1.0) -> str:
-    """'' when a TCP connection opens, else why not."""
-    try:
-        with socket.create_connection((address, port), timeout=timeout_s):
-            return ""
-    except OSError as e:
-        return e.strerror or str(e)
-
-
-def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[TargetRecord]:
-    """The targets to act on; one clear error when none is registered, named or up."""
-    targets = plane.state.list_targets(run)
-    if not targets:
-        raise MldiagError(f"run {run!r} has no profiler targets: start the workload with "
-                          "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
-    unknown = sorted(set(hosts) - {t.host for t in targets})
-    if unknown:
-        raise MldiagError(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
-                          f"{', '.join(sorted({t.host for t in targets}))})")
-    return [t for t in targets if not hosts or t.host in hosts]
-
-
-def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
-    """'' when the target looks alive, else a one-line reason."""
-    age = time.time() - t.last_heartbeat
-    if not t.last_heartbeat:
-        return f"target down: {t.host} ({t.address}:{t.port}) stopped (no heartbeat)"
-    if age > plane.settings.target_stale_s:
-        return f"target down: {t.host} ({t.address}:{t.port}) last heartbeat {age:.0f} s ago"
-    why = reachable(t.address, port or t.port)
-    if why:
-        return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"
-    return ""
+__all__ = ["connect", "duration", "get_run", "reachable", "runtime_running", "select_targets",
+           "size", "target_down"]

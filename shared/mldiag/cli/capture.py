@@ -8,12 +8,11 @@ import sys
 import time
 from typing import Any
 
+from mldiag.capture.requests import capture_request
 from mldiag.cli import _control
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
-from mldiag.messages import CaptureProfile
-from mldiag.model import FAILED, REPORTED, check_name
-from mldiag.stages import MAX_CAPTURE_S
+from mldiag.model import FAILED, REPORTED
 
 
 def register(sub: Any) -> None:
@@ -36,39 +35,17 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        check_name("session", args.name)
-    except ValueError as e:
-        raise MldiagError(str(e)) from e
-    if not 0 < args.duration <= MAX_CAPTURE_S:
-        raise MldiagError(f"--duration must be in (0, {MAX_CAPTURE_S:g}] s, not "
-                          f"{args.duration:g} s")
     plane = _control.connect(args.home, need_runtime=True)
-    run_record = _control.get_run(plane, args.run)
-    hosts = [h for h in args.targets.split(",") if h]
-    targets = _control.select_targets(plane, run_record.name, hosts)
-    kind = args.kind.replace("-", "_")
-    down = []
-    for t in targets:
-        if kind == "snapshot" and t.continuous == "OFF":
-            down.append(f"continuous profiling is off on {t.host}: nothing to snapshot (run "
-                        f"`mldiag continuous start --run {t.run}`)")
-            continue
-        port = t.control_port if t.continuous == "RING" else t.port
-        reason = _control.target_down(plane, t, port=port)
-        if reason:
-            down.append(reason)
-    if len(down) == len(targets):
-        raise MldiagError("; ".join(down))
+    message, down = capture_request(
+        plane, args.run, args.name, kind=args.kind,
+        hosts=[h for h in args.targets.split(",") if h], duration_s=args.duration,
+        host_tracer_level=args.host_tracer_level, device_tracer_level=args.device_tracer_level,
+        python_tracer_level=args.python_tracer_level)
     for reason in down:
         print(f"mldiag: warning: {reason} (that host will be marked failed)", file=sys.stderr)
-    if plane.state.get_session(run_record.name, args.name) is not None:
-        raise MldiagError(f"session {run_record.name}/{args.name} already exists")
-    plane.bus.publish(CaptureProfile(
-        run=run_record.name, session=args.name, capture=kind, targets=[t.host for t in targets],
-        duration_s=args.duration, host_tracer_level=args.host_tracer_level,
-        device_tracer_level=args.device_tracer_level,
-        python_tracer_level=args.python_tracer_level, trigger="manual"))
+    plane.bus.publish(message)
+    run_record = _control.get_run(plane, message.run)
+    targets = message.targets
     print(f"capture {run_record.name}/{args.name}: {args.kind} of {len(targets)} target(s), "
           f"{args.duration:g} s", flush=True)
     if args.no_wait:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-import uuid
 from typing import Any
 
+from mldiag.capture.requests import continuous_request
 from mldiag.cli import _control
 from mldiag.errors import MldiagError
-from mldiag.messages import ContinuousProfiling
 
 
 def register(sub: Any) -> None:
@@ -40,32 +39,21 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     plane = _control.connect(args.home, need_runtime=True)
-    run_record = _control.get_run(plane, args.run)
-    targets = _control.select_targets(plane, run_record.name,
-                                      [h for h in args.targets.split(",") if h])
-    down = [r for r in (_control.target_down(plane, t, port=t.control_port or t.port)
-                        for t in targets) if r]
-    if len(down) == len(targets):
-        raise MldiagError("; ".join(down))
     options: dict[str, Any] = {}
     if args.verb == "start":
         options = {"window_s": args.window, "max_bytes": args.max_bytes,
                    "device_tracer_level": args.device_tracer_level,
                    "host_tracer_level": args.host_tracer_level,
                    "python_tracer_level": args.python_tracer_level}
+    message, down, wanted = continuous_request(
+        plane, args.run, args.verb, hosts=[h for h in args.targets.split(",") if h],
+        options=options)
     for reason in down:
         print(f"mldiag: warning: {reason}", file=sys.stderr)
-    request_id = uuid.uuid4().hex
+    request_id = message.request_id
     started = time.time()
-    # The stage acts on the newest record of each host; wait for exactly those.
-    newest: dict[str, Any] = {}
-    for t in targets:
-        if t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat:
-            newest[t.host] = t
-    wanted = {(t.host, t.port) for t in newest.values()}
-    plane.bus.publish(ContinuousProfiling(run=run_record.name, action=args.verb,
-                                          targets=sorted(newest), request_id=request_id,
-                                          **options))
+    plane.bus.publish(message)
+    run_record = _control.get_run(plane, message.run)
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         now = {(t.host, t.port): t for t in plane.state.list_targets(run_record.name)}

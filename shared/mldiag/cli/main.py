@@ -12,11 +12,15 @@ from mldiag.cli import (
     analyze,
     autocapture,
     capture,
+    console,
     continuous,
     demo,
+    roles,
     runs,
     sessions,
+    share,
     targets,
+    tokens,
     up,
 )
 from mldiag.errors import MldiagError, ProfileUnreadable
@@ -26,11 +30,15 @@ COMMANDS = {
     "analyze": analyze,
     "autocapture": autocapture,
     "capture": capture,
+    "console": console,
     "continuous": continuous,
     "demo": demo,
+    "roles": roles,
     "runs": runs,
     "sessions": sessions,
+    "share": share,
     "targets": targets,
+    "tokens": tokens,
     "up": up,
 }
 

@@ -7,12 +7,16 @@ import signal
 import sys
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mldiag.bootstrap import bootstrap
+from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
 from mldiag.model import SessionRecord
 from mldiag.settings import Settings
+
+if TYPE_CHECKING:
+    from mldiag.console.server import ConsoleServer
 
 
 def register(sub: Any) -> None:
@@ -26,6 +30,9 @@ def register(sub: Any) -> None:
     p.add_argument("--home", help="state and bucket directory (default: $MLDIAG_HOME or .mldiag)")
     p.add_argument("--settle", type=float, help="seconds without a new host before a session "
                    "with unknown expected hosts is analysed (default 2)")
+    p.add_argument("--port", type=int, help="console port (default $MLDIAG_CONSOLE_PORT or "
+                   "8790; 0 picks a free one)")
+    p.add_argument("--no-console", action="store_true", help="run the pipeline only")
 
 
 def describe_transition(s: SessionRecord) -> str:
@@ -41,8 +48,27 @@ def describe_transition(s: SessionRecord) -> str:
     return f"{stamp} {s.run}/{s.session} v{s.version} {s.state}{detail}"
 
 
+def start_console(runtime: LocalRuntime, settings: Settings) -> ConsoleServer:
+    """The console in this process, on the runtime's own state, bucket and bus."""
+    from mldiag.cli.console import print_login
+    from mldiag.console.context import build_console
+    from mldiag.console.server import ConsoleServer
+
+    plane = ControlPlane(settings=settings, state=runtime.state, storage=runtime.storage,
+                         bus=runtime.services.bus)
+    console = build_console(settings, plane=plane)
+    server = ConsoleServer(console, settings.console_host, settings.console_port)
+    server.start()
+    print(f"console: http://{server.host}:{server.port}/", flush=True)
+    if server.port != settings.console_port:
+        console.settings = replace(settings, console_port=server.port)
+    print_login(console)
+    return server
+
+
 def run(args: argparse.Namespace) -> int:
-    settings = Settings.from_env(home=args.home, settle_s=args.settle)
+    settings = Settings.from_env(home=args.home, settle_s=args.settle,
+                                 console_port=getattr(args, "port", None))
 
     def listener(s: SessionRecord) -> None:
         print(describe_transition(s), flush=True)
@@ -58,12 +84,17 @@ def run(args: argparse.Namespace) -> int:
     runtime.start()
     print(f"mldiag up: watching {runtime.storage.root} (state {settings.state_db}); "
           "Ctrl-C to stop", flush=True)
+    server = None
     try:
+        if not getattr(args, "no_console", False):
+            server = start_console(runtime, settings)
         while not stop.is_set():
             stop.wait(0.5)
     finally:
         print("mldiag up: stopping (finishing messages in progress)...", file=sys.stderr,
               flush=True)
+        if server is not None:
+            server.stop()
         runtime.stop()
     print("mldiag up: stopped", flush=True)
     return 0

@@ -151,8 +151,13 @@ class MLRun:
         self._set_continuous("OFF")
 
     def _set_continuous(self, state: str) -> None:
+        if state == "OFF":
+            self.target.continuous_since = 0.0
+        elif self.target.continuous == "OFF":
+            self.target.continuous_since = time.time()
         self.target.continuous = state
-        self.plane.state.update_target(self.name, self.host, self.target.port, continuous=state)
+        self.plane.state.update_target(self.name, self.host, self.target.port, continuous=state,
+                                       continuous_since=self.target.continuous_since)
 
     # Degradation monitor
 

@@ -149,6 +149,18 @@ class GcsStorage:
             raise FileExistsError(f"{self.uri(name)} already exists") from e
         return _info(blob)
 
+    def fetch_to(self, name: str, path: Path) -> None:
+        validate_object_name(name)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._download(name, path)
+
+    def put_file(self, name: str, path: Path, *,
+                 content_type: str = "application/octet-stream") -> ObjectInfo:
+        blob = self._bucket().blob(validate_object_name(name))
+        blob.upload_from_filename(str(path), content_type=content_type,
+                                  retry=DEFAULT_RETRY, timeout=self.timeout_s)
+        return _info(blob)
+
     def create_bytes(self, name: str, data: bytes, *,
                      content_type: str = "application/octet-stream") -> ObjectInfo:
         """Create an object that must not exist yet (FileExistsError if it does)."""

@@ -9,6 +9,7 @@ is never analysed half-written.
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -85,6 +86,28 @@ class LocalDirStorage:
         else:
             tmp.replace(path)
         info = self._info(name, path.stat())
+        self.emit(info)
+        return info
+
+    def fetch_to(self, name: str, path: Path) -> None:
+        src = self._path(name)
+        if not src.is_file():
+            raise FileNotFoundError(f"no such object: {name}")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.unlink(missing_ok=True)
+        try:
+            os.link(src, path)  # objects are replaced, never written in place
+        except OSError:
+            shutil.copyfile(src, path)
+
+    def put_file(self, name: str, path: Path, *,
+                 content_type: str = "application/octet-stream") -> ObjectInfo:
+        dest = self._path(name)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+        shutil.copyfile(path, tmp)
+        tmp.replace(dest)
+        info = self._info(name, dest.stat())
         self.emit(info)
         return info
 

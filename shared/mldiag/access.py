@@ -1,0 +1,266 @@
+"""Who may see what: roles, tokens, role bindings and share links.
+
+The console asks one question of every request: may this principal do this on this run (and
+session)? The answer comes from the principal's grants alone, so it is decided on the server
+and denies by default. Secrets (API tokens, login codes, share links) are random, shown once,
+and stored only as their SHA-256 hash.
+
+Roles, each including the one before except `analysis_viewer`:
+- `analysis_viewer`: lists runs and sessions, and reads the analysis reports; no traces, raw
+  profiles or profiler targets (ML Diagnostics' separate analysis permission);
+- `viewer`: everything read-only: runs, targets, sessions, reports, XProf and raw xplanes;
+- `editor`: viewer, plus captures, continuous profiling and restricted share links;
+- `admin`: editor, plus tokens, role bindings, `--anyone` links and revoking any link.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+BROWSE, REPORT, PROFILE, CAPTURE, SHARE, ADMIN = (
+    "browse", "report", "profile", "capture", "share", "admin")
+ROLES: dict[str, frozenset[str]] = {
+    "analysis_viewer": frozenset({BROWSE, REPORT}),
+    "viewer": frozenset({BROWSE, REPORT, PROFILE}),
+    "editor": frozenset({BROWSE, REPORT, PROFILE, CAPTURE, SHARE}),
+    "admin": frozenset({BROWSE, REPORT, PROFILE, CAPTURE, SHARE, ADMIN}),
+}
+ALL_RUNS = "*"
+SHARE_DEFAULT_S = 7 * 86400.0
+SHARE_MAX_S = 30 * 86400.0
+ANONYMOUS = "anonymous"
+
+
+def hash_secret(secret: str) -> str:
+    """The stored form of a token, login code or share link."""
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def new_secret(prefix: str, nbytes: int = 24) -> str:
+    """A random secret, `<prefix>_<urlsafe base64>` (`nbytes` of entropy)."""
+    return f"{prefix}_{secrets.token_urlsafe(nbytes)}"
+
+
+def new_id() -> str:
+    """A short public id for listing and revoking (not a secret)."""
+    return secrets.token_hex(6)
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in "90", "30m", "12h", "7d" or "2w"; ValueError otherwise."""
+    m = _DURATION.match(text or "")
+    if not m:
+        raise ValueError(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d)")
+    return float(m.group(1)) * _UNIT_S[m.group(2)]
+
+
+def check_role(role: str) -> str:
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+    return role
+
+
+@dataclass
+class Grant:
+    """A role of a principal (an email, or `token:<id>`) on one run or on every run (`*`)."""
+
+    principal: str
+    role: str
+    run: str = ALL_RUNS
+    created_at: float = 0.0
+    created_by: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class TokenRecord:
+    """A bearer secret, stored hashed. `kind`: `api` (made by `mldiag tokens create`),
+    `browser` (the console's sign-in cookie) or `login` (a one-time login code)."""
+
+    id: str
+    token_hash: str
+    principal: str
+    role: str
+    run: str = ALL_RUNS
+    kind: str = "api"
+    label: str = ""
+    created_at: float = 0.0
+    expires_at: float = 0.0  # 0: never
+    revoked_at: float = 0.0
+    created_by: str = ""
+
+    def valid(self, now: float) -> bool:
+        return not self.revoked_at and (not self.expires_at or now < self.expires_at)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class ShareLink:
+    """A link to one session, stored hashed. Restricted links need a signed-in opener, who
+    gets viewer on that session alone; `anyone` links need no sign-in."""
+
+    id: str
+    token_hash: str
+    run: str
+    session: str
+    anyone: bool = False
+    created_by: str = ""
+    created_at: float = 0.0
+    expires_at: float = 0.0
+    revoked_at: float = 0.0
+
+    def valid(self, now: float) -> bool:
+        return not self.revoked_at and now < self.expires_at
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class AccessEntry:
+    """One use of a share link: which link, by whom (or "anonymous"), when, what."""
+
+    link_id: str
+    principal: str
+    at: float
+    path: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The caller of one request and what it was granted: `(role, run, session)` triples,
+    where run `*` is every run and session "" every session of that run."""
+
+    name: str
+    grants: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)
+    # How the caller authenticated: bearer, cookie, iap, id_token or share.
+    via: str = ""
+    # The share link the request came through, if any (for the access log).
+    link_id: str = ""
+
+    @property
+    def anonymous(self) -> bool:
+        return self.name == ANONYMOUS
+
+    def can(self, permission: str, run: str | None = None, session: str | None = None) -> bool:
+        """Whether any grant gives `permission` on `run` (any run when None) and `session`
+        (any session of the run when None)."""
+        for role, grant_run, grant_session in self.grants:
+            if permission not in ROLES.get(role, ()):
+                continue
+            if run is not None and grant_run not in (ALL_RUNS, run):
+                continue
+            if session is not None and grant_session and grant_session != session:
+                continue
+            if run is None and session is None and grant_session:
+                continue  # a one-session grant does not open the project-wide lists
+            return True
+        return False
+
+    def visible_runs(self, runs: list[str]) -> list[str]:
+        """The runs this principal may list."""
+        return [r for r in runs if self.can(BROWSE, r)]
+
+    def with_grants(self, grants: list[tuple[str, str, str]]) -> Principal:
+        return Principal(self.name, self.grants + tuple(grants), self.via, self.link_id)
+
+
+class AccessStore(Protocol):
+    """Tokens, role bindings, share links and their access log (SQLite or Firestore).
+
+    Records are looked up by the hash of their secret, never by the secret."""
+
+    def put_token(self, record: TokenRecord) -> None: ...
+
+    def find_token(self, token_hash: str) -> TokenRecord | None: ...
+
+    def list_tokens(self) -> list[TokenRecord]:
+        """Every token, newest first, revoked and expired ones included."""
+        ...
+
+    def revoke_token(self, token_id: str, now: float) -> bool:
+        """Revoke one token by id; False when no unrevoked token has that id."""
+        ...
+
+    def consume_token(self, token_hash: str, now: float) -> TokenRecord | None:
+        """Atomically revoke a valid token and return it (one-time login codes); None when
+        it is unknown, expired or already used, so exactly one of several racing uses wins."""
+        ...
+
+    def grant(self, grant: Grant) -> None:
+        """Add (or keep) a binding; one per (principal, role, run)."""
+        ...
+
+    def revoke_grant(self, principal: str, role: str, run: str = ALL_RUNS) -> bool: ...
+
+    def list_grants(self, principal: str | None = None) -> list[Grant]: ...
+
+    def put_link(self, link: ShareLink) -> None: ...
+
+    def find_link(self, token_hash: str) -> ShareLink | None: ...
+
+    def list_links(self, run: str | None = None, session: str | None = None
+                   ) -> list[ShareLink]:
+        """Links, newest first, revoked and expired ones included."""
+        ...
+
+    def revoke_link(self, link_id: str, now: float) -> bool: ...
+
+    def log_access(self, entry: AccessEntry) -> None: ...
+
+    def list_access(self, link_id: str | None = None, limit: int = 1000) -> list[AccessEntry]:
+        """The newest `limit` accesses (of one link, or all), newest first."""
+        ...
+
+
+def create_link(store: AccessStore, run: str, session: str, *, created_by: str, now: float,
+                anyone: bool = False, expires_s: float = SHARE_DEFAULT_S
+                ) -> tuple[str, ShareLink]:
+    """A new share link to one session: (its secret, shown once; the stored record).
+
+    Expiry is at most SHARE_MAX_S (30 days). Who may create which kind is the caller's check
+    (`anyone` links are for admins)."""
+    if not 0 < expires_s <= SHARE_MAX_S:
+        raise ValueError(f"share links expire within 30 days, not {expires_s / 86400:g} days")
+    secret = secrets.token_urlsafe(16)  # 128 bits
+    link = ShareLink(id=new_id(), token_hash=hash_secret(secret), run=run, session=session,
+                     anyone=anyone, created_by=created_by, created_at=now,
+                     expires_at=now + expires_s)
+    store.put_link(link)
+    return secret, link
+
+
+def share_path(secret: str, run: str, session: str) -> str:
+    """The console path a share link opens (quote the parts for a URL)."""
+    from urllib.parse import quote
+
+    return f"/share/{secret}/runs/{quote(run, safe='')}/sessions/{quote(session, safe='')}"
+
+
+def create_token(store: AccessStore, *, principal: str, role: str, now: float,
+                 run: str = ALL_RUNS, expires_s: float = 0.0, label: str = "",
+                 created_by: str = "") -> tuple[str, TokenRecord]:
+    """A new API token: (its secret, shown once; the stored record)."""
+    check_role(role)
+    secret = new_secret("mldiag")
+    record = TokenRecord(id=new_id(), token_hash=hash_secret(secret), principal=principal,
+                         role=role, run=run or ALL_RUNS, kind="api", label=label,
+                         created_at=now, expires_at=now + expires_s if expires_s else 0.0,
+                         created_by=created_by)
+    store.put_token(record)
+    return secret, record

@@ -1,0 +1,132 @@
+"""Capture and continuous-profiling requests, validated the same way for the CLI and the
+console: unknown run, no targets, a target down, continuous profiling off for a snapshot.
+
+Each returns the message to publish and the warnings about targets that will fail, or raises
+MldiagError with one line when nothing can be captured.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from mldiag.bootstrap import ControlPlane
+from mldiag.errors import MldiagError
+from mldiag.messages import CaptureProfile, ContinuousProfiling
+from mldiag.model import RunRecord, TargetRecord, check_name
+from mldiag.stages import MAX_CAPTURE_S
+
+
+def get_run(plane: ControlPlane, name: str) -> RunRecord:
+    run = plane.state.get_run(name)
+    if run is None:
+        known = ", ".join(r.name for r in plane.state.list_runs()) or "none"
+        raise MldiagError(f"unknown run {name!r} (known: {known})")
+    return run
+
+
+def reachable(address: str, port: int, timeout_s: float = 1.0) -> str:
+    """'' when a TCP connection opens, else why not."""
+    try:
+        with socket.create_connection((address, port), timeout=timeout_s):
+            return ""
+    except OSError as e:
+        return e.strerror or str(e)
+
+
+def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[TargetRecord]:
+    """The targets to act on; one clear error when none is registered, named or up."""
+    targets = plane.state.list_targets(run)
+    if not targets:
+        raise MldiagError(f"run {run!r} has no profiler targets: start the workload with "
+                          "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
+    unknown = sorted(set(hosts) - {t.host for t in targets})
+    if unknown:
+        raise MldiagError(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
+                          f"{', '.join(sorted({t.host for t in targets}))})")
+    return [t for t in targets if not hosts or t.host in hosts]
+
+
+def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
+    """'' when the target looks alive, else a one-line reason."""
+    age = time.time() - t.last_heartbeat
+    if not t.last_heartbeat:
+        return f"target down: {t.host} ({t.address}:{t.port}) stopped (no heartbeat)"
+    if age > plane.settings.target_stale_s:
+        return f"target down: {t.host} ({t.address}:{t.port}) last heartbeat {age:.0f} s ago"
+    why = reachable(t.address, port or t.port)
+    if why:
+        return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"
+    return ""
+
+
+def capture_request(plane: ControlPlane, run: str, session: str, *, kind: str = "on_demand",
+                    hosts: Sequence[str] = (), duration_s: float = 2.0,
+                    host_tracer_level: int = 2, device_tracer_level: int = 1,
+                    python_tracer_level: int = 0, trigger: str = "manual"
+                    ) -> tuple[CaptureProfile, list[str]]:
+    """The CaptureProfile to publish for `session`, and warnings about targets that will
+    fail; MldiagError when the request cannot capture anything."""
+    try:
+        check_name("session", session)
+    except ValueError as e:
+        raise MldiagError(str(e)) from e
+    kind = kind.replace("-", "_")
+    if kind not in ("on_demand", "snapshot"):
+        raise MldiagError(f"capture kind must be on-demand or snapshot, not {kind!r}")
+    if not 0 < duration_s <= MAX_CAPTURE_S:
+        raise MldiagError(f"duration must be in (0, {MAX_CAPTURE_S:g}] s, not {duration_s:g} s")
+    for name, level, top in (("host", host_tracer_level, 3), ("device", device_tracer_level, 2),
+                             ("python", python_tracer_level, 1)):
+        if not 0 <= level <= top:
+            raise MldiagError(f"{name} tracer level must be 0-{top}, not {level}")
+    run_record = get_run(plane, run)
+    targets = select_targets(plane, run_record.name, hosts)
+    down = []
+    for t in targets:
+        if kind == "snapshot" and t.continuous == "OFF":
+            down.append(f"continuous profiling is off on {t.host}: nothing to snapshot (run "
+                        f"`mldiag continuous start --run {t.run}`)")
+            continue
+        port = t.control_port if t.continuous == "RING" else t.port
+        reason = target_down(plane, t, port=port)
+        if reason:
+            down.append(reason)
+    if len(down) == len(targets):
+        raise MldiagError("; ".join(down))
+    if plane.state.get_session(run_record.name, session) is not None:
+        raise MldiagError(f"session {run_record.name}/{session} already exists")
+    message = CaptureProfile(
+        run=run_record.name, session=session, capture=kind, targets=[t.host for t in targets],
+        duration_s=duration_s, host_tracer_level=host_tracer_level,
+        device_tracer_level=device_tracer_level, python_tracer_level=python_tracer_level,
+        trigger=trigger)
+    return message, down
+
+
+def continuous_request(plane: ControlPlane, run: str, action: str, *,
+                       hosts: Sequence[str] = (), options: dict[str, Any] | None = None
+                       ) -> tuple[ContinuousProfiling, list[str], set[tuple[str, int]]]:
+    """The ContinuousProfiling to publish, warnings, and the (host, port) targets whose
+    `last_request` will carry its request id once each has answered."""
+    if action not in ("start", "stop"):
+        raise MldiagError(f"continuous action must be start or stop, not {action!r}")
+    run_record = get_run(plane, run)
+    targets = select_targets(plane, run_record.name, hosts)
+    down = [r for r in (target_down(plane, t, port=t.control_port or t.port)
+                        for t in targets) if r]
+    if len(down) == len(targets):
+        raise MldiagError("; ".join(down))
+    # The stage acts on the newest record of each host; wait for exactly those.
+    newest: dict[str, TargetRecord] = {}
+    for t in targets:
+        if t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat:
+            newest[t.host] = t
+    wanted = {(t.host, t.port) for t in newest.values()}
+    message = ContinuousProfiling(run=run_record.name, action=action, targets=sorted(newest),
+                                  request_id=uuid.uuid4().hex,
+                                  **(options if action == "start" and options else {}))
+    return message, down, wanted

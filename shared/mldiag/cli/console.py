@@ -1,0 +1,46 @@
+"""`mldiag console`: serve the web console and JSON API alone (no pipeline)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from mldiag.settings import Settings
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("console", help="serve the web console and API (without the pipeline)",
+                       description="Serve the console on the state store and bucket that "
+                       "the settings name: runs, sessions, reports, the XProf viewer, share "
+                       "links. Locally it binds 127.0.0.1 (MLDIAG_CONSOLE_PORT, default "
+                       "8790); on Cloud Run, --host 0.0.0.0 --port $PORT.")
+    p.add_argument("--home", help="state and bucket directory (default: $MLDIAG_HOME or .mldiag)")
+    p.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default $MLDIAG_CONSOLE_PORT or 8790)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from mldiag.console.context import build_console
+    from mldiag.console.server import ConsoleServer
+
+    settings = Settings.from_env(home=args.home, console_host=args.host,
+                                 console_port=args.port)
+    console = build_console(settings)
+    server = ConsoleServer(console, settings.console_host, settings.console_port)
+    print(f"console: http://{settings.console_host}:{settings.console_port}/", flush=True)
+    if settings.backend == "local":
+        print_login(console)
+    server.run()
+    return 0
+
+
+def print_login(console: Any) -> None:
+    """The local admin token (created on first use) and a one-time login URL."""
+    from mldiag.console.context import ensure_local_admin
+
+    created, code = ensure_local_admin(console)
+    home = console.settings.home
+    if created:
+        print(f"admin token created in {home / 'admin.token'} (mode 0600)", file=sys.stderr)
+    print(f"login (one-time): {console.settings.console_url}/login?code={code}", flush=True)

@@ -1,0 +1,85 @@
+"""The console: one FastAPI app with routers per area (pages, API, XProf, share links, auth).
+
+Every route declares who may call it (`console.auth.require` or a share link's own check);
+every response carries the security headers below, with the page's own Content-Security-
+Policy where it needs a different one (the XProf frontend, the sandboxed report).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.staticfiles import StaticFiles
+from fastapi.templating import Jinja2Templates
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+import mldiag
+from mldiag.console.context import Console
+
+CONSOLE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+               "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; "
+               "base-uri 'self'; form-action 'self'; object-src 'none'")
+
+
+def _fmt(value: Any) -> str:
+    """Findings' impact and fix may be text or structured: show either as text."""
+    if value is None:
+        return ""
+    if isinstance(value, dict):
+        return "; ".join(f"{k}: {v}" for k, v in value.items())
+    if isinstance(value, list):
+        return "; ".join(_fmt(v) for v in value)
+    return str(value)
+
+
+def templates() -> Jinja2Templates:
+    env = Environment(loader=PackageLoader("mldiag.web", "templates"),
+                      autoescape=select_autoescape(default=True, default_for_string=True))
+    env.filters["fmt"] = _fmt
+    return Jinja2Templates(env=env)
+
+
+def create_app(console: Console) -> FastAPI:
+    """The console app on `console`'s state, bucket, bus and access store."""
+    from mldiag.console import api, pages, share, xprof
+
+    app = FastAPI(title="mldiag console", version=mldiag.__version__,
+                  openapi_url="/api/v1/openapi.json", docs_url=None, redoc_url=None)
+    app.state.console = console
+    app.state.templates = templates()
+
+    @app.middleware("http")
+    async def security_headers(request: Request,
+                               call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        response = await call_next(request)
+        headers = response.headers
+        csp = getattr(request.state, "csp", None) or CONSOLE_CSP
+        headers.setdefault("Content-Security-Policy", csp)
+        headers["X-Content-Type-Options"] = "nosniff"
+        headers["Referrer-Policy"] = "no-referrer"
+        headers["Cross-Origin-Opener-Policy"] = "same-origin"
+        headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return pages.error_response(request, exc.status_code, str(exc.detail),
+                                    headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> Response:
+        if request.url.path.startswith("/api/"):
+            return JSONResponse({"detail": exc.errors()}, status_code=422)
+        return pages.error_response(request, 422, "bad request: "
+                                    + "; ".join(str(e.get("msg")) for e in exc.errors()))
+
+    app.mount("/static", StaticFiles(packages=[("mldiag.web", "static")]), name="static")
+    app.include_router(pages.router)
+    app.include_router(api.router)
+    app.include_router(share.router)
+    app.include_router(xprof.router)
+    return app

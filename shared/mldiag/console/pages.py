@@ -1,0 +1,236 @@
+"""HTML pages: runs, a run, a session (with its report, raw xplanes), sign-in and sign-out.
+
+The session's sub-pages are written once (`session_page`, `report`, `download`) and served
+both under `/runs/{run}/sessions/{session}` (for principals with a role) and under a share
+link (`console.share`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+from urllib.parse import quote
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Request, Response
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+
+from mldiag.access import (
+    ADMIN,
+    BROWSE,
+    CAPTURE,
+    PROFILE,
+    REPORT,
+    SHARE,
+    Principal,
+    TokenRecord,
+    hash_secret,
+    new_id,
+    new_secret,
+)
+from mldiag.console import views
+from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
+from mldiag.console.context import Console
+from mldiag.model import SessionRecord
+from mldiag.viewer import session_dir
+
+router = APIRouter()
+BROWSER_TOKEN_S = 7 * 86400.0
+REPORT_CSP = ("sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+              "frame-ancestors 'self'")
+_TITLES = {401: "Sign in required", 403: "Not allowed", 404: "Not found",
+           409: "Conflict", 422: "Bad request"}
+
+
+def wants_json(request: Request) -> bool:
+    return request.url.path.startswith("/api/") or "/xprof/data/" in request.url.path
+
+
+def render(request: Request, template: str, status: int = 200, **context: Any) -> Response:
+    console = console_of(request)
+    principal = resolve(request)
+    context.setdefault("shared", False)
+    response: Response = request.app.state.templates.TemplateResponse(
+        request, template,
+        {"root": "", "principal": principal, "csrf": csrf_token(console, request), **context},
+        status_code=status)
+    return response
+
+
+def error_response(request: Request, status: int, detail: str,
+                   headers: dict[str, str] | None = None) -> Response:
+    if wants_json(request):
+        return JSONResponse({"detail": detail}, status_code=status, headers=headers)
+    try:
+        resolve(request)
+    except HTTPException:
+        request.state.principal = Principal("anonymous")
+    if status == 401:
+        return render(request, "console/login.html", status=401, message=detail,
+                      next=request.url.path)
+    return render(request, "console/error.html", status=status, detail=detail,
+                  title=_TITLES.get(status, "Error"))
+
+
+def get_session(console: Console, run: str, session: str) -> SessionRecord:
+    s = console.plane.state.get_session(run, session)
+    if s is None:
+        raise HTTPException(404, f"no session {run}/{session}")
+    return s
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> Response:
+    return Response(status_code=204)
+
+
+# Runs
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(request: Request, principal: Principal = Depends(require(BROWSE))) -> Response:
+    return render(request, "console/runs.html", runs=views.runs_view(console_of(request),
+                                                                     principal))
+
+
+@router.get("/runs/{run}", response_class=HTMLResponse)
+def run_page(run: str, request: Request,
+             principal: Principal = Depends(require(BROWSE))) -> Response:
+    console = console_of(request)
+    record = console.plane.state.get_run(run)
+    if record is None:
+        raise HTTPException(404, f"no run {run!r}")
+    return render(request, "console/run.html", run=views.run_view(console, principal, record),
+                  can_capture=principal.can(CAPTURE, run),
+                  suggested_name=time.strftime("ondemand-%Y%m%d-%H%M%S"))
+
+
+# A session's pages, shared with share links
+
+
+def session_page(request: Request, principal: Principal, s: SessionRecord, base: str,
+                 shared: bool) -> Response:
+    console = console_of(request)
+    links = []
+    if not shared and principal.can(SHARE, s.run, s.session):
+        now = console.clock()
+        for link in console.access.list_links(run=s.run, session=s.session):
+            state = ("revoked" if link.revoked_at else "expired" if now >= link.expires_at
+                     else "active")
+            links.append({"id": link.id, "anyone": link.anyone, "created_by": link.created_by,
+                          "expires": views._iso(link.expires_at), "state": state,
+                          "can_revoke": link.created_by == principal.name
+                          or principal.can(ADMIN, s.run)})
+    api = (f"/api/v1/runs/{quote(s.run, safe='')}/sessions/{quote(s.session, safe='')}"
+           if not shared else f"{base}/state")
+    return render(request, "console/session.html", s=views.session_view(console, principal, s),
+                  base=base, api=api, shared=shared, links=links,
+                  can_share=not shared and principal.can(SHARE, s.run, s.session),
+                  can_report=principal.can(REPORT, s.run, s.session),
+                  is_admin=principal.can(ADMIN, s.run))
+
+
+def report(request: Request, s: SessionRecord) -> Response:
+    console = console_of(request)
+    if s.state != "REPORTED" or not s.hosts:
+        raise HTTPException(404, "this session has no report yet")
+    try:
+        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/summary.html")
+    except FileNotFoundError as e:
+        raise HTTPException(404, "this session's report is missing from the bucket") from e
+    request.state.csp = REPORT_CSP
+    return Response(body, media_type="text/html; charset=utf-8")
+
+
+def download(request: Request, s: SessionRecord, host: str) -> Response:
+    console = console_of(request)
+    record = s.hosts.get(host)
+    if record is None or record.status != "ARRIVED":
+        raise HTTPException(404, f"no profile of host {host!r} in this session")
+    ws_dir = console.viewers.root / "downloads"
+    ws_dir.mkdir(parents=True, exist_ok=True)
+    path = ws_dir / f"{record.generation}-{abs(hash(record.object_name))}.xplane.pb"
+    if not path.is_file():
+        console.plane.storage.fetch_to(record.object_name, path)
+    return FileResponse(path, media_type="application/octet-stream",
+                        filename=f"{host}.xplane.pb")
+
+
+def session_base(s: SessionRecord) -> str:
+    return f"/runs/{quote(s.run, safe='')}/sessions/{quote(s.session, safe='')}"
+
+
+@router.get("/runs/{run}/sessions/{session}", response_class=HTMLResponse)
+def session_route(run: str, session: str, request: Request,
+                  principal: Principal = Depends(require(BROWSE))) -> Response:
+    s = get_session(console_of(request), run, session)
+    return session_page(request, principal, s, session_base(s), shared=False)
+
+
+@router.get("/runs/{run}/sessions/{session}/report", response_class=HTMLResponse)
+def report_route(run: str, session: str, request: Request,
+                 principal: Principal = Depends(require(REPORT))) -> Response:
+    return report(request, get_session(console_of(request), run, session))
+
+
+@router.get("/runs/{run}/sessions/{session}/hosts/{host}/xplane.pb")
+def download_route(run: str, session: str, host: str, request: Request,
+                   principal: Principal = Depends(require(PROFILE))) -> Response:
+    return download(request, get_session(console_of(request), run, session), host)
+
+
+# Signing in
+
+
+def _sign_in(console: Console, record: TokenRecord) -> Response:
+    token = new_secret("mldiag")
+    now = console.clock()
+    console.access.put_token(TokenRecord(
+        id=new_id(), token_hash=hash_secret(token), principal=record.principal,
+        role=record.role, run=record.run, kind="browser", label="console sign-in",
+        created_at=now, expires_at=now + BROWSER_TOKEN_S, created_by=record.principal))
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(COOKIE, token, max_age=int(BROWSER_TOKEN_S), httponly=True,
+                        samesite="strict", secure=console.settings.console_url.startswith(
+                            "https://"), path="/")
+    return response
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_page(request: Request, code: str = "", next: str = "/") -> Response:
+    console = console_of(request)
+    if code:
+        record = console.access.consume_token(hash_secret(code), console.clock())
+        if record is None or record.kind != "login":
+            return render(request, "console/login.html", status=401, next="/",
+                          message="this login URL was already used or has expired: run "
+                          "`mldiag up` again, or sign in with a token")
+        return _sign_in(console, record)
+    return render(request, "console/login.html", next=next, message="")
+
+
+@router.post("/login", response_class=HTMLResponse)
+def login_form(request: Request, token: str = Form(...), next: str = Form("/")) -> Response:
+    console = console_of(request)
+    record = console.access.find_token(hash_secret(token.strip()))
+    if record is None or record.kind != "api" or not record.valid(console.clock()):
+        return render(request, "console/login.html", status=401, next=next,
+                      message="invalid, expired or revoked token")
+    response = _sign_in(console, record)
+    if next.startswith("/") and not next.startswith("//"):
+        response.headers["location"] = next
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request) -> Response:
+    console = console_of(request)
+    principal = resolve(request)
+    await check_csrf(request)
+    cookie = request.cookies.get(COOKIE)
+    if cookie and principal.via == "cookie":
+        record = console.access.find_token(hash_secret(cookie))
+        if record is not None:
+            console.access.revoke_token(record.id, console.clock())
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(COOKIE, path="/")
+    return response

@@ -1,0 +1,135 @@
+"""The console's read model: runs, targets and sessions as plain dicts, the same for the HTML
+pages and the JSON API. What a principal may not see is left out here, not in templates."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import Counter
+from typing import Any
+
+from mldiag.access import PROFILE, Principal
+from mldiag.console.context import Console
+from mldiag.model import STATES, TERMINAL, RunRecord, SessionRecord, TargetRecord
+from mldiag.viewer import session_dir
+
+log = logging.getLogger(__name__)
+
+
+def _iso(t: float) -> str | None:
+    if not t:
+        return None
+    import datetime
+
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="seconds")
+
+
+def target_view(console: Console, t: TargetRecord) -> dict[str, Any]:
+    age = console.clock() - t.last_heartbeat if t.last_heartbeat else None
+    up = age is not None and age <= console.settings.target_stale_s
+    return {"host": t.host, "address": t.address, "port": t.port,
+            "process_index": t.process_index, "platform": t.platform,
+            "framework": " ".join(x for x in (t.framework, t.framework_version) if x),
+            "up": up, "last_heartbeat": _iso(t.last_heartbeat),
+            "heartbeat_age_s": None if age is None else round(age, 1),
+            "continuous": t.continuous, "continuous_since": _iso(t.continuous_since),
+            "last_error": t.last_error}
+
+
+def _top_finding(analysis: dict[str, Any] | None) -> str:
+    if not analysis:
+        return ""
+    findings = analysis.get("findings") or []
+    if not findings:
+        return ""
+    f = findings[0]
+    return f"{f.get('priority', '')} {f.get('title', '')}".strip()
+
+
+def read_analysis(console: Console, s: SessionRecord) -> dict[str, Any] | None:
+    """The session's latest analysis.json, or None (not reported, or unreadable)."""
+    if s.state != "REPORTED" or not s.hosts:
+        return None
+    name = f"{session_dir(s)}/analysis/analysis.json"
+    try:
+        data = json.loads(console.plane.storage.read_bytes(name))
+    except (OSError, ValueError) as e:
+        log.warning("cannot read %s: %s", name, e)
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def session_row(s: SessionRecord, analysis: dict[str, Any] | None = None) -> dict[str, Any]:
+    end = s.timings.get(s.state, s.updated_at) if s.state in TERMINAL else None
+    return {"run": s.run, "session": s.session, "state": s.state, "version": s.version,
+            "kind": s.kind, "trigger": s.trigger, "verdict": s.verdict,
+            "top_finding": _top_finding(analysis), "created": _iso(s.created_at),
+            "updated": _iso(s.updated_at),
+            "duration_s": round(end - s.created_at, 1) if end and s.created_at else None,
+            "hosts": len(s.hosts), "reason": s.reason}
+
+
+def run_row(console: Console, run: RunRecord, sessions: list[SessionRecord]) -> dict[str, Any]:
+    targets = console.plane.state.list_targets(run.name)
+    up = sum(1 for t in targets if target_view(console, t)["up"])
+    by_state = Counter(s.state for s in sessions)
+    reported = sorted((s for s in sessions if s.state == "REPORTED"),
+                      key=lambda s: s.updated_at)
+    return {"name": run.name, "run_group": run.run_group, "created": _iso(run.created_at),
+            "targets_up": up, "targets_total": len(targets),
+            "sessions": {k: by_state[k] for k in STATES if by_state[k]},
+            "last_verdict": reported[-1].verdict if reported else None,
+            "discovered": run.discovered}
+
+
+def runs_view(console: Console, principal: Principal) -> list[dict[str, Any]]:
+    state = console.plane.state
+    runs = [r for r in state.list_runs() if principal.can("browse", r.name)]
+    by_run: dict[str, list[SessionRecord]] = {}
+    for s in state.list_sessions():
+        by_run.setdefault(s.run, []).append(s)
+    rows = [run_row(console, r, by_run.get(r.name, [])) for r in runs]
+    return sorted(rows, key=lambda r: r["created"] or "", reverse=True)
+
+
+def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str, Any]:
+    sessions = sorted(console.plane.state.list_sessions(run=run.name),
+                      key=lambda s: s.created_at, reverse=True)
+    targets = [target_view(console, t) for t in console.plane.state.list_targets(run.name)]
+    continuous = [t for t in targets if t["continuous"] != "OFF"]
+    since = min((t["continuous_since"] for t in continuous if t["continuous_since"]),
+                default=None)
+    view = run_row(console, run, sessions)
+    view.update({
+        "configs": run.configs, "storage_prefix": run.storage_prefix,
+        "on_demand": run.on_demand,
+        "auto_capture": run.policy.to_dict(),
+        "continuous": {"on": len(continuous), "of": len(targets), "since": since},
+        "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
+    })
+    # Addresses and ports of profiler servers are for those who may view profiles.
+    view["targets"] = targets if principal.can(PROFILE, run.name) else []
+    return view
+
+
+def session_view(console: Console, principal: Principal, s: SessionRecord) -> dict[str, Any]:
+    analysis = read_analysis(console, s)
+    view = session_row(s, analysis)
+    may_profile = principal.can(PROFILE, s.run, s.session)
+    view.update({
+        "history": sorted(({"state": k, "at": _iso(v)} for k, v in s.timings.items()),
+                          key=lambda h: h["at"] or ""),
+        "expected_hosts": s.expected_hosts,
+        "hosts_list": [{"host": h, "status": r.status, "size": r.size,
+                        "arrived": _iso(r.arrived_at), "reason": r.reason}
+                       for h, r in sorted(s.hosts.items())],
+        "note": s.note,
+        "has_report": analysis is not None,
+        "summary": (analysis or {}).get("summary", ""),
+        "findings": [{"priority": f.get("priority"), "category": f.get("category"),
+                      "title": f.get("title"), "impact": f.get("impact"),
+                      "fix": f.get("fix") or f.get("recommendation")}
+                     for f in (analysis or {}).get("findings", [])],
+        "can_view_profile": may_profile,
+    })
+    return view

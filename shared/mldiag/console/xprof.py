@@ -1,0 +1,129 @@
+"""The official XProf frontend for one session, under `<session>/xprof/`.
+
+The frontend (from the pinned xprof wheel) takes its base from the page's path before
+`/data/plugin/profile`, so it is served at `<session>/xprof/data/plugin/profile/` and every
+request it makes stays under that prefix. Its data routes are answered by the session's
+`mldiag.viewer.Workspace`: this session alone, through xprof's own plugin. `capture_profile`,
+`generate_cache` and every other route of the official server are not routed here.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+import re
+from collections.abc import Callable
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, HTTPException, Request, Response
+from fastapi.responses import RedirectResponse
+
+from mldiag.access import PROFILE, Principal
+from mldiag.console.auth import console_of, require
+from mldiag.console.pages import get_session
+from mldiag.model import SessionRecord
+from mldiag.viewer import ViewerError, xprof_version
+
+router = APIRouter()
+PLUGIN = "/xprof/data/plugin/profile"
+STATIC = {
+    "index.html": "text/html; charset=utf-8", "index.js": "text/javascript",
+    "bundle.js": "text/javascript", "runtime.js": "text/javascript",
+    "zone.js": "text/javascript", "styles.css": "text/css",
+    "materialicons.woff2": "font/woff2", "material_symbols_outlined.woff2": "font/woff2",
+    "trace_viewer_index.html": "text/html; charset=utf-8",
+    "trace_viewer_index.js": "text/javascript", "trace_viewer_v2.js": "text/javascript",
+    "trace_viewer_v2.wasm": "application/wasm",
+}
+DATA_ROUTES = ("runs", "run_tools", "hosts", "module_list", "data")
+# The official server's routes that capture, write caches or browse the host's files.
+REFUSED_ROUTES = frozenset({"capture_profile", "generate_cache", "local", "data_csv"})
+
+
+def _static(name: str) -> bytes:
+    return (resources.files("xprof") / "static" / name).read_bytes()
+
+
+@functools.cache
+def frontend_csp() -> str:
+    """The frontend's policy: its own scripts, the hashes of index.html's two inline
+    scripts, Google Charts' loader (which it tries, then boots without), and WebAssembly for
+    the trace viewer. Component styles are inline, as Angular writes them."""
+    page = _static("index.html").decode()
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
+        for body in re.findall(r"<script>(.*?)</script>", page, re.S))
+    return ("default-src 'self'; "
+            f"script-src 'self' {hashes} https://www.gstatic.com https://www.gstatic.cn "
+            "'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline' https://www.gstatic.com "
+            "https://fonts.googleapis.com; img-src 'self' data: blob:; "
+            "font-src 'self' data: https://fonts.gstatic.com; connect-src 'self'; "
+            "worker-src 'self' blob:; frame-src 'self'; frame-ancestors 'self'; "
+            "base-uri 'self'; form-action 'none'; object-src 'none'")
+
+
+def _answer(request: Request, s: SessionRecord, route: str) -> Response:
+    console = console_of(request)
+    if route == "config":
+        return _json({"hideCaptureProfileButton": True, "srcPathPrefix": "",
+                      "enableTabNameLabel": False})
+    if route == "version":
+        return Response(xprof_version(), media_type="text/plain")
+    if route not in DATA_ROUTES:
+        raise HTTPException(404, f"{route} is not served for a session")
+    try:
+        ws = console.viewers.workspace(s)
+        out = ws.answer(route, dict(request.query_params))
+    except ViewerError as e:
+        raise HTTPException(e.status, str(e)) from e
+    headers = {"Cache-Control": "private, max-age=60"}
+    if out.content_encoding:
+        headers["Content-Encoding"] = out.content_encoding
+    return Response(out.body, media_type=out.content_type, headers=headers)
+
+
+def _json(data: Any) -> Response:
+    import json
+
+    return Response(json.dumps(data), media_type="application/json")
+
+
+def serve(request: Request, s: SessionRecord, path: str) -> Response:
+    """Answer `path` (what follows `/xprof/data/plugin/profile/`) for session `s`."""
+    name = path.strip("/") or "index.html"
+    if name in STATIC:
+        request.state.csp = frontend_csp()
+        headers = {} if name.endswith(".html") else {"Cache-Control": "public, max-age=3600"}
+        return Response(_static(name), media_type=STATIC[name], headers=headers)
+    if name in DATA_ROUTES or name in ("config", "version") or name in REFUSED_ROUTES:
+        return _answer(request, s, name)
+    # The frontend's own routes (`overview_page?run=...`, a tool page reloaded): its index,
+    # which routes itself.
+    request.state.csp = frontend_csp()
+    return Response(_static("index.html"), media_type=STATIC["index.html"])
+
+
+def register(prefix: str, dependency: Callable[..., Any],
+             session_of: Callable[[Request, Any], SessionRecord]) -> None:
+    """Mount the frontend under `prefix + /xprof/` with `dependency` deciding access."""
+
+    @router.get(prefix + "/xprof", include_in_schema=False)
+    @router.get(prefix + "/xprof/", include_in_schema=False)
+    def xprof_root(request: Request, principal: Any = Depends(dependency)) -> Response:
+        return RedirectResponse(str(request.url.path).rstrip("/") + "/data/plugin/profile/",
+                                status_code=307)
+
+    @router.get(prefix + PLUGIN + "/{path:path}", include_in_schema=False)
+    def xprof_path(path: str, request: Request, principal: Any = Depends(dependency)
+                   ) -> Response:
+        return serve(request, session_of(request, principal), path)
+
+
+def _session(request: Request, principal: Principal) -> SessionRecord:
+    p = request.path_params
+    return get_session(console_of(request), p["run"], p["session"])
+
+
+register("/runs/{run}/sessions/{session}", require(PROFILE), _session)

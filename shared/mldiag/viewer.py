@@ -1,0 +1,369 @@
+"""The XProf viewer of one session: the official frontend's data routes, for that session alone.
+
+Each session gets a workspace, a local directory laid out as xprof's logdir
+(`plugins/profile/<name>/<host>.xplane.pb`), and the pinned xprof's own `ProfilePlugin` on it.
+Requests reach the plugin only after `sanitise`: the run is always this session, and
+`session_path`, `run_path` and names of hosts or modules the session does not have are
+refused. So the plugin can never be pointed at another directory.
+
+Caches, so that a first open is fast and several people can open at once:
+- the plugin's own (trace-viewer SSTABLEs, op_stats, HLO protos) in the workspace;
+- whole responses of the requests that do not depend on a view window (the tool list, the
+  overview, op profile, ...), on disk by their sanitised query;
+- both prebuilt by the pipeline when a session is REPORTED (`prebuild`) and kept in the
+  bucket under the session (`analysis/xprof_cache/<key>/`). The key covers the hosts'
+  generations and the xprof version, so a new host or a new xprof never reads a stale cache.
+
+One build per workspace at a time: a request that would convert (a cache miss) holds the
+workspace's lock, and those waiting behind it then find the cache warm. That is what the
+official server lacks: two first opens of one session race on its cache files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from mldiag.model import SessionRecord
+from mldiag.ports import Storage
+
+log = logging.getLogger(__name__)
+
+ALL_HOSTS = "ALL_HOSTS"
+# Query parameters that point the plugin at another directory, or start work that is not a
+# read: never passed on.
+REFUSED_PARAMS = frozenset({"session_path", "run_path"})
+# Requests that depend on a view window or a search: not kept as whole responses.
+_WINDOWED = frozenset({"start_time_ms", "end_time_ms", "event_name", "search_prefix",
+                       "search_metadata", "unique_id", "duration_ms", "refresh_suggestion"})
+_SAFE_RUN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+MANIFEST = "manifest.json"
+
+
+class ViewerError(Exception):
+    """A request the viewer refuses (unknown host, module or parameter): a 4xx."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Response:
+    body: bytes
+    content_type: str
+    content_encoding: str | None = None
+
+
+def xprof_version() -> str:
+    from xprof import version
+
+    return str(version.__version__)
+
+
+def session_dir(session: SessionRecord) -> str:
+    """The bucket prefix of a session's objects (`<run>/plugins/profile/<session>`)."""
+    any_host = next(iter(session.hosts.values()))
+    return any_host.object_name.rsplit("/", 1)[0]
+
+
+def arrived_hosts(session: SessionRecord) -> dict[str, str]:
+    """host -> object name, for the hosts whose profile arrived."""
+    return {h: r.object_name for h, r in sorted(session.hosts.items())
+            if r.status == "ARRIVED"}
+
+
+def cache_key(session: SessionRecord) -> str:
+    """Changes with any host's generation and with the xprof version."""
+    parts = [session.run, session.session, xprof_version()] + [
+        f"{h}={r.object_name}#{r.generation}" for h, r in sorted(session.hosts.items())
+        if r.status == "ARRIVED"]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def cache_prefix(session: SessionRecord) -> str:
+    return f"{session_dir(session)}/analysis/xprof_cache/{cache_key(session)}"
+
+
+def _query_key(query: Mapping[str, str]) -> str:
+    return hashlib.sha256(urlencode(sorted(query.items())).encode()).hexdigest()[:32]
+
+
+class Workspace:
+    """One session's logdir, plugin and caches on local disk."""
+
+    def __init__(self, root: Path, session: SessionRecord) -> None:
+        self.root = root
+        self.key = cache_key(session)
+        self.run = session.session if _SAFE_RUN.match(session.session) else "session"
+        self.run_dir = root / "plugins" / "profile" / self.run
+        self.responses = root / "responses"
+        self.hosts = list(arrived_hosts(session))
+        self.lock = threading.Lock()
+        self._plugin: Any = None
+        self._modules: list[str] | None = None
+        self.last_used = time.monotonic()
+
+    # Building
+
+    def materialise(self, session: SessionRecord, storage: Storage) -> None:
+        """Fetch the hosts' xplanes, and the prebuilt caches when the bucket has them."""
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.responses.mkdir(exist_ok=True)
+        prefix = cache_prefix(session)
+        manifest: dict[str, Any] | None = None
+        if storage.stat(f"{prefix}/{MANIFEST}") is not None:
+            manifest = json.loads(storage.read_bytes(f"{prefix}/{MANIFEST}"))
+        for host, name in arrived_hosts(session).items():
+            storage.fetch_to(name, self.run_dir / f"{host}.xplane.pb")
+        if manifest is None:
+            return
+        for rel in manifest.get("files", []):
+            if not isinstance(rel, str) or ".." in rel.split("/") or rel.startswith("/"):
+                continue
+            dest = self.root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                storage.fetch_to(f"{prefix}/{rel}", dest)
+            except FileNotFoundError:
+                log.warning("viewer cache %s lacks %s", prefix, rel)
+
+    @property
+    def plugin(self) -> Any:
+        if self._plugin is None:
+            from xprof import profile_plugin
+            from xprof.server import DataProvider, TBContext
+
+            logdir = str(self.root)
+            context = TBContext(logdir, DataProvider(logdir), TBContext.Flags(False))
+            context.hide_capture_profile_button = True
+            # xprof logs its cache misses at INFO, with tracebacks, on its own handler.
+            logging.getLogger("tensorboard.plugins.profile").setLevel(logging.WARNING)
+            self._plugin = profile_plugin.ProfilePlugin(context)
+        return self._plugin
+
+    def modules(self) -> list[str]:
+        if self._modules is None:
+            listed = self.plugin.hlo_module_list_impl(self._request({"run": self.run}))
+            self._modules = [m for m in listed.split(",") if m]
+        return self._modules
+
+    # Requests
+
+    def sanitise(self, query: Mapping[str, str]) -> dict[str, str]:
+        """The query the plugin may see: this session's run, known hosts and modules only."""
+        out = {k: v for k, v in query.items() if k not in REFUSED_PARAMS}
+        out["run"] = self.run
+        host = out.get("host")
+        if host and host != ALL_HOSTS and host not in self.hosts and host not in self.modules():
+            raise ViewerError(f"no host or module {host!r} in this session", 404)
+        for h in filter(None, out.get("hosts", "").split(",")):
+            if h not in self.hosts:
+                raise ViewerError(f"no host {h!r} in this session", 404)
+        module = out.get("module_name")
+        if module and module not in self.modules():
+            raise ViewerError(f"no module {module!r} in this session", 404)
+        return out
+
+    @staticmethod
+    def _request(query: Mapping[str, str]) -> Any:
+        from werkzeug.test import EnvironBuilder
+        from werkzeug.wrappers import Request
+
+        return Request(EnvironBuilder(query_string=urlencode(list(query.items()))).get_environ())
+
+    def _cached(self, route: str, query: Mapping[str, str]) -> Path:
+        return self.responses / f"{route}-{_query_key(query)}"
+
+    def _load(self, path: Path) -> Response | None:
+        meta = path.with_suffix(".json")
+        if not path.is_file() or not meta.is_file():
+            return None
+        info = json.loads(meta.read_text())
+        return Response(path.read_bytes(), info["content_type"], info.get("content_encoding"))
+
+    def _store(self, path: Path, response: Response) -> None:
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
+        tmp.write_bytes(response.body)
+        tmp.replace(path)
+        meta = {"content_type": response.content_type,
+                "content_encoding": response.content_encoding}
+        tmp_meta = tmp.with_suffix(".json")
+        tmp_meta.write_text(json.dumps(meta))
+        tmp_meta.replace(path.with_suffix(".json"))
+
+    def _trace_built(self, query: Mapping[str, str]) -> bool:
+        hosts = [h for h in query.get("hosts", query.get("host", "")).split(",") if h]
+        hosts = hosts or self.hosts
+        return all((self.run_dir / f"{h}.SSTABLE").is_file() for h in hosts) and (
+            self.run_dir / "cache_version.txt").is_file()
+
+    def answer(self, route: str, query: Mapping[str, str]) -> Response:
+        """Serve `runs`, `run_tools`, `hosts`, `module_list` or `data` for this session."""
+        self.last_used = time.monotonic()
+        if route == "runs":
+            return Response(json.dumps([self.run]).encode(), "application/json")
+        q = self.sanitise(query)
+        tool = q.get("tag", "")
+        cacheable = route != "data" or not (_WINDOWED & set(q))
+        if cacheable:
+            path = self._cached(route, q)
+            hit = self._load(path)
+            if hit is not None:
+                return hit
+        elif tool.startswith("trace_viewer") and self._trace_built(q):
+            return self._convert(route, q)
+        with self.lock:
+            if cacheable:
+                hit = self._load(path)
+                if hit is not None:
+                    return hit
+            response = self._convert(route, q)
+            if cacheable:
+                self._store(path, response)
+            return response
+
+    def _convert(self, route: str, q: Mapping[str, str]) -> Response:
+        plugin, request = self.plugin, self._request(q)
+        if route == "run_tools":
+            return Response(json.dumps(plugin.run_tools_imp(self.run, request)).encode(),
+                            "application/json")
+        if route == "hosts":
+            hosts = plugin.host_impl(self.run, q.get("tag", ""), request)
+            return Response(json.dumps(hosts).encode(), "application/json")
+        if route == "module_list":
+            return Response(",".join(self.modules()).encode(), "text/plain")
+        if route != "data":
+            raise ViewerError(f"no route {route!r}", 404)
+        try:
+            data, content_type, encoding = plugin.data_impl(request)
+        except FileNotFoundError as e:
+            raise ViewerError(str(e), 404) from e
+        if data is None:
+            raise ViewerError("No Data", 404)
+        body = data.encode() if isinstance(data, str) else bytes(data)
+        return Response(body, content_type or "application/json", encoding)
+
+
+# What a first open asks for, as the official frontend asks it: built by the pipeline.
+def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
+    first = ws.hosts[0] if ws.hosts else ""
+    out: list[tuple[str, dict[str, str]]] = [("run_tools", {"run": ws.run})]
+    for tool in ("overview_page", "trace_viewer@", "op_profile", "input_pipeline_analyzer",
+                 "framework_op_stats", "hlo_stats", "roofline_model", "memory_profile"):
+        out.append(("hosts", {"run": ws.run, "tag": tool}))
+    out.append(("data", {"run": ws.run, "tag": "overview_page", "host": first}))
+    out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": first}))
+    return out
+
+
+def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None
+             ) -> dict[str, Any]:
+    """Build a session's viewer caches and store them in the bucket; returns the manifest.
+
+    The manifest is written last, so a reader never sees half a cache."""
+    prefix = cache_prefix(session)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
+        ws = Workspace(Path(tmp), session)
+        ws.materialise(session, storage)
+        built: list[str] = []
+        for route, query in default_queries(ws):
+            try:
+                ws.answer(route, query)
+                built.append(f"{route}?{urlencode(sorted(query.items()))}")
+            except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
+                log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
+        files: list[str] = []
+        for path in sorted(Path(tmp).rglob("*")):
+            if not path.is_file() or path.name.endswith(".xplane.pb"):
+                continue
+            rel = path.relative_to(tmp).as_posix()
+            if any(part.startswith(".") for part in rel.split("/")):
+                continue  # xprof's tool-list cache keys on file mtimes: ours replaces it
+            storage.put_file(f"{prefix}/{rel}", path)
+            files.append(rel)
+        manifest = {"key": ws.key, "xprof": xprof_version(), "files": files, "built": built,
+                    "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
+        storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
+                            content_type="application/json")
+    return manifest
+
+
+class Viewers:
+    """The console's workspaces, one per session version, least recently used evicted."""
+
+    def __init__(self, storage: Storage, root: Path, *, keep: int = 8) -> None:
+        self.storage = storage
+        self.root = root
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, Workspace] = OrderedDict()
+        self._opening: dict[str, threading.Lock] = {}
+
+    def workspace(self, session: SessionRecord) -> Workspace:
+        """The session's workspace, materialised once however many ask at once."""
+        if not arrived_hosts(session):
+            raise ViewerError("this session has no profile to view", 404)
+        key = cache_key(session)
+        with self._lock:
+            ws = self._open.get(key)
+            if ws is not None:
+                self._open.move_to_end(key)
+                return ws
+            opening = self._opening.setdefault(key, threading.Lock())
+        with opening:
+            with self._lock:
+                ws = self._open.get(key)
+                if ws is not None:
+                    return ws
+            root = self.root / key
+            with _file_lock(self.root / f"{key}.lock"):
+                done = root / ".ready"
+                if not done.is_file():
+                    shutil.rmtree(root, ignore_errors=True)
+                    ws = Workspace(root, session)
+                    ws.materialise(session, self.storage)
+                    done.write_text(str(time.time()))
+                else:
+                    ws = Workspace(root, session)
+            with self._lock:
+                self._open[key] = ws
+                self._opening.pop(key, None)
+                self._evict()
+            return ws
+
+    def _evict(self) -> None:
+        while len(self._open) > self.keep:
+            key, ws = self._open.popitem(last=False)
+            if ws.lock.locked():
+                self._open[key] = ws  # busy converting: keep it, evict the next time
+                break
+            shutil.rmtree(ws.root, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Across processes sharing the cache directory (several console workers)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)

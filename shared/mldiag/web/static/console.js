@@ -1,0 +1,131 @@
+// The console's only script (served from /static, so the CSP needs no inline script).
+// - [data-poll]: refresh states from the JSON API every 2 s, without a reload;
+// - form.action: POST the action bar's forms to the API with the page's CSRF token;
+// - button.share / button.revoke: create and revoke share links.
+"use strict";
+(function () {
+  const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
+
+  function text(el, value) { if (el) el.textContent = value == null ? "" : String(value); }
+
+  function badge(cell, cls, value) {
+    if (!cell) return;
+    cell.textContent = "";
+    if (!value) return;
+    const span = document.createElement("span");
+    span.className = cls + value;
+    span.textContent = value;
+    cell.appendChild(span);
+  }
+
+  async function api(url, method, body) {
+    const headers = {"Accept": "application/json", "X-CSRF-Token": csrf()};
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const r = await fetch(url, {method: method, headers: headers, credentials: "same-origin",
+                                body: body === undefined ? undefined : JSON.stringify(body)});
+    let data = null;
+    try { data = await r.json(); } catch (e) { data = null; }
+    if (!r.ok) throw new Error((data && data.detail) || (r.status + " " + r.statusText));
+    return data;
+  }
+
+  function updateRow(row, s) {
+    badge(row.querySelector('[data-field="state"]'), "st st-", s.state);
+    badge(row.querySelector('[data-field="verdict"]'), "badge b-", s.verdict);
+    text(row.querySelector('[data-field="top_finding"]'), s.top_finding);
+    text(row.querySelector('[data-field="duration_s"]'), s.duration_s);
+  }
+
+  function poll(el) {
+    const url = el.dataset.poll;
+    const tick = async () => {
+      try {
+        const data = await api(url, "GET");
+        if (el.matches("table.sessions")) {
+          const rows = new Map([...el.querySelectorAll("tr[data-session]")]
+            .map(r => [r.dataset.session, r]));
+          let unknown = false;
+          for (const s of data) {
+            const row = rows.get(s.session);
+            if (row) updateRow(row, s); else unknown = true;
+          }
+          if (unknown) { window.location.reload(); return; }
+        } else if (el.matches("table.runs")) {
+          for (const r of data) {
+            const row = el.querySelector('tr[data-run="' + CSS.escape(r.name) + '"]');
+            if (!row) { window.location.reload(); return; }
+          }
+        } else if (el.dataset.state !== undefined) {
+          badge(document.querySelector('h1 [data-field="state"]'), "st st-", null);
+          const h = document.querySelector('h1 [data-field="state"]');
+          if (h) { h.className = "st st-" + data.state; h.textContent = data.state; }
+          badge(document.querySelector('h1 [data-field="verdict"]'), "badge b-", data.verdict);
+          text(document.querySelector('[data-field="duration_s"]'), data.duration_s);
+          const done = (el.dataset.reloadOn || "").split(",");
+          if (data.state !== el.dataset.state && done.includes(data.state)) {
+            window.location.reload(); return;
+          }
+          if (done.includes(data.state)) return;  // final: stop polling
+        }
+      } catch (e) { /* keep the page as it is; try again */ }
+      setTimeout(tick, 2000);
+    };
+    setTimeout(tick, 2000);
+  }
+
+  function formBody(form) {
+    const out = {};
+    for (const [k, v] of new FormData(form).entries()) {
+      if (k === "csrf_token" || v === "") continue;
+      out[k] = /(_s|_level)$/.test(k) ? Number(v) : v;
+    }
+    if (out.targets) out.targets = String(out.targets).split(",").map(s => s.trim()).filter(Boolean);
+    return out;
+  }
+
+  function actions() {
+    const status = document.querySelector("#actions .status");
+    for (const form of document.querySelectorAll("form.action")) {
+      form.addEventListener("submit", async (ev) => {
+        ev.preventDefault();
+        const body = formBody(form);
+        text(status, "sending…"); if (status) status.classList.remove("err");
+        try {
+          const out = await api(form.dataset.api, "POST", body);
+          text(status, out.message || "done");
+          if (form.dataset.follow && body.session) {
+            window.location.href = form.dataset.follow + encodeURIComponent(body.session);
+          }
+        } catch (e) {
+          text(status, e.message); if (status) status.classList.add("err");
+        }
+      });
+    }
+  }
+
+  function sharing() {
+    const out = document.querySelector("output.share-url");
+    for (const b of document.querySelectorAll("button.share")) {
+      b.addEventListener("click", async () => {
+        const anyone = document.querySelector("input.share-anyone");
+        try {
+          const link = await api(b.dataset.api, "POST", {anyone: !!(anyone && anyone.checked)});
+          text(out, link.url);
+          if (out) out.dataset.url = link.url;
+        } catch (e) { text(out, e.message); }
+      });
+    }
+    for (const b of document.querySelectorAll("button.revoke")) {
+      b.addEventListener("click", async () => {
+        try { await api(b.dataset.api, "DELETE"); window.location.reload(); }
+        catch (e) { b.textContent = e.message; }
+      });
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    for (const el of document.querySelectorAll("[data-poll]")) poll(el);
+    actions();
+    sharing();
+  });
+})();
