@@ -104,6 +104,28 @@ def _query_key(query: Mapping[str, str]) -> str:
     return hashlib.sha256(urlencode(sorted(query.items())).encode()).hexdigest()[:32]
 
 
+class _CacheMiss(logging.Filter):
+    """xprof logs a missing tool-list cache (every first open) as an ERROR with a traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        return not (".cached_tools.json" in text and "FileNotFoundError" in text)
+
+
+def _quiet_xprof_logs() -> None:
+    """Give xprof's plugin logger a handler of ours before it installs its own (at INFO):
+    warnings and errors still show, its routine notes and cache misses do not."""
+    logger = logging.getLogger("tensorboard.plugins.profile")
+    if any(isinstance(f, _CacheMiss) for h in logger.handlers for f in h.filters):
+        return
+    handler = logging.StreamHandler()
+    handler.setLevel(logging.WARNING)
+    handler.addFilter(_CacheMiss())
+    handler.setFormatter(logging.Formatter("%(levelname)s xprof: %(message)s"))
+    logger.addHandler(handler)
+    logger.propagate = False
+
+
 class Workspace:
     """One session's logdir, plugin and caches on local disk."""
 
@@ -146,14 +168,13 @@ class Workspace:
     @property
     def plugin(self) -> Any:
         if self._plugin is None:
+            _quiet_xprof_logs()
             from xprof import profile_plugin
             from xprof.server import DataProvider, TBContext
 
             logdir = str(self.root)
             context = TBContext(logdir, DataProvider(logdir), TBContext.Flags(False))
             context.hide_capture_profile_button = True
-            # xprof logs its cache misses at INFO, with tracebacks, on its own handler.
-            logging.getLogger("tensorboard.plugins.profile").setLevel(logging.WARNING)
             self._plugin = profile_plugin.ProfilePlugin(context)
         return self._plugin
 

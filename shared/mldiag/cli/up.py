@@ -12,6 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
+from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.settings import Settings
 
@@ -87,7 +88,11 @@ def run(args: argparse.Namespace) -> int:
     server = None
     try:
         if not getattr(args, "no_console", False):
-            server = start_console(runtime, settings)
+            try:
+                server = start_console(runtime, settings)
+            except MldiagError as e:
+                # The pipeline does not depend on the console: say why, and go on.
+                print(f"mldiag up: console not started: {e}", file=sys.stderr, flush=True)
         while not stop.is_set():
             stop.wait(0.5)
     finally:

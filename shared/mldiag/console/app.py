@@ -30,6 +30,8 @@ def _fmt(value: Any) -> str:
     if value is None:
         return ""
     if isinstance(value, dict):
+        if value.get("text"):
+            return str(value["text"])
         return "; ".join(f"{k}: {v}" for k, v in value.items())
     if isinstance(value, list):
         return "; ".join(_fmt(v) for v in value)

@@ -7,6 +7,7 @@ link (`console.share`).
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 from urllib.parse import quote
@@ -27,16 +28,22 @@ from mldiag.access import (
     new_id,
     new_secret,
 )
+from mldiag.analysis.html import style_hash
 from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
 from mldiag.model import SessionRecord
 from mldiag.viewer import session_dir
 
-router = APIRouter()
+router = APIRouter(include_in_schema=False)
 BROWSER_TOKEN_S = 7 * 86400.0
-REPORT_CSP = ("sandbox; default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
-              "frame-ancestors 'self'")
+
+
+def report_csp() -> str:
+    """The report's own policy (its one style block, by hash), sandboxed: no scripts, no
+    same-origin access, framed only by the console."""
+    return (f"sandbox; default-src 'none'; style-src {style_hash()}; img-src data:; "
+            "frame-ancestors 'self'")
 _TITLES = {401: "Sign in required", 403: "Not allowed", 404: "Not found",
            409: "Conflict", 422: "Bad request"}
 
@@ -137,7 +144,7 @@ def report(request: Request, s: SessionRecord) -> Response:
         body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/summary.html")
     except FileNotFoundError as e:
         raise HTTPException(404, "this session's report is missing from the bucket") from e
-    request.state.csp = REPORT_CSP
+    request.state.csp = report_csp()
     return Response(body, media_type="text/html; charset=utf-8")
 
 
@@ -148,7 +155,8 @@ def download(request: Request, s: SessionRecord, host: str) -> Response:
         raise HTTPException(404, f"no profile of host {host!r} in this session")
     ws_dir = console.viewers.root / "downloads"
     ws_dir.mkdir(parents=True, exist_ok=True)
-    path = ws_dir / f"{record.generation}-{abs(hash(record.object_name))}.xplane.pb"
+    digest = hashlib.sha256(f"{record.object_name}#{record.generation}".encode()).hexdigest()
+    path = ws_dir / f"{digest[:32]}.xplane.pb"
     if not path.is_file():
         console.plane.storage.fetch_to(record.object_name, path)
     return FileResponse(path, media_type="application/octet-stream",

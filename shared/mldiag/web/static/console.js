@@ -1,6 +1,7 @@
 // The console's only script (served from /static, so the CSP needs no inline script).
 // - [data-poll]: refresh states from the JSON API every 2 s, without a reload;
-// - form.action: POST the action bar's forms to the API with the page's CSRF token;
+// - form.action: POST the action bar's forms to the API with the page's CSRF token, and
+//   follow a capture to its session's page once the session exists;
 // - button.share / button.revoke: create and revoke share links.
 "use strict";
 (function () {
@@ -83,6 +84,18 @@
     return out;
   }
 
+  // A capture is accepted before the pipeline creates its session: wait (up to 60 s) until
+  // the session exists, so that following it opens its page and not a 404.
+  async function appears(url) {
+    const deadline = Date.now() + 60000;
+    while (Date.now() < deadline) {
+      const r = await fetch(url, {headers: {"Accept": "application/json"},
+                                  credentials: "same-origin"});
+      if (r.status !== 404) return;
+      await new Promise(done => setTimeout(done, 500));
+    }
+  }
+
   function actions() {
     const status = document.querySelector("#actions .status");
     for (const form of document.querySelectorAll("form.action")) {
@@ -94,7 +107,9 @@
           const out = await api(form.dataset.api, "POST", body);
           text(status, out.message || "done");
           if (form.dataset.follow && body.session) {
-            window.location.href = form.dataset.follow + encodeURIComponent(body.session);
+            const name = encodeURIComponent(body.session);
+            if (form.dataset.followApi) await appears(form.dataset.followApi + name);
+            window.location.href = form.dataset.follow + name;
           }
         } catch (e) {
           text(status, e.message); if (status) status.classList.add("err");

@@ -1,0 +1,83 @@
+"""A console on a real local runtime: three REPORTED sessions of the TPU fixture in two runs,
+tokens for every role, and an HTTP client (Starlette's TestClient, the ASGI app in-process)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mldiag.access import ALL_RUNS, create_token
+from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
+from mldiag.console.app import create_app
+from mldiag.console.context import Console, build_console
+from mldiag.settings import Settings
+from tests.conftest import SHARED_FIXTURES
+
+TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 0.05,
+        "max_attempts": 3}
+SESSIONS = (("tpu", "s1"), ("tpu", "s2"), ("other", "o1"))
+HOST = "tpu_inference_2"
+
+
+@dataclass
+class Site:
+    home: Path
+    runtime: LocalRuntime
+    console: Console
+    client: TestClient
+    tokens: dict[str, str] = field(default_factory=dict)
+
+    def auth(self, who: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[who]}"} if who else {}
+
+    def token(self, role: str, run: str = ALL_RUNS) -> str:
+        secret, _ = create_token(self.console.access, principal=f"token:{role}@{run}",
+                                 role=role, run=run, now=time.time())
+        return secret
+
+
+def drop(home: Path, run: str, session: str) -> None:
+    dest = home / "bucket" / run / "plugins" / "profile" / session / f"{HOST}.xplane.pb"
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(TPU_XPLANE, dest)
+
+
+@pytest.fixture(scope="session")
+def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
+    if not TPU_XPLANE.is_file():
+        pytest.skip(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
+                    "the repo)")
+    home = tmp_path_factory.mktemp("console") / "home"
+    settings = Settings(home=home, **FAST)
+    runtime = bootstrap(settings)
+    runtime.start()
+    for run, session in SESSIONS:
+        drop(home, run, session)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        states = [(s.state) for s in runtime.state.list_sessions()]
+        if len(states) == len(SESSIONS) and set(states) == {"REPORTED"} and runtime.wait_idle(1):
+            break
+        time.sleep(0.1)
+    assert {s.state for s in runtime.state.list_sessions()} == {"REPORTED"}
+    plane = ControlPlane(settings=settings, state=runtime.state, storage=runtime.storage,
+                         bus=runtime.services.bus)
+    console = build_console(settings, plane=plane)
+    client = TestClient(create_app(console), base_url="http://127.0.0.1:8790")
+    s = Site(home=home, runtime=runtime, console=console, client=client)
+    for role in ("viewer", "analysis_viewer", "editor", "admin"):
+        s.tokens[role] = s.token(role)
+    s.tokens["viewer_other"] = s.token("viewer", "other")
+    s.tokens["editor_other"] = s.token("editor", "other")
+    try:
+        yield s
+    finally:
+        client.close()
+        runtime.stop()

@@ -1,0 +1,73 @@
+"""`mldiag tokens`, `mldiag share` and `mldiag roles`, as a user types them."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlsplit
+
+import pytest
+
+from mldiag.cli.main import main
+from tests.console.conftest import Site
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_tokens_create_prints_the_token_alone_and_it_signs_in(
+        site: Site, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(site.home)
+    code, out, _ = cli(capsys, "tokens", "create", "--role", "viewer", "--run", "tpu",
+                       "--expires", "30d", "--label", "ci", "--home", home)
+    assert code == 0
+    token = out.strip()
+    assert re.fullmatch(r"mldiag_[A-Za-z0-9_-]{20,}", token)
+    auth = {"Authorization": f"Bearer {token}"}
+    assert site.client.get("/api/v1/runs/tpu", headers=auth).status_code == 200
+    assert site.client.get("/api/v1/runs/other", headers=auth).status_code == 403
+    code, out, _ = cli(capsys, "tokens", "list", "--home", home)
+    line = next(li for li in out.splitlines() if li.endswith(" ci"))
+    assert " viewer " in line and " tpu " in line and " active " in line
+    assert token not in out  # listed by id, never by secret
+    token_id = line.split()[0]
+    assert cli(capsys, "tokens", "revoke", token_id, "--home", home)[0] == 0
+    assert site.client.get("/api/v1/runs/tpu", headers=auth).status_code == 401
+    code, _, err = cli(capsys, "tokens", "revoke", token_id, "--home", home)
+    assert code == 1 and "no active token" in err
+
+
+def test_share_create_prints_the_url_alone_and_revoke_ends_it(
+        site: Site, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(site.home)
+    code, out, _ = cli(capsys, "share", "create", "tpu/s1", "--anyone", "--expires", "1d",
+                       "--home", home)
+    assert code == 0
+    url = out.strip()
+    assert url.startswith("http://127.0.0.1:8790/share/") and "\n" not in url
+    path = urlsplit(url).path
+    assert site.client.get(path).status_code == 200
+    code, out, _ = cli(capsys, "share", "list", "--run", "tpu", "--home", home)
+    line = next(li for li in out.splitlines() if "anyone" in li and "active" in li)
+    assert cli(capsys, "share", "revoke", line.split()[0], "--home", home)[0] == 0
+    assert site.client.get(path).status_code == 404
+    for argv, message in ((["share", "create", "tpu/s1", "--expires", "31d"], "30 days"),
+                          (["share", "create", "tpu/nope"], "no session tpu/nope"),
+                          (["share", "create", "tpu"], "RUN/SESSION")):
+        code, _, err = cli(capsys, *argv, "--home", home)
+        assert code == 1 and message in err, err
+
+
+def test_roles_grant_list_revoke(site: Site, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(site.home)
+    assert cli(capsys, "roles", "grant", "ana@example.com", "--role", "analysis_viewer",
+               "--run", "tpu", "--home", home)[0] == 0
+    _, out, _ = cli(capsys, "roles", "list", "--home", home)
+    assert re.search(r"ana@example.com\s+analysis_viewer\s+tpu", out)
+    assert cli(capsys, "roles", "revoke", "ana@example.com", "--role", "analysis_viewer",
+               "--run", "tpu", "--home", home)[0] == 0
+    code, _, err = cli(capsys, "roles", "grant", "not-an-email", "--role", "viewer",
+                       "--home", home)
+    assert code == 1 and "not an email" in err

@@ -1,0 +1,149 @@
+"""The XProf viewer of one session: this session alone, xprof's own data, one build at a time,
+and caches keyed by the hosts' generations and the xprof version."""
+
+from __future__ import annotations
+
+import copy
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mldiag.model import SessionRecord
+from mldiag.viewer import MANIFEST, Viewers, cache_key, cache_prefix
+from tests.console.conftest import HOST, Site
+
+XP = "/runs/tpu/sessions/s1/xprof/data/plugin/profile"
+
+
+def test_the_frontend_is_served_under_the_session_with_its_base_and_policy(site: Site) -> None:
+    viewer = site.auth("viewer")
+    r = site.client.get("/runs/tpu/sessions/s1/xprof/", headers=viewer, follow_redirects=False)
+    assert r.status_code == 307 and r.headers["location"].endswith("/xprof/data/plugin/profile/")
+    index = site.client.get(f"{XP}/", headers=viewer)
+    assert index.status_code == 200 and "<app></app>" in index.text
+    csp = index.headers["content-security-policy"]
+    assert "script-src 'self' 'sha256-" in csp and "frame-ancestors 'self'" in csp
+    # A tool page reloaded by the user is the frontend's own route.
+    again = site.client.get(f"{XP}/overview_page?run=s1&tag=overview_page", headers=viewer)
+    assert again.status_code == 200 and "<app></app>" in again.text
+    bundle = site.client.get(f"{XP}/bundle.js", headers=viewer)
+    assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("text/java")
+    config = site.client.get(f"{XP}/config", headers=viewer).json()
+    assert config["hideCaptureProfileButton"] is True
+
+
+def test_only_this_session_is_listed_and_served(site: Site) -> None:
+    viewer = site.auth("viewer")
+    assert site.client.get(f"{XP}/runs", headers=viewer).json() == ["s1"]
+    assert site.client.get(f"{XP}/runs?run_path=/", headers=viewer).json() == ["s1"]
+    hosts = site.client.get(f"{XP}/hosts?run=s1&tag=overview_page", headers=viewer).json()
+    assert hosts == [{"hostname": HOST}]
+    ok = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}", headers=viewer)
+    assert ok.status_code == 200 and "selfTimePercent" in ok.text
+    # Another run, or a directory, named in the query is ignored: still this session's data.
+    for extra in ("run=../../other/plugins/profile/o1", "run=s2", "session_path=/etc",
+                  "run_path=/tmp"):
+        r = site.client.get(f"{XP}/data?tag=overview_page&host={HOST}&{extra}", headers=viewer)
+        assert r.status_code == 200 and r.content == ok.content, extra
+    for bad in ("host=../../../etc/passwd", "host=other_host", "hosts=x,y",
+                "module_name=../x", "host=ALL_HOSTS&module_name=/etc/passwd"):
+        r = site.client.get(f"{XP}/data?run=s1&tag=graph_viewer&{bad}", headers=viewer)
+        assert r.status_code == 404, bad
+    for route in ("capture_profile?service_addr=127.0.0.1:1", "generate_cache?run=s1",
+                  "local", "data_csv?run=s1"):
+        assert site.client.get(f"{XP}/{route}", headers=viewer).status_code == 404, route
+
+
+def test_every_tool_the_frontend_offers_converts_for_the_session(site: Site) -> None:
+    viewer = site.auth("viewer")
+    tools = site.client.get(f"{XP}/run_tools?run=s1", headers=viewer).json()
+    assert {"overview_page", "trace_viewer@", "op_profile", "roofline_model",
+            "memory_profile", "framework_op_stats", "hlo_stats"} <= set(tools)
+    modules = site.client.get(f"{XP}/module_list?run=s1", headers=viewer).text.split(",")
+    assert modules and all(modules)
+    for tool in tools:
+        hosts = site.client.get(f"{XP}/hosts?run=s1&tag={tool}", headers=viewer).json()
+        host = hosts[0]["hostname"] if hosts else HOST
+        query = f"run=s1&tag={tool}&host={host}"
+        if tool in ("graph_viewer", "memory_viewer"):
+            query = f"run=s1&tag={tool}&host={modules[0]}&module_name={modules[0]}"
+            if tool == "graph_viewer":
+                query += "&type=graph&node_name=&graph_width=3"
+        r = site.client.get(f"{XP}/data?{query}", headers=viewer)
+        assert r.status_code in (200, 404), (tool, r.status_code, r.text[:200])
+        if tool in ("overview_page", "trace_viewer@", "op_profile", "roofline_model",
+                    "hlo_stats", "framework_op_stats"):
+            assert r.status_code == 200 and len(r.content) > 100, tool
+
+
+def test_a_reported_session_was_prebuilt_and_its_first_open_is_a_warm_hit(
+        site: Site, tmp_path: Path) -> None:
+    s = site.runtime.state.get_session("tpu", "s1")
+    assert s is not None
+    manifest = json.loads(site.runtime.storage.read_bytes(f"{cache_prefix(s)}/{MANIFEST}"))
+    assert any(f.endswith(".SSTABLE") for f in manifest["files"])
+    viewers = Viewers(site.runtime.storage, tmp_path / "cache")
+    ws = viewers.workspace(s)
+    calls = _count_conversions(ws)
+    for route, query in (("run_tools", {"run": "s1"}),
+                         ("data", {"run": "s1", "tag": "overview_page", "host": HOST}),
+                         ("data", {"run": "s1", "tag": "trace_viewer@", "host": HOST})):
+        assert ws.answer(route, query).body
+    assert calls == []  # every answer came from the prebuilt caches
+
+
+def _count_conversions(ws: Any) -> list[str]:
+    calls: list[str] = []
+    plugin = ws.plugin
+    real = plugin._xspace_to_tool_data
+
+    def counted(paths: Any, tool: str, params: Any) -> Any:
+        calls.append(tool)
+        return real(paths, tool, params)
+
+    plugin._xspace_to_tool_data = counted
+    return calls
+
+
+def test_eight_concurrent_first_opens_all_succeed_with_one_build(site: Site,
+                                                                  tmp_path: Path) -> None:
+    s = site.runtime.state.get_session("tpu", "s2")
+    assert s is not None
+    fresh = copy.deepcopy(s)
+    # Another generation: a key with no prebuilt cache, as a session not yet prebuilt.
+    fresh.hosts[HOST].generation = "not-prebuilt"
+    assert cache_key(fresh) != cache_key(s)
+    viewers = Viewers(site.runtime.storage, tmp_path / "cache")
+    counted: list[list[str]] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def first_open(_: int) -> int:
+        barrier.wait()
+        ws = viewers.workspace(fresh)
+        with lock:
+            if not counted:
+                counted.append(_count_conversions(ws))
+        return len(ws.answer("data", {"run": "s2", "tag": "trace_viewer@", "host": HOST}).body)
+
+    with ThreadPoolExecutor(8) as pool:
+        sizes = list(pool.map(first_open, range(8)))
+    assert len(set(sizes)) == 1 and sizes[0] > 1000
+    assert counted[0].count("trace_viewer@") <= 1
+
+
+def test_a_new_generation_or_xprof_version_gets_a_new_cache(site: Site,
+                                                            monkeypatch: pytest.MonkeyPatch
+                                                            ) -> None:
+    s = site.runtime.state.get_session("tpu", "s1")
+    assert isinstance(s, SessionRecord)
+    key = cache_key(s)
+    newer = copy.deepcopy(s)
+    newer.hosts[HOST].generation += "1"
+    assert cache_key(newer) != key
+    monkeypatch.setattr("mldiag.viewer.xprof_version", lambda: "9.9.9")
+    assert cache_key(s) != key
