@@ -349,10 +349,15 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
             "of each step, XLA:CPU idle" if idle is not None else not_measured,
         )
     else:
+        window = _str(metrics.get("device_idle_window"))
+        source = _str(metrics.get("device_idle_source"))
+        note = ("of each step" if window == "steps" else "of the capture window")
+        if source:
+            note += f" ({source})"
         idle_card = _metric_card(
             "Device idle",
             _fmt_pct(idle),
-            "of device time" if idle is not None else not_measured,
+            _e(note) if idle is not None else not_measured,
         )
 
     if not risk:
@@ -400,9 +405,33 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
     return _section(
         "summary",
         "Analysis summary",
-        summary_html + f'<div class="cards">{"".join(cards)}</div>' + judged
-        + _render_collection_note(analysis, snapshot),
+        summary_html + f'<div class="cards">{"".join(cards)}</div>' + _render_checks(analysis)
+        + judged + _render_collection_note(analysis, snapshot),
     )
+
+
+def _render_checks(analysis: Mapping[str, Any]) -> str:
+    """Every OPTIMAL check with its measured value, threshold, source and result."""
+    checks = [c for c in _list(analysis.get("checks")) if isinstance(c, Mapping)]
+    if not checks:
+        return ""
+    rows = []
+    for c in checks:
+        passed = c.get("passed")
+        result = ('<span class="st st-DATA">passed</span>' if passed is True else
+                  '<span class="st st-ERROR">failed</span>' if passed is False else
+                  '<span class="st st-NO_DATA">not judged</span>')
+        value = c.get("value")
+        shown = _na("no data") if value is None or passed is None and value == "UNKNOWN" else (
+            _e(f"{value:g}") if isinstance(value, int | float) else _e(str(value)))
+        rows.append(f"<tr><td>{_e(_str(c.get('check')))}</td><td class=\"num\">{shown}</td>"
+                    f"<td class=\"nw\">{_e(_str(c.get('target')))}</td><td>{result}</td>"
+                    f"<td>{_e(_str(c.get('source')))}</td></tr>")
+    over = _str(_map(analysis.get("metrics")).get("judged_over"))
+    caption = (f'<p class="why">Judged over the {_e(over)}.</p>' if over else "")
+    return ('<h3>Health checks</h3><table class="checks"><thead><tr><th>Check</th>'
+            '<th class="num">Measured</th><th>Threshold</th><th>Result</th><th>Source</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table>{caption}')
 
 
 def _render_collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:

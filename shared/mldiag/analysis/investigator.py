@@ -478,8 +478,9 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         if not cap and peak < 0.1:
             amount = f"{peak * 1024:.1f} MiB"
         if m.get("peak_memory_source") == "get_peak_allocations":
+            rule = " by the CPU rule" if m.get("oom_risk_rule") else ""
             parts.append(f"largest compiled-program allocation {amount} (no device memory "
-                         "profile, OOM risk UNKNOWN)")
+                         f"profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}{rule})")
         else:
             parts.append(f"peak memory {amount} (OOM risk {m['oom_risk']})")
     if parts:

@@ -1,0 +1,126 @@
+"""Triage on the shapes real captures have: no step markers, idle-dominated windows, op
+profiles that saw no op, CPU profiles without a memory capacity, checks without data."""
+
+from __future__ import annotations
+
+import copy
+import html
+from typing import Any
+
+import pytest
+
+from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.triage import NEEDS_ATTENTION, OPTIMAL, idle_sources, triage
+from tests.pipeline.test_optimal import _tool, healthy_snapshot
+
+
+def _no_steps_idle_window(idle_fraction: float) -> dict[str, Any]:
+    """A TPU capture without step markers: the overview has no idle figure, the op profile
+    an IDLE row over the whole window."""
+    s = healthy_snapshot()
+    tools = s["tools"]
+    tools["get_xprof_overview"]["data"]["performance_summary"] = {
+        "device_duty_cycle_percent": f"{100 * (1 - idle_fraction):.1f}%"}
+    tools["get_hlo_op_profile"] = _tool({"total_profile_time_ms": 1000.0, "category_summary": [
+        {"category": "IDLE", "fraction_of_total_time": idle_fraction,
+         "total_self_time_ms": 1000.0 * idle_fraction, "top_op": "IDLE", "op_count": 1},
+        {"category": "convolution fusion", "fraction_of_total_time": 1 - idle_fraction,
+         "total_self_time_ms": 1000.0 * (1 - idle_fraction), "top_op": "fusion.1",
+         "op_count": 3}]})
+    return s
+
+
+def test_idle_without_step_markers_comes_from_the_op_profile_idle_row() -> None:
+    t = triage(_no_steps_idle_window(0.62))
+    assert t.metrics["device_idle_percent"] == pytest.approx(62.0)
+    assert t.metrics["device_idle_source"] == "op profile IDLE row"
+    assert t.metrics["device_idle_window"] == t.metrics["judged_over"] == "capture window"
+    idle = next(h for h in t.hypotheses if h.category == "idle")
+    assert idle.priority == "P0" and "capture window" in idle.title
+    assert idle.evidence[0]["field"] == "category_summary[category=IDLE].fraction_of_total_time"
+    assert idle.evidence[0]["value"] == 0.62
+    overhead = next(c for c in t.checks if c["check"].startswith("idle"))
+    assert overhead["passed"] is False and overhead["value"] == pytest.approx(62.0)
+    assert t.status == NEEDS_ATTENTION
+    assert any("judged over the capture window" in n for n in t.not_judged)
+
+
+def test_an_op_profile_that_saw_no_op_is_not_an_idle_source() -> None:
+    s = _no_steps_idle_window(0.5)
+    s["tools"]["get_hlo_op_profile"]["data"]["category_summary"] = [
+        {"category": "IDLE", "fraction_of_total_time": 1.0, "total_self_time_ms": 600.0,
+         "top_op": "IDLE", "op_count": 1}]
+    s["tools"]["get_step_trace"] = _tool({"summary": {"total_steps": 1, "idle_percent": 30.2},
+                                          "host_bound_analysis": {"per_host": [
+                                              {"busy_in_active_span_percent": 3.15,
+                                               "active_span_ms": 953.3}]}})
+    s["tools"]["get_xprof_overview"]["data"]["performance_summary"] = {}
+    sources = [x.label for x in idle_sources(s)]
+    assert sources == ["timeline (busy share of the active span)", "step trace (1 step)"]
+    t = triage(s)
+    assert t.metrics["device_idle_percent"] == pytest.approx(96.85)
+    util = t.checks[0]
+    assert util["value"] == pytest.approx(3.15) and "timeline" in util["source"]
+
+
+def test_a_check_without_data_does_not_on_its_own_block_optimal() -> None:
+    s = healthy_snapshot()
+    for name in ("detect_layout_mismatch_copies", "detect_unfused_reshapes",
+                 "detect_unnecessary_convert_reduce", "get_memory_profile"):
+        del s["tools"][name]
+    t = triage(s)
+    assert t.status == OPTIMAL
+    assert {c["check"] for c in t.checks if c["passed"] is None} == {
+        "OOM risk is LOW", "no detector finding has a material impact"}
+    assert len(t.not_judged) == 3  # the two checks, and the step time (no step markers)
+    # ... but without evidence that the device computes, there is no OPTIMAL.
+    del s["tools"]["get_hlo_op_profile"]
+    s["tools"]["get_xprof_overview"]["data"]["performance_summary"].pop(
+        "device_duty_cycle_percent")
+    assert triage(s).status == NEEDS_ATTENTION
+
+
+def _cpu(peak_mib: float, wait: float = 2.5) -> dict[str, Any]:
+    return {"schema_version": "1.0", "session": {"hosts": ["h0"]}, "tools": {
+        "get_xprof_overview": _tool({"run_environment": {"device_type": "CPU"},
+                                     "performance_summary": {}}),
+        "get_step_trace": _tool({"summary": {"total_steps": 40}, "host_bound_analysis": {
+            "steps_analyzed": 40, "step_time_ms_average": 12.0, "host_wait_percent": wait,
+            "host_wait_ms_average": 0.3, "compute_busy_ms_average": 11.7,
+            "steps_mostly_waiting": 0}}),
+        "get_peak_allocations": _tool({"summary": {"top_modules": [
+            {"module_name": "jit_step", "total_hbm_mib": peak_mib}]}}),
+        "detect_layout_mismatch_copies": _tool({"detections": []}),
+    }}
+
+
+def test_a_healthy_cpu_profile_is_optimal_by_the_stated_memory_rule() -> None:
+    t = triage(_cpu(8.0))
+    assert t.status == OPTIMAL, (t.checks, t.not_judged)
+    oom = next(c for c in t.checks if c["check"] == "OOM risk is LOW")
+    assert oom["passed"] is True and "0.5 GiB" in oom["target"]
+    assert t.metrics["oom_risk"] == "LOW" and "CPU" in t.metrics["oom_risk_rule"]
+    big = triage(_cpu(2048.0))
+    assert big.metrics["oom_risk"] == "UNKNOWN"
+    assert any(h.category == "memory_pressure" for h in big.hypotheses)
+    assert triage(_cpu(8.0, wait=40.0)).status == NEEDS_ATTENTION
+
+
+def test_the_report_shows_every_check_with_value_threshold_and_result() -> None:
+    from mldiag.analysis.engine import build_analysis
+
+    s = _no_steps_idle_window(0.62)
+    t = triage(s)
+    analysis = build_analysis(s, t, {"investigator": "rule-based", "findings": [],
+                                     "hypotheses": [], "follow_ups": [], "summary": "x"})
+    page = render_summary_html(analysis, s)
+    assert "<h3>Health checks</h3>" in page
+    for c in t.checks:
+        assert c["check"] in page and html.escape(str(c["target"])) in page
+    assert page.count("failed</span>") >= 1 and "Judged over the capture window" in page
+    assert "of the capture window (op profile IDLE row)" in page
+    healthy = copy.deepcopy(healthy_snapshot())
+    ok = build_analysis(healthy, triage(healthy), {"investigator": "rule-based",
+                                                    "findings": [], "hypotheses": [],
+                                                    "follow_ups": [], "summary": "ok"})
+    assert render_summary_html(ok, healthy).count("passed</span>") == 4
