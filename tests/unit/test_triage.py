@@ -124,3 +124,54 @@ def test_the_report_shows_every_check_with_value_threshold_and_result() -> None:
                                                     "findings": [], "hypotheses": [],
                                                     "follow_ups": [], "summary": "ok"})
     assert render_summary_html(ok, healthy).count("passed</span>") == 4
+
+
+def _roofline(snapshot: dict[str, Any], **program: Any) -> dict[str, Any]:
+    base = {"bound_by": "HBM", "roofline_efficiency_percent": "1.2%",
+            "measured_flop_rate_gflops": 3.0, "measured_memory_bw_gibs": 20.0,
+            "operational_intensity_flop_per_byte": 0.05,
+            "bottleneck_operational_intensity_flop_per_byte": 0.07,
+            "bound_by_ridge_point_flop_per_byte": 560.0, "flops_provenance": "xla_cost_model"}
+    snapshot["tools"]["get_roofline_model"] = _tool({"program": {**base, **program}})
+    return snapshot
+
+
+def test_no_roofline_bound_is_claimed_for_a_mostly_idle_device() -> None:
+    t = triage(_roofline(_no_steps_idle_window(0.8)))
+    assert not [h for h in t.hypotheses if h.category in ("memory_bound", "compute_bound")]
+    assert any(n.startswith("roofline bound: the device is idle 80.0%") for n in t.not_judged)
+
+
+def test_custom_calls_that_count_as_zero_flops_are_a_caveat_not_a_bound() -> None:
+    t = triage(_roofline(healthy_snapshot(), flops_provenance="opaque_custom_call"))
+    assert not [h for h in t.hypotheses if h.category == "memory_bound"]
+    assert any("opaque_custom_call" in n for n in t.not_judged)
+    some = triage(_roofline(healthy_snapshot(), has_opaque_custom_calls=True))
+    (bound,) = [h for h in some.hypotheses if h.category == "memory_bound"]
+    assert "0 FLOPs" in bound.impact["text"] and bound.details["caveats"]
+    # The OI compared with the ridge is the bottleneck OI, as xprof's metric semantics say.
+    assert any(e["field"] == "program.bottleneck_operational_intensity_flop_per_byte"
+               for e in bound.evidence)
+
+
+def test_the_tpu_fixture_impacts_are_shares_of_one_whole(tpu_snapshot: dict[str, Any]) -> None:
+    t = triage(tpu_snapshot)
+    shares = [h.impact["value"] for h in t.hypotheses
+              if h.impact.get("unit") in ("% of step", "% of device time")
+              and h.impact.get("value") is not None]
+    assert sum(shares) <= 100.0 + 1e-6
+    (bound,) = [h for h in t.hypotheses if h.category == "memory_bound"]
+    # 4.35% for the program, but the copies are zero-FLOP: the fusions run near roofline.
+    split = bound.details["ops_split"]
+    assert split["moving_share_percent"] > 80 and split["computing_efficiency_percent"] > 80
+    assert bound.priority == "P2" and "zero-FLOP" in bound.title
+    assert bound.impact["overlap_trimmed_from"] == pytest.approx(95.65)
+
+
+@pytest.fixture
+def tpu_snapshot() -> dict[str, Any]:
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent / "data" / "health_snapshot_tpu.json"
+    return dict(json.loads(path.read_text()))

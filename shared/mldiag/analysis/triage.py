@@ -189,10 +189,12 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
         return out
     path = "performance_summary.device_idle_time_percent"
     overview = ev.percent(ev.get(snapshot, "get_xprof_overview", path))
-    if overview is not None:
-        out.append(IdleSource("xprof overview", overview, "steps",
-                              (("get_xprof_overview", path),)))
     steps = int(ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")) or 0)
+    if overview is not None:
+        # Without step markers xprof's overview measures the whole capture.
+        out.append(IdleSource("xprof overview", overview,
+                              "steps" if steps else "capture window",
+                              (("get_xprof_overview", path),)))
     step_idle = ev.number(ev.get(snapshot, "get_step_trace", "summary.idle_percent"))
     step_source = None
     if step_idle is not None:
@@ -261,13 +263,38 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
     out += _host_bound(snapshot)
     out += _idle(snapshot, metrics)
     out += _op_categories(snapshot)
-    out += _roofline(snapshot)
+    out += _roofline(snapshot, metrics)
     out += _memory(snapshot, metrics)
     out += _detectors(snapshot)
     out += _suggestions(snapshot)
     order = {"P0": 0, "P1": 1, "P2": 2}
     out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
+    share_of_one_whole(out)
     return out
+
+
+# Upper bounds (what could be gained) overlap the measured shares: they are counted last.
+_ESTIMATES = ("memory_bound", "compute_bound")
+
+
+def share_of_one_whole(found: list[Hypothesis]) -> None:
+    """Make the impacts that are shares of step or device time add up to at most 100%.
+
+    Measured shares (idle, transfers, host wait, detectors) are counted first, strongest
+    first; upper-bound estimates (roofline headroom) last. An impact that would pass 100% is
+    cut to what is left, and says it was (`impact.overlap_trimmed_from`)."""
+    left = 100.0
+    measured = [h for h in found if h.category not in _ESTIMATES]
+    for h in measured + [h for h in found if h.category in _ESTIMATES]:
+        value = h.impact.get("value")
+        if h.impact.get("unit") not in ("% of step", "% of device time") or value is None:
+            continue
+        if value > left:
+            h.impact["overlap_trimmed_from"] = value
+            h.impact["value"] = round(max(left, 0.0), 2)
+            h.impact["text"] += (f" (counted as {h.impact['value']:.1f}%: the findings "
+                                 f"above already cover the other {100.0 - left:.1f}%)")
+        left -= h.impact["value"]
 
 
 def _host_bound(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
@@ -386,7 +413,59 @@ def _op_categories(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     return out
 
 
-def _roofline(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+ROOFLINE_IDLE_LIMIT_PERCENT = 50.0
+_DATA_MOVEMENT = ("copy-done", "copy-start", "copy", "broadcast", "bitcast", "slice",
+                  "dynamic-slice", "dynamic-update-slice", "transpose", "reshape", "pad",
+                  "concatenate", *_TRANSFER_CATEGORIES)
+
+
+def roofline_ops_split(snapshot: Mapping[str, Any]) -> dict[str, float] | None:
+    """Per-op roofline of the top operations, split into zero-FLOP data movement and the ops
+    that compute: each group's share of the profiled time and time-weighted efficiency."""
+    ops = ev.get(snapshot, "get_roofline_model", "top_operations", []) or []
+    groups: dict[str, list[tuple[float, float]]] = {"moving": [], "computing": []}
+    for op in ops:
+        if not isinstance(op, Mapping):
+            continue
+        share = ev.percent(op.get("total_self_time_percent"))
+        eff = ev.percent(op.get("roofline_efficiency_percent"))
+        oi = ev.number(op.get("bottleneck_operational_intensity_flop_per_byte"))
+        if oi is None:
+            oi = ev.number(op.get("operational_intensity_flop_per_byte"))
+        if share is None or eff is None or share <= 0:
+            continue
+        # Collectives move data between devices: not compute either.
+        moving = not oi or str(op.get("category") or "") in (*_DATA_MOVEMENT,
+                                                              *_COLLECTIVE_CATEGORIES)
+        groups["moving" if moving else "computing"].append((share, min(eff, 100.0)))
+    if not groups["computing"] and not groups["moving"]:
+        return None
+    out: dict[str, float] = {}
+    for name, rows in groups.items():
+        total = sum(share for share, _ in rows)
+        out[f"{name}_share_percent"] = round(total, 2)
+        out[f"{name}_efficiency_percent"] = (round(sum(sh * e for sh, e in rows) / total, 2)
+                                             if total else 0.0)
+    return out
+
+
+def roofline_caveats(snapshot: Mapping[str, Any]) -> list[str]:
+    """xprof's own warnings about its FLOP counts (custom calls count as 0 FLOPs)."""
+    program = ev.get(snapshot, "get_roofline_model", "program") or {}
+    if not isinstance(program, Mapping):
+        return []
+    out = []
+    if str(program.get("flops_provenance") or "") == "opaque_custom_call":
+        out.append("the program's FLOPs come from custom calls xprof cannot count "
+                   "(flops_provenance=opaque_custom_call), so its FLOP rate and bound "
+                   "understate the work")
+    elif program.get("has_opaque_custom_calls") is True:
+        out.append("some custom calls count as 0 FLOPs (has_opaque_custom_calls), so the FLOP "
+                   "rate is a lower bound")
+    return out
+
+
+def _roofline(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
     program = ev.get(snapshot, "get_roofline_model", "program")
     eff = _roofline_efficiency(snapshot)
     if not isinstance(program, Mapping) or eff is None:
@@ -394,24 +473,49 @@ def _roofline(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     bound = str(program.get("bound_by") or "")
     if eff >= ROOFLINE_LOW_PERCENT or not bound:
         return []
-    fields = ["program.bound_by", "program.roofline_efficiency_percent",
-              "program.operational_intensity_flop_per_byte",
-              "program.bound_by_ridge_point_flop_per_byte"]
+    idle = metrics.get("device_idle_percent")
+    caveats = roofline_caveats(snapshot)
+    if idle is not None and idle >= ROOFLINE_IDLE_LIMIT_PERCENT:
+        return []  # not busy enough for its bound to mean anything (see health_checks)
+    if str(program.get("flops_provenance") or "") == "opaque_custom_call":
+        return []  # its FLOP count is not the program's (see health_checks)
+    split = roofline_ops_split(snapshot)
+    oi_field = ("program.bottleneck_operational_intensity_flop_per_byte"
+                if "bottleneck_operational_intensity_flop_per_byte" in program
+                else "program.operational_intensity_flop_per_byte")
+    fields = ["program.bound_by", "program.roofline_efficiency_percent", oi_field,
+              "program.bound_by_ridge_point_flop_per_byte", "program.flops_provenance"]
     proof = [ev.cite(snapshot, "get_roofline_model", f) for f in fields
              if f.split(".", 1)[1] in program]
     is_compute = bound.lower() in ("compute", "flops", "mxu")
     category = "compute_bound" if is_compute else "memory_bound"
+    priority = "P1" if eff < 10.0 else "P2"
+    note = ""
+    if split and split["moving_share_percent"] > split["computing_share_percent"]:
+        # Zero-FLOP copies drag the program's efficiency down; the ops that compute are judged
+        # on their own, and the copies are the data-transfer finding's.
+        note = (f"; zero-FLOP data movement is {split['moving_share_percent']:.1f}% of the "
+                f"time, the computing ops ({split['computing_share_percent']:.1f}%) run at "
+                f"{split['computing_efficiency_percent']:.1f}% of their roofline")
+        if split["computing_efficiency_percent"] >= ROOFLINE_LOW_PERCENT:
+            priority = "P2"
+    title = (f"{'Compute' if is_compute else bound + '-bandwidth'}-bound at {eff:.2f}% "
+             "roofline efficiency")
+    if note:
+        title += (f", dragged down by zero-FLOP data movement (computing ops at "
+                  f"{split['computing_efficiency_percent']:.1f}%)") if split else ""
+    if caveats:
+        note += "; " + "; ".join(caveats)
     return [Hypothesis(
         category=category,
-        priority="P1" if eff < 10.0 else "P2",
-        title=(f"{'Compute' if is_compute else bound + '-bandwidth'}-bound at {eff:.2f}% "
-               "roofline efficiency"),
+        priority=priority,
+        title=title,
         evidence=proof,
         impact=_impact(100.0 - eff, "% of device time",
                        f"upper bound: at its roofline this work would take {eff:.2f}% of its "
-                       f"current device time, so up to {100.0 - eff:.1f}% is headroom (overlaps "
-                       "any data-transfer or idle finding)"),
-        details={"bound_by": bound},
+                       f"current device time, so up to {100.0 - eff:.1f}% is headroom{note}"),
+        details={"bound_by": bound, "ops_split": split, "caveats": caveats,
+                 "operational_intensity_field": oi_field.split(".", 1)[1]},
     )]
 
 
@@ -577,6 +681,15 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     for c in checks:
         if c["passed"] is None:
             not_judged.append(f"{c['check']}: {c['why_unknown']}")
+    idle_now = metrics.get("device_idle_percent")
+    if metrics.get("roofline_efficiency_percent") is not None and idle_now is not None and (
+            idle_now >= ROOFLINE_IDLE_LIMIT_PERCENT):
+        not_judged.append(f"roofline bound: the device is idle {idle_now:.1f}% of the "
+                          f"{metrics.get('judged_over') or 'window'}, so the bound of the "
+                          "little work it does says nothing about the program (fix the idle "
+                          "time first)")
+    for caveat in roofline_caveats(snapshot):
+        not_judged.append(f"roofline FLOP rate: {caveat}")
     if metrics.get("step_time_ms") is None:
         not_judged.append("step time: the trace has no step markers, so idle, utilization and "
                           "impacts are judged over the capture window (wrap each training step "
