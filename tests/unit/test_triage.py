@@ -175,3 +175,49 @@ def tpu_snapshot() -> dict[str, Any]:
 
     path = Path(__file__).parent / "data" / "health_snapshot_tpu.json"
     return dict(json.loads(path.read_text()))
+
+
+def _detections(**by_tool: list[dict[str, Any]]) -> dict[str, Any]:
+    s = healthy_snapshot()
+    for tool, found in by_tool.items():
+        s["tools"][tool] = _tool({"detections": found, "modules_scanned": 1})
+    return s
+
+
+def test_one_op_gets_one_finding_with_every_cause() -> None:
+    op = {"module": "jit_step", "instruction": "wrapped_transpose", "time_ms": 2.0,
+          "percent_of_step": 20.0, "executed_in_profile": True, "description": "d"}
+    s = _detections(detect_layout_mismatch_copies=[{**op, "description": "relayout"}],
+                    detect_unfused_reshapes=[{**op, "description": "chain"}])
+    found = [h for h in triage(s).hypotheses
+             if h.category in ("layout_copy", "unfused_reshape")]
+    assert len(found) == 1
+    (h,) = found
+    assert {c["category"] for c in h.details["causes"]} == {"layout_copy", "unfused_reshape"}
+    assert "Layout-changing copy and Unfused reshape" in h.title
+
+
+def test_a_chain_costs_the_sum_of_its_links() -> None:
+    # As collect times it: the chain's links each found on the timeline, summed.
+    chain = {"module": "jit_step", "instruction": "wrapped_transpose", "time_ms": 7.3,
+             "percent_of_step": 73.0, "executed_in_profile": True, "description": "d",
+             "chain": ["wrapped_transpose", "copy_bitcast_fusion", "copy_bitcast_fusion.1"],
+             "links": [{"instruction": "wrapped_transpose", "time_ms": 1.9},
+                       {"instruction": "copy_bitcast_fusion", "time_ms": 1.6},
+                       {"instruction": "copy_bitcast_fusion.1", "time_ms": 3.8}]}
+    (h,) = [h for h in triage(_detections(detect_unfused_reshapes=[chain])).hypotheses
+            if h.category == "unfused_reshape"]
+    assert h.impact["value"] == 73.0 and "3-link chain" in h.title
+    assert sum(e["value"] for e in h.evidence if ".links[" in e["field"]) == pytest.approx(7.3)
+
+
+def test_a_link_of_a_chain_is_not_a_finding_of_its_own() -> None:
+    base = {"module": "jit_step", "executed_in_profile": True, "description": "d"}
+    chain = {**base, "instruction": "wrapped_transpose", "time_ms": 4.0, "percent_of_step": 40.0,
+             "chain": ["wrapped_transpose", "wrapped_copy"]}
+    copy_ = {**base, "instruction": "wrapped_copy", "time_ms": 2.0, "percent_of_step": 20.0}
+    s = _detections(detect_unfused_reshapes=[chain], detect_layout_mismatch_copies=[copy_])
+    found = [h for h in triage(s).hypotheses if h.category in ("layout_copy", "unfused_reshape")]
+    assert len(found) == 1 and found[0].impact["value"] == 40.0
+    assert {c["category"] for c in found[0].details["causes"]} == {"layout_copy",
+                                                                   "unfused_reshape"}

@@ -242,10 +242,18 @@ class _Assembler:
         tl = tl_o.value if tl_o.status == DATA else {}
         modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []
         times, step_ms, time_source = _op_times(prof, tl, modules)
+        def op_ms(module: str, instruction: str) -> float | None:
+            ms = times.get((module, instruction))
+            return times.get(("", instruction)) if ms is None else ms
+
         for d in found:
-            ms = times.get((d["module"], d["instruction"]))
-            if ms is None:
-                ms = times.get(("", d["instruction"]))
+            ms = op_ms(d["module"], d["instruction"])
+            if d.get("chain"):
+                # A chain costs what all its links cost, not its first link alone.
+                d["links"] = [{"instruction": n, "time_ms": op_ms(d["module"], n)}
+                              for n in d["chain"]]
+                timed = [link["time_ms"] for link in d["links"] if link["time_ms"] is not None]
+                ms = sum(timed) if timed else ms
             d["time_ms"] = round(ms, 4) if ms is not None else None
             d["percent_of_step"] = (
                 round(100.0 * ms / step_ms, 2) if ms is not None and step_ms else None

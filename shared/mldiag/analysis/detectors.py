@@ -81,6 +81,9 @@ class Detection:
     bytes: int
     source: str
     description: str
+    # A chain's executing instructions, in order, when it has several costly links: its cost
+    # is the sum of theirs.
+    chain: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The detection as a JSON-ready dict with the field names above."""
@@ -325,10 +328,13 @@ def _report_chain(
         f"In {name}, {what}: {steps}; {top.name} turns {in_shape.text} into "
         f"{top.shape.text}, {_mib(total)} written per execution."
     )
-    return top.index, _detection(
+    found = _detection(
         UNFUSED, name, top, inner, inner.opcode, in_shape, top.shape, top.shape.byte_size,
         description,
     )
+    if len(costly) > 1:
+        found = dataclasses.replace(found, chain=tuple(u.instruction.name for u in costly))
+    return top.index, found
 
 
 def _non_fusible(module: HloModule, computation: Computation, instruction: Instruction) -> bool:
@@ -387,6 +393,11 @@ def _convert_reduces(name: str, module: HloModule) -> Iterator[tuple[int, Detect
                 if convert.shape.byte_size < MIN_BYTES:
                     continue
                 reduces = _reduces_fed_by(module, where, convert)
+                # Respect fusion boundaries: a convert fused into the reducing kernel (a kInput
+                # fusion, or a Triton kernel computing the reduction in-kernel) never writes
+                # its f32 values to memory, and `dtype=f32` on the reduce gives the same HLO.
+                reduces = [(c, r) for c, r in reduces
+                           if _executing(module, c, r) is not instruction]
                 if not reduces:
                     continue
                 yield instruction.index, _detection(

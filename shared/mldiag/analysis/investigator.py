@@ -140,6 +140,12 @@ def _op_source(snapshot: Mapping[str, Any], op: str) -> list[dict[str, Any]]:
 
 def _finding(h: Hypothesis, what: str, fix: str, extra: list[dict[str, Any]] | None = None
              ) -> dict[str, Any]:
+    primary = h.details.get("tool")
+    others = [c for c in h.details.get("causes") or [] if c.get("tool") != primary
+              and c.get("description")]
+    for cause in others:
+        # One op, one finding: the other detectors' reading of the same op is part of it.
+        what += f" Also a {cause['category'].replace('_', ' ')}: {cause['description']}"
     return {
         "category": h.category, "priority": h.priority, "title": h.title, "what": what,
         "evidence": h.evidence + (extra or []), "impact": h.impact, "fix": fix,

@@ -556,32 +556,71 @@ def _memory(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hyp
 
 
 def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
-    out = []
-    for tool, category in DETECTOR_CATEGORY.items():
+    """One hypothesis per executing op, with every detector's cause for it."""
+    groups: dict[tuple[str, str], list[tuple[str, int, Mapping[str, Any]]]] = {}
+    for tool in DETECTOR_CATEGORY:
         found = ev.get(snapshot, tool, "detections", []) or []
-        ran = [(i, d) for i, d in enumerate(found) if d.get("executed_in_profile") is not False]
-        for rank, (i, d) in enumerate(ran[:3]):
-            pct = ev.number(d.get("percent_of_step"))
-            if pct is None:
-                priority = "P2"
-            else:
-                if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
-                    continue
-                priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
-            fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
-                      "output_layout", "time_ms", "percent_of_step"]
-            proof = [ev.cite(snapshot, tool, f"detections[{i}].{f}") for f in fields if f in d]
-            share = f"{pct:.1f}% of step" if pct is not None else "time not measured"
-            out.append(Hypothesis(
-                category=category, priority=priority,
-                title=f"{_DETECTOR_TITLES[category]}: {d.get('instruction')} ({share})",
-                evidence=proof,
-                impact=_impact(pct, "% of step",
-                               f"{d.get('time_ms')} ms ({share}) spent in "
-                               f"{d.get('instruction')}" if pct is not None else
-                               "not found on the timeline; impact not measured"),
-                details={"detection": d, "tool": tool, "index": i},
-            ))
+        for i, d in enumerate(found):
+            if d.get("executed_in_profile") is False:
+                continue
+            groups.setdefault((str(d.get("module")), str(d.get("instruction"))), []).append(
+                (tool, i, d))
+
+    # A link of a chain is part of the chain's finding, not one of its own.
+    for key in list(groups):
+        for _, _, d in list(groups.get(key, [])):
+            for member in d.get("chain") or ():
+                other = (key[0], str(member))
+                if other != key and other in groups:
+                    groups[key] += groups.pop(other)
+
+    def pct_of(d: Mapping[str, Any]) -> float | None:
+        return ev.number(d.get("percent_of_step"))
+
+    ranked = sorted(groups.values(), key=lambda g: -max(pct_of(d) or 0.0 for _, _, d in g))
+    out = []
+    per_category: dict[str, int] = {}
+    for group in ranked:
+        # The cause that costs most leads (a chain's sum beats its first link alone).
+        tool, i, d = max(group, key=lambda t: pct_of(t[2]) or 0.0)
+        category = DETECTOR_CATEGORY[tool]
+        rank = per_category.get(category, 0)
+        if rank >= 3:
+            continue
+        pct = pct_of(d)
+        if pct is None:
+            priority = "P2"
+        else:
+            if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
+                continue
+            priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
+        per_category[category] = rank + 1
+        fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
+                  "output_layout", "time_ms", "percent_of_step"]
+        proof = [ev.cite(snapshot, tool, f"detections[{i}].{f}") for f in fields if f in d]
+        for k, link in enumerate(d.get("links") or []):
+            if link.get("time_ms") is not None:
+                proof.append(ev.cite(snapshot, tool, f"detections[{i}].links[{k}].time_ms"))
+        causes = [{"category": DETECTOR_CATEGORY[t], "tool": t, "index": j,
+                   "description": x.get("description", "")} for t, j, x in group]
+        for other_tool, j, _ in group:
+            if other_tool != tool:
+                proof.append(ev.cite(snapshot, other_tool, f"detections[{j}].instruction"))
+        labels = list(dict.fromkeys(_DETECTOR_TITLES[c["category"]] for c in causes))
+        share = f"{pct:.1f}% of step" if pct is not None else "time not measured"
+        links = len(d.get("chain") or ())
+        what = f"{links}-link chain from {d.get('instruction')}" if links > 1 else str(
+            d.get("instruction"))
+        out.append(Hypothesis(
+            category=category, priority=priority,
+            title=f"{' and '.join(labels)}: {what} ({share})",
+            evidence=proof,
+            impact=_impact(pct, "% of step",
+                           f"{d.get('time_ms')} ms ({share}) spent in {what}"
+                           if pct is not None else
+                           "not found on the timeline; impact not measured"),
+            details={"detection": d, "tool": tool, "index": i, "causes": causes},
+        ))
     return out
 
 
