@@ -94,8 +94,26 @@ def find_sessions(path: str | os.PathLike[str]) -> list[ProfileSession]:
             if found is not None:
                 sessions.append(found)
     if not sessions:
-        raise ProfileUnreadable(f"{p}: no .xplane.pb files found")
+        raise ProfileUnreadable(f"{p}: no .xplane.pb files found" + _what_else(p))
     return sorted(sessions, key=lambda s: (s.name, str(s.path)))
+
+
+_EXPORTS = ("*.trace.json.gz", "*.trace.json", "*.json.gz", "*.perfetto-trace", "*.pftrace")
+
+
+def _what_else(p: Path) -> str:
+    """Name what the directory holds instead, and how to get an xplane."""
+    found: list[Path] = []
+    for pattern in _EXPORTS:
+        found += [x for x in p.glob(f"**/{pattern}") if x not in found]
+    if not found:
+        return ""
+    names = ", ".join(x.name for x in sorted(found)[:3]) + (
+        f" and {len(found) - 3} more" if len(found) > 3 else "")
+    return (f"; it holds {len(found)} trace-viewer export(s) ({names}), which are the trace "
+            "viewer's JSON, not a profile: capture the XSpace itself with "
+            "`jax.profiler.trace(LOGDIR)` (or `jax.profiler.start_trace`), which writes "
+            "LOGDIR/plugins/profile/SESSION/HOST.xplane.pb")
 
 
 def resolve_session(path: str | os.PathLike[str]) -> ProfileSession:

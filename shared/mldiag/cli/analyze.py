@@ -1,15 +1,20 @@
-"""`mldiag analyze PATH [--out DIR] [--json]`: analyse one profile offline."""
+"""`mldiag analyze PATH [--out DIR] [--json] [--latest]`: analyse profiles offline.
+
+A logdir with several sessions has each analysed into its own folder (`--out/RUN/SESSION`, or
+each session's own `analysis/`), one line each; one bad session fails alone, and the exit
+status is 2 only after every session was tried."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from mldiag.analysis.engine import analyze
 from mldiag.analysis.profile_input import find_sessions
-from mldiag.errors import MldiagError
+from mldiag.errors import MldiagError, ProfileUnreadable
 
 
 def register(sub: Any) -> None:
@@ -23,6 +28,8 @@ def register(sub: Any) -> None:
     p.add_argument("--out", help="output directory (default: <session>/analysis)")
     p.add_argument("--json", action="store_true", help="print analysis.json to stdout")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--latest", action="store_true",
+                   help="with several sessions under PATH, analyse only the newest")
     p.add_argument("--memory-budget", metavar="SIZE",
                    help="memory collection may use, e.g. 6G (default: $MLDIAG_MEMORY_BUDGET, "
                    "else what the cgroup or host allows)")
@@ -37,14 +44,10 @@ def _progress(name: str, result: dict[str, Any], done: int, total: int) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    progress = None if args.quiet else _progress
+    progress = None if args.quiet or args.json else _progress
     if not args.quiet:
         print(f"mldiag: analysing {args.path}", file=sys.stderr, flush=True)
     sessions = find_sessions(args.path)
-    if len(sessions) > 1:
-        print(f"mldiag: {len(sessions)} sessions under {args.path}; analysing the newest, "
-              f"{sessions[-1].path} (pass a session directory to choose another)",
-              file=sys.stderr)
     budget = None
     if args.memory_budget:
         from mldiag.analysis.workers import parse_bytes
@@ -53,17 +56,54 @@ def run(args: argparse.Namespace) -> int:
             budget = parse_bytes(args.memory_budget)
         except ValueError as e:
             raise MldiagError(f"--memory-budget: {e}") from e
+    if args.latest and len(sessions) > 1:
+        sessions = sessions[-1:]
+    if len(sessions) == 1:
+        analysis, html = _one(args.path if not args.latest else sessions[0].path, args.out,
+                              progress, budget)
+        if args.json:
+            print(json.dumps(analysis, indent=2))
+        else:
+            _print(analysis, html)
+        return 0
+    # Several sessions: each into its own folder, one line each; one bad session fails alone.
+    print(f"mldiag: {len(sessions)} sessions under {args.path}", file=sys.stderr, flush=True)
+    failed = 0
+    documents = []
+    for s in sessions:
+        out = str(Path(args.out) / s.run / s.name) if args.out else None
+        try:
+            analysis, html = _one(s.path, out, progress, budget)
+        except (ProfileUnreadable, MldiagError) as e:
+            failed += 1
+            print(f"FAILED  {s.run}/{s.name}: {e}", flush=True)
+            documents.append({"session": {"run": s.run, "session": s.name},
+                              "status": "FAILED", "reason": str(e)})
+            continue
+        documents.append(analysis)
+        if not args.json:
+            top = analysis["findings"][0] if analysis["findings"] else None
+            head = f"  top: {top['priority']} {top['title']}" if top else "  no findings"
+            print(f"{analysis['status']}  {s.run}/{s.name}{head}  summary: {html}", flush=True)
+    if args.json:
+        print(json.dumps(documents, indent=2))
+    print(f"mldiag: {len(sessions) - failed} of {len(sessions)} sessions analysed"
+          + (f", {failed} failed" if failed else ""), file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _one(path: Any, out: str | None, progress: Any, budget: int | None
+         ) -> tuple[dict[str, Any], Any]:
     try:
-        result = analyze(sessions[-1].path if len(sessions) > 1 else args.path, args.out,
-                         progress=progress, memory_budget_bytes=budget)
+        result = analyze(path, out, progress=progress, memory_budget_bytes=budget)
     except OSError as e:
-        where = e.filename or args.out or "the session directory"
+        where = e.filename or out or "the session directory"
         raise MldiagError(f"cannot write the report to {where}: {e.strerror or e} "
                           "(use --out DIR)") from e
-    analysis = result.analysis
-    if args.json:
-        print(json.dumps(analysis, indent=2))
-        return 0
+    return result.analysis, result.summary_html
+
+
+def _print(analysis: dict[str, Any], html: Any) -> None:
     session = analysis["session"]
     hosts = len(session.get("hosts") or [])
     print(f"{analysis['status']}  {session.get('run')}/{session.get('session')}  "
@@ -81,5 +121,4 @@ def run(args: argparse.Namespace) -> int:
         for kind in ("killed", "skipped", "degraded"):
             for entry in collection.get(kind, []):
                 print(f"  {kind}: {entry.get('job') or entry.get('tools')}: {entry['reason']}")
-    print(f"summary: {result.summary_html}")
-    return 0
+    print(f"summary: {html}")
