@@ -234,10 +234,17 @@ class _Assembler:
                 modules_o: Outcome) -> dict[str, Any]:
         if texts_o.status == ERROR:
             raise RuntimeError(reason_of(texts_o))
-        texts = texts_o.value if texts_o.status == DATA else {}
+        value = texts_o.value if texts_o.status == DATA else {}
+        texts, sources = value.get("texts", {}), value.get("sources", {})
         if not texts:
             raise NoData("no HLO modules in the profile")
         found = [d.to_dict() for d in _DETECTORS[tool](texts)]
+        for d in found:
+            if not d["source"]:
+                # The op's place in the user's code, from the module's HLO proto metadata.
+                where = sources.get(d["module"], {})
+                d["source"] = where.get(d["inner_instruction"]) or where.get(
+                    d["instruction"], "")
         prof = prof_o.value if prof_o.status == DATA else None
         tl = tl_o.value if tl_o.status == DATA else {}
         modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []

@@ -140,6 +140,18 @@ def _op_source(snapshot: Mapping[str, Any], op: str) -> list[dict[str, Any]]:
 
 def _finding(h: Hypothesis, what: str, fix: str, extra: list[dict[str, Any]] | None = None
              ) -> dict[str, Any]:
+    d = h.details.get("detection")
+    src = str(d.get("source") or "") if isinstance(d, Mapping) else ""
+    if src and src not in fix:
+        # The fix says where in the user's code it applies: `train.py:41`, op
+        # `jit(step)/transpose` (JAX's op name; the file and line when the HLO carries them).
+        where, _, op = src.partition(" (")
+        if op:
+            fix = f"At `{where}` (op `{op.rstrip(')')}`): {fix}"
+        elif ".py:" in src:
+            fix = f"At `{src}`: {fix}"
+        else:
+            fix = f"In op `{src}`: {fix}"
     primary = h.details.get("tool")
     others = [c for c in h.details.get("causes") or [] if c.get("tool") != primary
               and c.get("description")]
@@ -446,6 +458,23 @@ _FINDING_BUILDERS = {
 }
 
 
+def _first_sentence(text: str, limit: int = 320) -> str:
+    """The fix's first sentence (the change to make), whole when short enough."""
+    text = " ".join(text.split())
+    depth, ticks = 0, 0
+    for i, ch in enumerate(text[:limit]):
+        if ch == "`":
+            ticks += 1
+        elif ticks % 2 == 0 and ch in "([":
+            depth += 1
+        elif ticks % 2 == 0 and ch in ")]":
+            depth = max(0, depth - 1)
+        elif (ch in ".;" and depth == 0 and ticks % 2 == 0 and text[i + 1:i + 2] == " "
+              and not text[max(0, i - 3):i + 1].endswith(("e.g.", "i.e."))):
+            return text[:i] + "."
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
 def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
     """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
     m = triage.metrics
@@ -467,6 +496,9 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         extra = "" if value is not None and f"{value:.1f}" in title else \
             f"; {impact.get('text')}"
         sentences.append(f"Top issue ({top[0]['priority']}): {title}{extra}.")
+        fix = _first_sentence(str(top[0].get("fix") or ""))
+        if fix:
+            sentences.append(f"Fix first: {fix}")
     else:
         sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
                          "but health could not be confirmed from the data available.")

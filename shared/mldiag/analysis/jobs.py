@@ -201,14 +201,18 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
     return ctx.ws.fetch_tool_data("smart_suggestion")
 
 
-def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, str]:
+def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """The HLO text of every module, and each instruction's source (`file.py:LINE (op)`)
+    from the HLO protos xprof wrote, which the printed text omits."""
     texts = {}
     for module in inputs.get("modules", []):
         out = ctx.ws.call("get_hlo_text", module_name=module, max_lines=10_000_000)
         content = out.get("content")
         if isinstance(content, str) and content:
             texts[module] = content
-    return texts
+    from mldiag.analysis.hlo_meta import module_sources
+
+    return {"texts": texts, "sources": module_sources(ctx.ws.run_dir)}
 
 
 def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,38 @@
+"""Each HLO instruction's place in the user's code, read from xprof's HLO protos."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from mldiag.analysis.hlo_meta import module_sources, sources
+from mldiag.analysis.investigator import _first_sentence
+from tests.conftest import SHARED_FIXTURES
+
+TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+
+
+def test_sources_come_from_the_hlo_protos_of_the_tpu_fixture(tmp_path: Path) -> None:
+    if not TPU.is_file():
+        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    run_dir = tmp_path / "plugins/profile/s1"
+    run_dir.mkdir(parents=True)
+    shutil.copyfile(TPU, run_dir / TPU.name)
+    from xprof.cli.internal.oss import hlo_tools
+
+    hlo_tools.generate_hlo_protos(str(run_dir))
+    found = module_sources(run_dir)
+    jit_f = next(v for k, v in found.items() if k.startswith("jit_f("))
+    assert jit_f["add.3"] == "host_offload_stress_test.py:29 (jit(f)/jit(main)/add)"
+    assert sources(b"") == {} and sources(b"\x0a\x02\x1a\x00") == {}
+    (run_dir / "broken.hlo_proto.pb").write_bytes(b"\x0a\xff\xff")
+    assert "broken" not in module_sources(run_dir)
+
+
+def test_the_summary_states_the_fix_s_first_sentence_whole() -> None:
+    fix = ("Collapse the chain (e.g. `jnp.einsum('a.b', x)` instead; see below), or pass "
+           "`dimension_numbers`. Then measure again.")
+    assert _first_sentence(fix) == ("Collapse the chain (e.g. `jnp.einsum('a.b', x)` instead; "
+                                    "see below), or pass `dimension_numbers`.")
