@@ -221,3 +221,17 @@ def test_a_link_of_a_chain_is_not_a_finding_of_its_own() -> None:
     assert len(found) == 1 and found[0].impact["value"] == 40.0
     assert {c["category"] for c in found[0].details["causes"]} == {"layout_copy",
                                                                    "unfused_reshape"}
+
+
+def test_step_time_spread_names_the_outlier_steps() -> None:
+    from mldiag.analysis.timeline import step_spread
+
+    spread = step_spread([10.0, 10.2, 9.9, 10.1, 30.0, 10.0, 9.8, 14.0])
+    assert spread is not None and spread["steps"] == 8
+    assert spread["min_ms"] == 9.8 and spread["max_ms"] == 30.0 and spread["median_ms"] == 10.05
+    assert [o["step_index"] for o in spread["outliers"]] == [4, 7]
+    assert step_spread([5.0]) == {**step_spread([5.0]), "stddev_ms": 0.0, "outlier_count": 0}
+    assert step_spread([]) is None
+    s = _cpu(8.0)
+    s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]["step_time_spread"] = spread
+    assert triage(s).metrics["step_time_spread"]["outlier_count"] == 2

@@ -371,7 +371,7 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
         _metric_card(
             "Step time",
             _fmt_ms(step),
-            "average per step" if step is not None else not_measured,
+            _step_note(metrics) if step is not None else not_measured,
         ),
         idle_card,
         _metric_card(
@@ -408,6 +408,22 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
         summary_html + f'<div class="cards">{"".join(cards)}</div>' + _render_checks(analysis)
         + judged + _render_collection_note(analysis, snapshot),
     )
+
+
+def _step_note(metrics: Mapping[str, Any]) -> str:
+    """Average per step, with the same steps' spread and outliers when they were measured."""
+    spread = _map(metrics.get("step_time_spread"))
+    if not spread:
+        return "average per step"
+    note = (f"average of {spread.get('steps')} steps; ± {spread.get('stddev_ms')} ms, "
+            f"{spread.get('min_ms')}–{spread.get('max_ms')} ms")
+    outliers = _list(spread.get("outliers"))
+    if outliers:
+        worst = _map(outliers[0])
+        note += (f"; {spread.get('outlier_count')} outlier step(s) over "
+                 f"{spread.get('outlier_threshold_ms')} ms, slowest #{worst.get('step_index')} "
+                 f"at {worst.get('step_time_ms')} ms")
+    return _e(note)
 
 
 def _render_checks(analysis: Mapping[str, Any]) -> str:

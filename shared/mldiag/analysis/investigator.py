@@ -504,7 +504,14 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
                          "but health could not be confirmed from the data available.")
     parts = []
     if m.get("step_time_ms") is not None:
-        parts.append(f"step time {m['step_time_ms']:.2f} ms")
+        spread = m.get("step_time_spread") or {}
+        extra = ""
+        if spread.get("stddev_ms") is not None:
+            extra = f" ± {spread['stddev_ms']:.2f} ms"
+            if spread.get("outlier_count"):
+                extra += (f" ({spread['outlier_count']} outlier step(s), up to "
+                          f"{spread['max_ms']:.2f} ms)")
+        parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}")
     if m.get("device_idle_percent") is not None:
         parts.append(f"device idle {m['device_idle_percent']:.1f}%")
     if m.get("roofline_efficiency_percent") is not None:

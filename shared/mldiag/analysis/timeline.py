@@ -284,6 +284,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         100.0 * (s - b) / s for s, b in zip(all_steps_ms, all_busy_ms, strict=True) if s > 0
     ]
     steps_mostly_waiting = sum(1 for w in per_step_wait if w >= 50.0)
+    spread = step_spread(all_steps_ms)
     # Per-step op time, so the detectors can state a share of step time without an op profile.
     denom = n_steps if n_steps else 1
     top_ops = sorted(op_time.items(), key=lambda kv: (-kv[1], kv[0]))[:top_n]
@@ -302,6 +303,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         else None,
         "host_wait_percent": _round(wait_pct, 2) if wait_pct is not None else None,
         "steps_mostly_waiting": steps_mostly_waiting,
+        # The same steps' spread: stddev, min/median/max and the outlier steps.
+        "step_time_spread": spread,
         "per_host": per_host,
         "op_time_per_step": [
             {
@@ -314,6 +317,32 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
             for (program, name), t in top_ops
         ],
         "op_time_ms_by_program": _by_program(op_time, denom),
+    }
+
+
+OUTLIER_MADS = 3.0
+
+
+def step_spread(steps_ms: list[float]) -> dict[str, Any] | None:
+    """Stddev, min, median and max of the step times, and the outliers: steps more than
+    3 median absolute deviations (and 5%) above the median, slowest first (index, ms)."""
+    if not steps_ms:
+        return None
+    x = np.asarray(steps_ms, dtype=float)
+    median = float(np.median(x))
+    mad = float(np.median(np.abs(x - median)))
+    limit = median + max(OUTLIER_MADS * 1.4826 * mad, 0.05 * median)
+    slow = [(int(i), float(x[i])) for i in np.argsort(-x) if x[i] > limit]
+    return {
+        "steps": len(steps_ms),
+        "stddev_ms": _round(float(x.std(ddof=1)) if len(x) > 1 else 0.0),
+        "min_ms": _round(float(x.min())), "median_ms": _round(median),
+        "max_ms": _round(float(x.max())),
+        "coefficient_of_variation_percent": _round(100.0 * float(x.std()) / float(x.mean()), 2)
+        if x.mean() > 0 else None,
+        "outlier_threshold_ms": _round(limit),
+        "outliers": [{"step_index": i, "step_time_ms": _round(v)} for i, v in slow[:10]],
+        "outlier_count": len(slow),
     }
 
 

@@ -142,6 +142,8 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "device_idle_window": chosen.window if chosen else None,
         "device_idle_sources": {x.label: round(x.value, 2) for x in sources},
         "judged_over": chosen.window if chosen else ("steps" if step else "capture window"),
+        # The spread of the same steps the headline step time averages (our timeline's).
+        "step_time_spread": hb.get("step_time_spread") if hb.get("steps_analyzed") else None,
     }
 
 
