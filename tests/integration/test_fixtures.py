@@ -93,6 +93,9 @@ def test_gpu_fixture_completes_with_an_honest_verdict(gpu_logdir: Path, tmp_path
     assert m["device_idle_sources"]["step trace (1 step)"] == pytest.approx(30.2)
     assert a["findings"][0]["priority"] == "P0"
     assert "capture window" in a["findings"][0]["title"]
+    # Only GPU:4 and GPU:6 ran work; the six others are named.
+    assert "6 of 8 devices ran no work (GPU:0, GPU:1, GPU:2, GPU:3, GPU:5, GPU:7)" in a[
+        "findings"][0]["title"]
     assert "tf.data" in a["findings"][0]["fix"] and "jax.jit" not in a["findings"][0]["fix"]
     assert any(f["tool"] == "get_kernel_stats" and f["status"] == "DATA" for f in a["follow_ups"])
 

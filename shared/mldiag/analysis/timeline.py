@@ -51,6 +51,8 @@ class HostTimeline:
     active_span_ns: float = 0.0
     busy_in_span_ns: float = 0.0
     events_scanned: int = 0
+    # Per device plane: (name, busy ns, events); a device that ran nothing has 0 events.
+    devices: list[tuple[str, float, int]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -59,7 +61,8 @@ class HostTimeline:
                 "ops": [[p, n, t, self.op_count[(p, n)]]
                         for (p, n), t in sorted(self.op_time_ns.items())],
                 "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
-                "events_scanned": self.events_scanned}
+                "events_scanned": self.events_scanned,
+                "devices": [list(d) for d in self.devices]}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -68,7 +71,8 @@ class HostTimeline:
                 busy_per_step_ns=np.array(d["busy_per_step_ns"], dtype=np.float64),
                 active_span_ns=float(d["active_span_ns"]),
                 busy_in_span_ns=float(d["busy_in_span_ns"]),
-                events_scanned=int(d.get("events_scanned", 0)))
+                events_scanned=int(d.get("events_scanned", 0)),
+                devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])])
         for program, name, t, count in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -224,6 +228,8 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
             key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
             result.op_time_ns[key] += t
             result.op_count[key] += c
+    if source == "device":
+        result.devices = _per_device(scan, lines)
     if starts:
         seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
     else:
@@ -233,6 +239,29 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
     result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
     return result
+
+
+def _per_device(scan: XSpaceScan, lines: list[tuple[Plane, Line]]) -> list[tuple[str, float, int]]:
+    """Busy time (union of its execution events) and event count of every device plane,
+    including the devices whose planes hold no execution at all."""
+    by_plane: dict[str, list[Line]] = {p.name: [] for p in scan.planes
+                                       if p.name.startswith("/device:") and "CUSTOM" not in
+                                       p.name}
+    for plane, line in lines:
+        by_plane.setdefault(plane.name, []).append(line)
+    out = []
+    for name, plane_lines in by_plane.items():
+        starts = [ln.start_ns()[ln.events.duration_ps > 0] for ln in plane_lines
+                  if len(ln.events)]
+        ends = [ln.start_ns()[ln.events.duration_ps > 0] + ln.duration_ns()[
+            ln.events.duration_ps > 0] for ln in plane_lines if len(ln.events)]
+        count = int(sum(len(x) for x in starts))
+        busy = 0.0
+        if count:
+            seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
+            busy = float(np.sum(seg_e - seg_s))
+        out.append((name, busy, count))
+    return sorted(out)
 
 
 def _round(x: float, nd: int = 3) -> float:
@@ -272,6 +301,16 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
                 )
                 if h.active_span_ns
                 else None,
+                # Each device's busy share of this host's active span; idle devices named.
+                "devices": [
+                    {"device": name, "events": count, "busy_ms": _round(busy / 1e6),
+                     "busy_in_active_span_percent": _round(100.0 * busy / h.active_span_ns, 2)
+                     if h.active_span_ns else None}
+                    for name, busy, count in h.devices],
+                # Devices that ran nothing, or under 1% of what the busiest device ran.
+                "idle_devices": [name for name, busy, count in h.devices
+                                 if count == 0 or busy < 0.01 * max(
+                                     b for _, b, _ in h.devices)],
             }
         )
     n_steps = len(all_steps_ms)

@@ -358,6 +358,12 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     if hosts and hosts[0].get("busy_in_active_span_percent") is not None and not any(
             p["field"] == busy for p in proof):
         proof.append(ev.cite(snapshot, "get_step_trace", busy))
+    idle_devices: list[str] = []
+    devices = (hosts[0].get("devices") or []) if hosts else []
+    if len(devices) > 1 and hosts[0].get("idle_devices"):
+        idle_devices = list(hosts[0]["idle_devices"])
+        proof.append(ev.cite(snapshot, "get_step_trace",
+                             "host_bound_analysis.per_host[0].idle_devices"))
     priority = _priority(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT)
     scope = "the profiled time" if window == "steps" else "the capture window"
     if per_step:
@@ -366,16 +372,21 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
             # One or two steps are too few to call critical: warm-up or a one-off stall.
             scope = f"the {steps} captured step{'s' if steps != 1 else ''}"
             priority = "P1" if priority == "P0" else priority
+    title = f"Device idle {idle:.1f}% of {scope}"
+    if idle_devices:
+        names = ", ".join(d.rsplit("/", 1)[-1].replace("device:", "") for d in idle_devices)
+        title += f"; {len(idle_devices)} of {len(devices)} devices ran no work ({names})"
     return [Hypothesis(
         category="idle",
         priority=priority,
-        title=f"Device idle {idle:.1f}% of {scope}",
+        title=title,
         evidence=proof,
         impact=_impact(idle, "% of step" if per_step else "% of device time",
                        f"{idle:.1f}% of {'step' if per_step else 'device'} time has no op "
                        f"running (source: {metrics.get('device_idle_source')})"),
         details={"source": metrics.get("device_idle_source"), "window": window,
-                 "sources": metrics.get("device_idle_sources")},
+                 "sources": metrics.get("device_idle_sources"),
+                 "idle_devices": idle_devices},
     )]
 
 
