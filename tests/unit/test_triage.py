@@ -235,3 +235,13 @@ def test_step_time_spread_names_the_outlier_steps() -> None:
     s = _cpu(8.0)
     s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]["step_time_spread"] = spread
     assert triage(s).metrics["step_time_spread"]["outlier_count"] == 2
+
+
+def test_kernel_occupancy_shows_only_when_the_trace_recorded_it() -> None:
+    from mldiag.analysis.html import _kernel_table
+
+    zero = [{"kernel_name": "k1", "occupancy_pct": 0.0, "total_duration_us": 5.0},
+            {"kernel_name": "k2", "occupancy_pct": 0.0, "total_duration_us": 3.0}]
+    assert "0.0%" not in _kernel_table(zero) and "not recorded" in _kernel_table(zero)
+    real = [{"kernel_name": "k1", "occupancy_pct": 62.5, "total_duration_us": 5.0}]
+    assert "62.5%" in _kernel_table(real)

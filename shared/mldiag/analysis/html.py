@@ -1095,6 +1095,9 @@ def _yes_no(value: object) -> str:
 
 def _kernel_table(records: list[Mapping[str, Any]]) -> str:
     rows = []
+    # A trace without occupancy data reports 0% for every kernel: that is "not recorded",
+    # not a measurement.
+    occupancy_valid = any((_measured(r.get("occupancy_pct")) or 0) > 0 for r in records)
     for index, r in enumerate(records):
         rank = _measured(r.get("rank"))
         occurrences = r.get("occurrences", r.get("execution_count"))
@@ -1105,7 +1108,8 @@ def _kernel_table(records: list[Mapping[str, Any]]) -> str:
                 _fmt_plain(r.get("total_duration_us"), 1),
                 _fmt_plain(r.get("avg_duration_us"), 2),
                 _fmt_plain(occurrences, 0),
-                _fmt_pct(r.get("occupancy_pct")) if "occupancy_pct" in r else _na("not recorded"),
+                _fmt_pct(r.get("occupancy_pct")) if "occupancy_pct" in r and occupancy_valid
+                else _na("not recorded"),
                 f'{_yes_no(r.get("is_op_tensor_core_eligible"))} / '
                 f'{_yes_no(r.get("is_kernel_using_tensor_core"))}',
                 _e(" / ".join(_str(r.get(k)) for k in ("grid_dim", "block_dim") if r.get(k))),
