@@ -36,3 +36,16 @@ def test_the_summary_states_the_fix_s_first_sentence_whole() -> None:
            "`dimension_numbers`. Then measure again.")
     assert _first_sentence(fix) == ("Collapse the chain (e.g. `jnp.einsum('a.b', x)` instead; "
                                     "see below), or pass `dimension_numbers`.")
+
+
+def test_the_tpu_copy_finding_tells_directions_and_exposed_from_hidden(tmp_path: Path) -> None:
+    from mldiag.analysis.engine import analyze
+
+    if not TPU.is_file():
+        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    a = analyze(TPU, tmp_path).analysis
+    (copy,) = [f for f in a["findings"] if f["category"] == "data_transfer"]
+    assert "3 host→device (`copy-done`, `copy-done.2`, `copy-done.4`), all exposed" in copy["what"]
+    assert ("`copy-done.5` exposed and `copy-done.1`, `copy-done.3` hidden behind compute"
+            in copy["what"])
+    assert "(`copy-done.5`)" in copy["fix"] and "copy-done.1" not in copy["fix"]

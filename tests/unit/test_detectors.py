@@ -351,3 +351,13 @@ def test_tpu_fixture_modules_from_xprof(tpu_logdir):
     for text in modules.values():
         assert hlo.parse_module(text).entry is not None
     assert _all(modules) == {d.__name__: [] for d in DETECTORS}
+
+
+def test_async_copies_have_their_direction_from_memory_spaces():
+    from mldiag.analysis.detectors import async_copies
+
+    found = {c["copy_done"]: c["direction"] for c in async_copies(
+        _modules("tpu_inference_2_jit_f"))}
+    assert found == {"copy-done": "host→device", "copy-done.2": "host→device",
+                     "copy-done.4": "host→device", "copy-done.1": "device→host",
+                     "copy-done.3": "device→host", "copy-done.5": "device→host"}

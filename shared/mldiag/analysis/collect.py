@@ -270,7 +270,19 @@ class _Assembler:
             # profiler was on (e.g. a module compiled and run before the trace started).
             d["executed_in_profile"] = ms is not None if times else None
         found.sort(key=lambda d: (-(d["time_ms"] or 0.0), d["module"], d["instruction"]))
+        extra: dict[str, Any] = {}
+        if tool == "detect_layout_mismatch_copies":
+            # Host offload and prefetch copies: their direction, and whether each is exposed
+            # (its copy-done takes time) or hidden behind compute.
+            copies = detectors.async_copies(texts)
+            for c in copies:
+                ms = op_ms(c["module"], c["copy_done"])
+                c["time_ms"] = round(ms, 4) if ms is not None else None
+                c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
+                                        if ms is not None and step_ms else None)
+            extra["async_copies"] = copies
         return {
+            **extra,
             "detections": found,
             "modules_scanned": len(texts),
             "reference_time_ms": round(step_ms, 4) if step_ms else None,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -543,3 +544,40 @@ def _dims(shape: Shape) -> str:
 
 def _mib(size: int) -> str:
     return f"{size / (1 << 20):.1f} MiB"
+
+
+# ---------------------------------------------------------------- async copies
+
+_COPY_START = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*\((.*)\)\s+copy-start\(")
+_COPY_DONE = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=.*\bcopy-done\(%?([\w.\-]+)\)")
+_SHAPE = re.compile(r"\w+\[[^\]]*\](?:\{[^}]*\})?")
+
+
+def async_copies(modules: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Every asynchronous copy (copy-start/copy-done pair) and its direction, from the memory
+    spaces of its destination and source: S(5) is host memory, no space is device memory."""
+    out: list[dict[str, Any]] = []
+    for module, text in modules.items():
+        starts: dict[str, tuple[str, str]] = {}
+        dones: list[tuple[str, str]] = []
+        for line in text.splitlines():
+            m = _COPY_START.match(line)
+            if m:
+                shapes = _SHAPE.findall(m.group(2))
+                if len(shapes) >= 2:
+                    starts[m.group(1)] = (shapes[0], shapes[1])
+                continue
+            d = _COPY_DONE.match(line)
+            if d:
+                dones.append((d.group(1), d.group(2)))
+        for done, start in dones:
+            if start not in starts:
+                continue
+            dest, src = starts[start]
+            to_host, from_host = "S(5)" in dest, "S(5)" in src
+            direction = ("host→device" if from_host and not to_host else
+                         "device→host" if to_host and not from_host else "device→device")
+            out.append({"module": module, "copy_done": done, "copy_start": start,
+                        "direction": direction, "destination_shape": dest,
+                        "source_shape": src})
+    return out

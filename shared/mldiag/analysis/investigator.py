@@ -340,6 +340,34 @@ def _memory_pressure(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     return _finding(h, what, fix)
 
 
+def _copy_directions(copies: list[Mapping[str, Any]]) -> str:
+    """Which copies go which way (S(5) is host memory), and which are exposed (their
+    copy-done takes device time) or hidden behind compute."""
+    if not copies:
+        return ""
+    timed = [float(c["time_ms"]) for c in copies if c.get("time_ms") is not None]
+    top = max(timed, default=0.0)
+    parts = []
+    for direction in ("host→device", "device→host", "device→device"):
+        group = [c for c in copies if c.get("direction") == direction]
+        if not group:
+            continue
+        exposed = [c for c in group if c.get("time_ms") and float(c["time_ms"]) >= 0.01 * top]
+        hidden = [c for c in group if c not in exposed]
+        said = f"{len(group)} {direction} ({', '.join(f'`{c['copy_done']}`' for c in group)})"
+        if exposed and hidden:
+            said += (f", of which {', '.join(f'`{c['copy_done']}`' for c in exposed)} "
+                     f"exposed and {', '.join(f'`{c['copy_done']}`' for c in hidden)} hidden "
+                     "behind compute")
+        elif exposed:
+            said += ", all exposed"
+        elif timed:
+            said += ", all hidden behind compute"
+        parts.append(said)
+    return ("Its asynchronous copies, by memory space (S(5) is pinned host memory): "
+            + "; ".join(parts) + ".")
+
+
 def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     op = str(h.details.get("top_op"))
     module = _module_of(ctx.snapshot, op) or ""
@@ -366,14 +394,29 @@ def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     cats = ", ".join(str(c) for c in h.details.get("categories", []))
     what = (f"Device time is dominated by {cats}: `{op}` and its siblings wait for "
             f"asynchronous copies to finish." + near)
-    if host_offload:
+    copies = ev.get(ctx.snapshot, "detect_layout_mismatch_copies", "async_copies", []) or []
+    copies_said = _copy_directions(copies)
+    if copies_said:
+        what += " " + copies_said
+        host_offload = host_offload or any("host" in c.get("direction", "") for c in copies)
+        extra.append(ev.cite(ctx.snapshot, "detect_layout_mismatch_copies", "async_copies"))
+    elif host_offload:
         what += (" The copy source lives in memory space S(5) (pinned host memory), so every "
                  "call streams the tensor from host to HBM.")
+    if host_offload:
         fix = ("Keep these tensors in device memory: place them once with "
                "`jax.device_put(x, NamedSharding(mesh, spec, memory_kind='device'))` (or drop the "
                "`memory_kind='pinned_host'` / host-offload annotation) so the jitted function "
                "does not copy them from host every call; if they must stay on host, overlap the "
                "copy with compute by splitting the work so copy-start is issued earlier.")
+        top = max((float(c["time_ms"]) for c in copies if c.get("time_ms")), default=0.0)
+        back = [c["copy_done"] for c in copies if c.get("direction") == "device→host"
+                and c.get("time_ms") and float(c["time_ms"]) >= 0.01 * top]
+        if back:
+            fix += (f" The results written back to host ({', '.join(f'`{b}`' for b in back)}) "
+                    "are offloaded by `out_shardings` with `memory_kind='pinned_host'` (or "
+                    "`jax.device_put(..., memory_kind='pinned_host')`): keep them on device "
+                    "until they are needed on host.")
     else:
         fix = ("Keep data device-resident across steps: move `jax.device_put` of inputs out of "
                "the step, prefetch the next batch while the current one runs, and avoid "
@@ -383,8 +426,10 @@ def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
 
 def _memory_bound(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     top = ev.get(ctx.snapshot, "get_roofline_model", "program", {}) or {}
+    oi = top.get("bottleneck_operational_intensity_flop_per_byte",
+                 top.get("operational_intensity_flop_per_byte"))
     what = (f"The program is bound by {h.details.get('bound_by')} bandwidth at "
-            f"{top.get('operational_intensity_flop_per_byte')} FLOP/byte, far below the ridge "
+            f"{oi} FLOP/byte (its bottleneck operational intensity), far below the ridge "
             f"point of {top.get('bound_by_ridge_point_flop_per_byte')} FLOP/byte; it reaches "
             f"{top.get('roofline_efficiency_percent')} of the roofline.")
     fix = ("Raise arithmetic intensity: fuse elementwise work into its producers (avoid "
