@@ -245,3 +245,18 @@ def test_kernel_occupancy_shows_only_when_the_trace_recorded_it() -> None:
     assert "0.0%" not in _kernel_table(zero) and "not recorded" in _kernel_table(zero)
     real = [{"kernel_name": "k1", "occupancy_pct": 62.5, "total_duration_us": 5.0}]
     assert "62.5%" in _kernel_table(real)
+
+
+def test_memory_is_judged_on_the_program_that_ran_in_the_steps() -> None:
+    s = _cpu(8.0)
+    s["tools"]["get_peak_allocations"] = _tool({"summary": {"top_modules": [
+        {"module_name": "jit__init_weights(3)", "total_hbm_mib": 4096.0},
+        {"module_name": "jit_step(20)", "total_hbm_mib": 8.0}]}, "modules": [
+        {"module_name": "jit__init_weights(3)"}, {"module_name": "jit_step(20)"}]})
+    s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]["op_time_ms_by_program"] = {
+        "20": {"dot.1": 9.0}}
+    t = triage(s)
+    # The 4 GiB setup program ran before the steps: the step's 8 MiB is what is judged.
+    assert t.metrics["peak_memory_gib"] == pytest.approx(8.0 / 1024, abs=1e-4)
+    assert t.status == OPTIMAL and not any(h.category == "memory_pressure"
+                                           for h in t.hypotheses)

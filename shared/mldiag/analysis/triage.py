@@ -7,6 +7,7 @@ is said, and on its own it does not make a healthy profile NEEDS_ATTENTION.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,8 +116,9 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
     source = "get_memory_profile" if peak is not None else None
     if peak is None:
+        top_i, _ = stepped_module(snapshot)
         mib = ev.number(ev.get(snapshot, "get_peak_allocations",
-                               "summary.top_modules[0].total_hbm_mib"))
+                               f"summary.top_modules[{top_i}].total_hbm_mib"))
         peak = round(mib / 1024.0, 4) if mib is not None else None
         source = "get_peak_allocations" if peak is not None else None
     if capacity is not None and capacity <= 0:
@@ -145,6 +147,30 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         # The spread of the same steps the headline step time averages (our timeline's).
         "step_time_spread": hb.get("step_time_spread") if hb.get("steps_analyzed") else None,
     }
+
+
+_PROGRAM_ID = re.compile(r"\((\d+)\)$")
+
+
+def stepped_module(snapshot: Mapping[str, Any]) -> tuple[int, int]:
+    """(index in summary.top_modules, index in modules) of the largest compiled program that
+    ran in the measured steps, so memory is judged on the training step and not on a setup
+    program (weights init, RNG); (0, 0) when the timeline names no program."""
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    ran = {str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
+    top = ev.get(snapshot, "get_peak_allocations", "summary.top_modules", []) or []
+    modules = ev.get(snapshot, "get_peak_allocations", "modules", []) or []
+    if not ran:
+        return 0, 0
+    for i, m in enumerate(top):
+        match = _PROGRAM_ID.search(str(m.get("module_name", "")) if isinstance(m, Mapping)
+                                   else "")
+        if match and match.group(1) in ran:
+            name = m.get("module_name")
+            j = next((k for k, x in enumerate(modules) if isinstance(x, Mapping)
+                      and x.get("module_name") == name), 0)
+            return i, j
+    return 0, 0
 
 
 def _roofline_efficiency(snapshot: Mapping[str, Any]) -> float | None:
@@ -547,17 +573,19 @@ def _memory(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hyp
             impact=_impact(peak, "GiB", f"{100.0 * peak / cap:.1f}% of device memory at peak"),
         )]
     if cap is None:
+        ti, mi = stepped_module(snapshot)
         mib = ev.number(ev.get(snapshot, "get_peak_allocations",
-                               "summary.top_modules[0].total_hbm_mib"))
+                               f"summary.top_modules[{ti}].total_hbm_mib"))
         if mib is not None and mib / 1024.0 >= LARGE_MODULE_GIB:
             gib = mib / 1024.0
             proof = [ev.cite(snapshot, "get_peak_allocations",
-                             "summary.top_modules[0].module_name"),
+                             f"summary.top_modules[{ti}].module_name"),
                      ev.cite(snapshot, "get_peak_allocations",
-                             "summary.top_modules[0].total_hbm_mib")]
-            if ev.get(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]") is not None:
+                             f"summary.top_modules[{ti}].total_hbm_mib")]
+            buffer = f"modules[{mi}].top_buffers[0]"
+            if ev.get(snapshot, "get_peak_allocations", buffer) is not None:
                 proof.append(ev.cite(snapshot, "get_peak_allocations",
-                                     "modules[0].top_buffers[0]"))
+                                     f"modules[{mi}].top_buffers[0]"))
             return [Hypothesis(
                 category="memory_pressure", priority="P1",
                 title=f"Large live memory: {gib:.2f} GiB allocated by one compiled program",
