@@ -147,3 +147,18 @@ def test_a_new_generation_or_xprof_version_gets_a_new_cache(site: Site,
     assert cache_key(newer) != key
     monkeypatch.setattr("mldiag.viewer.xprof_version", lambda: "9.9.9")
     assert cache_key(s) != key
+
+
+def test_large_answers_are_gzipped_once_and_served_plain_to_clients_that_cannot_take_it(
+        site: Site) -> None:
+    import json
+
+
+    viewer = site.auth("viewer")
+    url = f"{XP}/data?run=s1&tag=trace_viewer@&host={HOST}"
+    zipped = site.client.get(url, headers={**viewer, "Accept-Encoding": "gzip"})
+    assert zipped.status_code == 200 and zipped.headers["content-encoding"] == "gzip"
+    raw = site.client.get(url, headers={**viewer, "Accept-Encoding": "identity"})
+    assert "content-encoding" not in raw.headers
+    assert json.loads(raw.content) == json.loads(zipped.content)  # httpx decoded the gzip
+    assert len(zipped.content) == len(raw.content)  # the same document, decoded

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import gzip
 import hashlib
 import re
 from collections.abc import Callable
@@ -82,10 +83,14 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
         out = ws.answer(route, dict(request.query_params))
     except ViewerError as e:
         raise HTTPException(e.status, str(e)) from e
-    headers = {"Cache-Control": "private, max-age=60"}
-    if out.content_encoding:
+    headers = {"Cache-Control": "private, max-age=60", "Vary": "Accept-Encoding"}
+    body = out.body
+    if out.content_encoding == "gzip" and "gzip" not in request.headers.get(
+            "accept-encoding", ""):
+        body = gzip.decompress(body)
+    elif out.content_encoding:
         headers["Content-Encoding"] = out.content_encoding
-    return Response(out.body, media_type=out.content_type, headers=headers)
+    return Response(body, media_type=out.content_type, headers=headers)
 
 
 def _json(data: Any) -> Response:
