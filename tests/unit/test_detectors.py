@@ -361,3 +361,17 @@ def test_async_copies_have_their_direction_from_memory_spaces():
     assert found == {"copy-done": "host→device", "copy-done.2": "host→device",
                      "copy-done.4": "host→device", "copy-done.1": "device→host",
                      "copy-done.3": "device→host", "copy-done.5": "device→host"}
+
+
+def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
+    from mldiag.analysis.investigator import _Context, _convert_reduce
+    from mldiag.analysis.triage import Hypothesis
+
+    (d,) = detect_unnecessary_convert_reduce(_modules("cpu_multi_output_convert"))
+    assert "(reducers: add, maximum)" in d.description
+    h = Hypothesis(category="convert_reduce", priority="P1", title="t", evidence=[],
+                   impact={}, details={"detection": d.to_dict(),
+                                       "tool": "detect_unnecessary_convert_reduce"})
+    ctx = _Context({"tools": {}}, None)  # type: ignore[arg-type]
+    fix = _convert_reduce(h, ctx)["fix"]
+    assert "jnp.max(x, axis=axis)" in fix and "sum-of-squares" not in fix

@@ -477,11 +477,20 @@ def _convert_description(
     over = f" over dimensions={{{','.join(map(str, dims))}}}" if dims else ""
     more = len(reduces) - 1
     others = f" (and {more} more reduce{'s' if more > 1 else ''})" if more else ""
+    kinds = sorted({_reducer(module, r) for _, r in reduces} - {""})
+    how = f" (reducers: {', '.join(kinds)})" if kinds else ""
     return (
         f"In {name}, {_where(top, convert)} converts {source.text} to {convert.shape.text} "
         f"({_mib(convert.shape.byte_size)} of f32) that feeds {reduce.name} "
-        f"({reduce.shape.text}{over}) {place}{others}; {cost}."
+        f"({reduce.shape.text}{over}) {place}{others}{how}; {cost}."
     )
+
+
+def _reducer(module: HloModule, reduce: Instruction) -> str:
+    """What a reduce computes: the opcode at the root of its `to_apply` (add, maximum, ...)."""
+    body = module.computations.get(reduce.to_apply or "")
+    root = body.root if body is not None else None
+    return root.opcode if root is not None else ""
 
 
 def _executing(

@@ -308,7 +308,17 @@ def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     near, extra = _neighborhood(ctx, d)
     description = str(d.get("description", "")).rstrip(".")
     what = f"{description}{_detector_source(d)}." + near
-    if "more reduce" in description or "materialis" in description:
+    kinds = description.split("(reducers: ", 1)[1].split(")", 1)[0] if (
+        "(reducers: " in description) else ""
+    if ("maximum" in kinds or "minimum" in kinds) and "add" in kinds:
+        # A sum and a max of the same tensor: the max is exact in bf16, so it needs no f32
+        # copy; only the sum accumulates in f32.
+        fix = ("Do not share one f32 copy between a max and a sum: take the max on the "
+               "low-precision input (`jnp.max(x, axis=axis)`: max is exact in bf16) and let "
+               "the sum accumulate in f32 as it reads bf16 "
+               "(`jnp.sum(x, axis=axis, dtype=jnp.float32)`); with no other f32 consumer, XLA "
+               "fuses each convert into its reduction.")
+    elif "more reduce" in description or "materialis" in description:
         fix = ("The f32 copy is written to memory because several reductions share it. Compute "
                "them in one pass with a variadic reduce so XLA fuses the convert into the "
                "reduction and reads bf16 directly: `xf = x.astype(jnp.float32); s, ss = "
