@@ -104,6 +104,11 @@ locals {
     # Hosts of one dropped multi-host session upload seconds apart: wait longer than locally
     # before analysing a session that expects no particular hosts.
     MLDIAG_SETTLE_S            = tostring(var.settle_seconds)
+    # Where on_capture_request may connect (mldiag.capture.egress): the workloads' networks
+    # and ports, never loopback, link-local or the metadata server.
+    MLDIAG_CAPTURE_ALLOWED_NETWORKS = join(",", var.capture_allowed_networks)
+    MLDIAG_CAPTURE_ALLOWED_PORTS    = var.capture_allowed_ports
+    MLDIAG_CAPTURE_ALLOW_LOOPBACK   = "0"
     LOG_EXECUTION_ID           = "true"
   }, var.extra_environment)
 

@@ -202,3 +202,15 @@ variable "console_ingress" {
     error_message = "console_ingress: INGRESS_TRAFFIC_INTERNAL_LOAD_BALANCER, INGRESS_TRAFFIC_INTERNAL_ONLY or INGRESS_TRAFFIC_ALL."
   }
 }
+
+variable "capture_allowed_networks" {
+  description = "CIDRs the capture stage may connect to (the workloads' VPC subnets); every address a target name resolves to must be in one."
+  type        = list(string)
+  default     = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"]
+}
+
+variable "capture_allowed_ports" {
+  description = "Ports the capture stage may connect to on targets (profiler servers, SDK control endpoints), as a-b ranges separated by commas."
+  type        = string
+  default     = "1024-65535"
+}

@@ -23,7 +23,8 @@ class Settings:
     MLDIAG_FUNCTION_MAX_HOST_BYTES, MLDIAG_FUNCTION_MAX_HOSTS, MLDIAG_IN_JOB, MLDIAG_COLLECT_JOB,
     MLDIAG_CONSOLE_HOST, MLDIAG_CONSOLE_PORT, MLDIAG_CONSOLE_AUTH, MLDIAG_IAP_AUDIENCE,
     MLDIAG_IAP_CERTS_URL, MLDIAG_ID_TOKEN_AUDIENCE, MLDIAG_CONSOLE_SECRET, MLDIAG_PUBLIC_URL,
-    MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER.
+    MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER,
+    MLDIAG_CAPTURE_ALLOWED_NETWORKS, MLDIAG_CAPTURE_ALLOWED_PORTS, MLDIAG_CAPTURE_ALLOW_LOOPBACK.
     """
 
     home: Path = Path(".mldiag")
@@ -94,6 +95,12 @@ class Settings:
     viewer_keep: int = 8
     # Build each REPORTED session's viewer caches in the pipeline (the prebuild_viewer stage).
     prebuild_viewer: bool = True
+    # Where the capture stage may connect (target records are workload-written data):
+    # comma-separated CIDRs (default: the private ranges), ports ("a-b,c"), and whether
+    # loopback is allowed ("auto": only with the local backend).
+    capture_allowed_networks: str = ""
+    capture_allowed_ports: str = "1024-65535"
+    capture_allow_loopback: str = "auto"
 
     def to_env(self) -> dict[str, str]:
         """These settings as MLDIAG_* variables, for a process that builds its own."""

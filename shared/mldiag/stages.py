@@ -36,8 +36,10 @@ from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
-from mldiag.analysis.profile_input import ProfileSession
+from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.capture.egress import EgressPolicy
+from mldiag.capture.remote import CaptureFailed
 from mldiag.capture.targets import capture as capture_target
 from mldiag.capture.targets import set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
@@ -720,6 +722,18 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
                      [t for t in targets if t.host not in stored.hosts])
 
 
+def _check_xspace(data: bytes, host: str) -> None:
+    """Only bytes that parse as an XSpace go to the bucket: a target's answer is not trusted."""
+    with tempfile.NamedTemporaryFile(suffix=".xplane.pb") as f:
+        f.write(data)
+        f.flush()
+        try:
+            validate_xplane(Path(f.name), max_bytes=max(len(data), 1))
+        except ProfileUnreadable as e:
+            raise CaptureFailed(f"the answer of {host} is not a profile, nothing was stored: "
+                                f"{str(e).split(': ', 1)[-1]}") from e
+
+
 def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
                  targets: list[TargetRecord]) -> None:
     """Capture every target in parallel from one start time; keep what succeeds."""
@@ -727,8 +741,12 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     # One start time for all, far enough ahead that every request reaches its target first.
     start_at = services.clock() + 0.5 + 0.05 * len(targets)
 
+    egress = EgressPolicy.from_settings(services.settings)
+    cap = services.settings.max_host_bytes
+
     def one(target: TargetRecord) -> str:
-        data = capture_target(target, msg, start_at)
+        data = capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        _check_xspace(data, target.host)
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
 
@@ -778,7 +796,8 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
 
     def one(target: TargetRecord) -> None:
         try:
-            state = set_continuous(target, msg)
+            state = set_continuous(target, msg,
+                                   egress=EgressPolicy.from_settings(services.settings))
         except Exception as e:  # noqa: BLE001 - recorded on the target, the others go on
             reason = str(e) if isinstance(e, MldiagError) else f"{type(e).__name__}: {e}"
             services.state.update_target(target.run, target.host, target.port,

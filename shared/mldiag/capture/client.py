@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import http.client
 import json
-import urllib.error
-import urllib.request
 from typing import Any
 
 from mldiag.errors import MldiagError
@@ -19,16 +18,21 @@ class TargetError(MldiagError):
 
 
 class TargetClient:
-    """Calls one target's control endpoint at `address:control_port` with its bearer token."""
+    """Calls one target's control endpoint at `address:control_port` with its bearer token.
+
+    It connects to `ip` when given (the address the egress policy checked), follows no
+    redirect (a 3xx is an error: the token must never reach another server), and reads at
+    most `max_bytes` of an answer."""
 
     def __init__(self, address: str, control_port: int, token: str,
-                 timeout_s: float = 30.0) -> None:
+                 timeout_s: float = 30.0, *, ip: str | None = None,
+                 max_bytes: int = 2 * 1024**3) -> None:
         self.address = address
         self.control_port = control_port
         self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
         self._token = token
-        host = f"[{address}]" if ":" in address and not address.startswith("[") else address
-        self._base = f"http://{host}:{control_port}"
+        self._ip = ip or address
 
     @property
     def endpoint(self) -> str:
@@ -66,7 +70,7 @@ class TargetClient:
         return data
 
     def _json(self, method: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
-        raw = self._request(method, path, body, self.timeout_s)
+        raw = self._request(method, path, body, self.timeout_s, limit=1024**2)
         try:
             answer = json.loads(raw)
         except (UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -76,34 +80,57 @@ class TargetClient:
         return answer
 
     def _request(self, method: str, path: str, body: dict[str, Any] | None,
-                 timeout_s: float) -> bytes:
+                 timeout_s: float, limit: int | None = None) -> bytes:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(
-            self._base + path, data=data, method=method,
-            headers={"Authorization": f"Bearer {self._token}",
-                     "Content-Type": "application/json"})
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        conn = http.client.HTTPConnection(self._ip, self.control_port, timeout=timeout_s)
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                payload: bytes = response.read()
-                return payload
-        except urllib.error.HTTPError as e:
-            raise TargetError(f"{self.endpoint}{path}: HTTP {e.code}: {_reason(e)}") from e
-        except urllib.error.URLError as e:
-            raise TargetUnreachable(f"{self.endpoint} unreachable: {e.reason}") from e
+            conn.request(method, path, body=data, headers={
+                "Host": f"{host}:{self.control_port}",
+                "Authorization": f"Bearer {self._token}",
+                "Content-Type": "application/json"})
+            response = conn.getresponse()
+            if 300 <= response.status < 400:
+                raise TargetError(f"{self.endpoint}{path}: HTTP {response.status} redirect "
+                                  "refused (a target answers itself, and its token goes "
+                                  "nowhere else)")
+            payload = _read_capped(response, limit or self.max_bytes, self.endpoint + path)
+            if response.status >= 400:
+                raise TargetError(f"{self.endpoint}{path}: HTTP {response.status}: "
+                                  f"{_reason(response.status, payload)}")
+            return payload
         except TimeoutError as e:
             raise TargetUnreachable(
                 f"{self.endpoint} unreachable: no answer within {timeout_s:g} s") from e
-        except (ConnectionError, OSError) as e:
-            # A connection reset or closed while the answer is read.
+        except (ConnectionError, OSError, http.client.HTTPException) as e:
+            # Refused, reset or closed while the answer is read.
             raise TargetUnreachable(f"{self.endpoint} unreachable: {e}") from e
+        finally:
+            conn.close()
 
 
-def _reason(error: urllib.error.HTTPError) -> str:
-    raw = error.read()
+def _read_capped(response: http.client.HTTPResponse, limit: int, where: str) -> bytes:
+    declared = response.getheader("Content-Length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise TargetError(f"{where}: answer of {int(declared):,} bytes is over the "
+                          f"{limit:,}-byte cap")
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        chunk = response.read(1024**2)
+        if not chunk:
+            return b"".join(chunks)
+        total += len(chunk)
+        if total > limit:
+            raise TargetError(f"{where}: answer is over the {limit:,}-byte cap")
+        chunks.append(chunk)
+
+
+def _reason(status: int, raw: bytes) -> str:
     try:
         answer = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError):
-        return raw[:200].decode(errors="replace") or str(error.reason)
+        return raw[:200].decode(errors="replace") or str(status)
     if isinstance(answer, dict) and "error" in answer:
         return str(answer["error"])
-    return str(error.reason)
+    return str(status)

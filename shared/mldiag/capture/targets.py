@@ -15,6 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from mldiag.capture import remote
+from mldiag.capture.egress import EgressPolicy
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import TargetRecord
 
@@ -22,55 +23,74 @@ if TYPE_CHECKING:
     from mldiag.capture.client import TargetClient
 
 
-def _client(target: TargetRecord, timeout_s: float) -> TargetClient:
+def _client(target: TargetRecord, timeout_s: float, egress: EgressPolicy | None,
+            max_bytes: int) -> TargetClient:
     from mldiag.capture.client import TargetClient
 
     if not target.control_port:
         raise remote.CaptureFailed(
             f"target {target.host} has no mldiag control endpoint (registered by another "
             "SDK?): continuous profiling needs mldiag.sdk.machinelearning_run")
+    ip = egress.check(target.address, target.control_port) if egress else None
     return TargetClient(target.address, target.control_port, target.control_token,
-                        timeout_s=timeout_s)
+                        timeout_s=timeout_s, ip=ip, max_bytes=max_bytes)
 
 
-def capture(target: TargetRecord, msg: CaptureProfile, start_at: float) -> bytes:
-    """The target's xplane for this request; raises an MldiagError with the reason."""
+def _profiler(target: TargetRecord, egress: EgressPolicy | None) -> str:
+    """The profiler server's `ip:port`, after the egress check."""
+    if egress is None:
+        return target.service_addr
+    ip = egress.check(target.address, target.port)
+    return f"[{ip}]:{target.port}" if ":" in ip else f"{ip}:{target.port}"
+
+
+def capture(target: TargetRecord, msg: CaptureProfile, start_at: float, *,
+            egress: EgressPolicy | None = None, max_bytes: int = 2 * 1024**3) -> bytes:
+    """The target's xplane for this request; raises an MldiagError with the reason.
+
+    With `egress`, the target's address is checked (and pinned) before any connection."""
+    def client(timeout_s: float) -> TargetClient:
+        return _client(target, timeout_s, egress, max_bytes)
+
     if msg.capture == "snapshot":
         if target.continuous == "NATIVE":
-            return remote.native_snapshot(target.service_addr)
+            return remote.native_snapshot(_profiler(target, egress))
         if target.continuous != "RING":
             raise remote.CaptureFailed(
                 f"target {target.host}: continuous profiling is off, so there is no snapshot "
                 f"to take (start it with `mldiag continuous start --run {target.run}`)")
-        return _client(target, 60.0).snapshot(msg.duration_s)
+        return client(60.0).snapshot(msg.duration_s)
     if target.continuous == "RING":
         # The profiler is busy with the ring: serve the request from it instead of refusing.
+        ring = client(msg.duration_s + 90.0)
         time.sleep(max(0.0, start_at - time.time()))
-        return _client(target, msg.duration_s + 90.0).capture(msg.duration_s)
+        return ring.capture(msg.duration_s)
     if target.continuous == "NATIVE":
+        addr = _profiler(target, egress)
         time.sleep(max(0.0, start_at - time.time()) + msg.duration_s)
-        return remote.native_snapshot(target.service_addr)
+        return remote.native_snapshot(addr)
     return remote.remote_trace(
-        target.service_addr, msg.duration_s, delay_s=max(0.0, start_at - time.time()),
+        _profiler(target, egress), msg.duration_s, delay_s=max(0.0, start_at - time.time()),
         host_tracer_level=msg.host_tracer_level, device_tracer_level=msg.device_tracer_level,
         python_tracer_level=msg.python_tracer_level)
 
 
-def set_continuous(target: TargetRecord, msg: ContinuousProfiling) -> str:
+def set_continuous(target: TargetRecord, msg: ContinuousProfiling, *,
+                   egress: EgressPolicy | None = None) -> str:
     """Start or stop continuous profiling on a target; returns its new state."""
     levels: dict[str, Any] = {"host_tracer_level": msg.host_tracer_level,
                               "device_tracer_level": msg.device_tracer_level,
                               "python_tracer_level": msg.python_tracer_level}
     if msg.action == "start":
         if target.platform == "tpu":
-            remote.native_start(target.service_addr, duration_ms=int(msg.window_s * 1000),
-                                **levels)
+            remote.native_start(_profiler(target, egress),
+                                duration_ms=int(msg.window_s * 1000), **levels)
             return "NATIVE"
-        _client(target, 30.0).start_continuous(window_s=msg.window_s,
-                                               max_bytes=msg.max_bytes, **levels)
+        _client(target, 30.0, egress, 1024**2).start_continuous(
+            window_s=msg.window_s, max_bytes=msg.max_bytes, **levels)
         return "RING"
     if target.continuous == "NATIVE":
-        remote.native_stop(target.service_addr)
+        remote.native_stop(_profiler(target, egress))
     else:
-        _client(target, 30.0).stop_continuous()
+        _client(target, 30.0, egress, 1024**2).stop_continuous()
     return "OFF"

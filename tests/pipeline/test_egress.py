@@ -1,0 +1,144 @@
+"""The capture stage cannot be aimed: a target record is workload-written data.
+
+Reproduces the attack the review found on loopback: a target record pointing at a server
+that answers 302 to an internal service. That service must receive nothing (no request, no
+bearer token), and the bucket must hold nothing but profiles."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+
+from mldiag.capture.egress import EgressPolicy, EgressRefused
+from mldiag.messages import CaptureProfile
+from mldiag.model import FAILED, TargetRecord
+from mldiag.settings import Settings
+from tests.pipeline.helpers import MakeRuntime, wait_until
+
+RUN = "victim"
+
+
+class Recorder(BaseHTTPRequestHandler):
+    """A loopback HTTP server whose answer the test chooses, recording every request."""
+
+    answer: tuple[int, dict[str, str], bytes] = (200, {}, b"")
+    seen: list[tuple[str, str, str]] = []
+
+    def _reply(self) -> None:
+        type(self).seen.append((self.command, self.path, self.headers.get("Authorization", "")))
+        length = int(self.headers.get("Content-Length") or 0)
+        if length:
+            self.rfile.read(length)
+        status, headers, body = type(self).answer
+        self.send_response(status)
+        for k, v in {"Content-Length": str(len(body)), **headers}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = _reply
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def serve(answer: tuple[int, dict[str, str], bytes]) -> tuple[ThreadingHTTPServer, type]:
+    handler = type("H", (Recorder,), {"answer": answer, "seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, handler
+
+
+@pytest.fixture
+def internal() -> Iterator[tuple[ThreadingHTTPServer, type]]:
+    server, handler = serve((200, {"Content-Type": "text/plain"}, b"SECRET internal export"))
+    yield server, handler
+    server.shutdown()
+
+
+def _capture(rt: Any, address: str, port: int, session: str) -> Any:
+    rt.state.ensure_run(RUN, discovered=False)
+    rt.state.upsert_target(TargetRecord(run=RUN, host="h0", port=closed_port(),
+                                        address=address, control_port=port,
+                                        control_token="victim-token", continuous="RING",
+                                        last_heartbeat=time.time() + 3600))
+    rt.start()
+    rt.services.bus.publish(CaptureProfile(run=RUN, session=session, duration_s=0.2))
+    s = wait_until(lambda: (x := rt.state.get_session(RUN, session)) and x.state == FAILED
+                   and x, timeout=60, what=f"session {session} to fail")
+    return s
+
+
+def closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_redirect_is_refused_and_the_token_reaches_nobody_else(
+        make_runtime: MakeRuntime, internal: tuple[ThreadingHTTPServer, type]) -> None:
+    inner, inner_seen = internal
+    location = f"http://127.0.0.1:{inner.server_address[1]}/admin/export"
+    evil, evil_seen = serve((302, {"Location": location}, b""))
+    try:
+        rt = make_runtime()
+        s = _capture(rt, "127.0.0.1", evil.server_address[1], "redirected")
+    finally:
+        evil.shutdown()
+    assert "redirect refused" in s.reason and "302" in s.reason
+    assert inner_seen.seen == []  # the internal service received nothing, token or not
+    assert [p for _, p, _ in evil_seen.seen] == ["/capture"]
+    assert not [o for o in rt.storage.list(f"{RUN}/") if o.name.endswith(".xplane.pb")]
+
+
+def test_an_answer_that_is_not_a_profile_is_never_stored(make_runtime: MakeRuntime) -> None:
+    evil, _ = serve((200, {"Content-Type": "text/plain"}, b"SECRET internal export" * 100))
+    try:
+        rt = make_runtime()
+        s = _capture(rt, "127.0.0.1", evil.server_address[1], "not-a-profile")
+    finally:
+        evil.shutdown()
+    assert "not a profile, nothing was stored" in s.reason
+    assert rt.storage.list(f"{RUN}/") == [] or not [
+        o for o in rt.storage.list(f"{RUN}/") if o.name.endswith(".xplane.pb")]
+
+
+def test_an_oversized_answer_is_cut_off_at_the_cap(make_runtime: MakeRuntime) -> None:
+    evil, _ = serve((200, {"Content-Length": str(10 * 1024**3)}, b""))
+    try:
+        rt = make_runtime(max_host_bytes=1024**2)
+        s = _capture(rt, "127.0.0.1", evil.server_address[1], "oversized")
+    finally:
+        evil.shutdown()
+    assert "over the 1,048,576-byte cap" in s.reason
+
+
+def test_metadata_link_local_and_public_addresses_are_refused(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    s = _capture(rt, "169.254.169.254", 8080, "metadata")
+    assert "capture refused: 169.254.169.254 resolves to 169.254.169.254 (the metadata " \
+           "server)" in s.reason
+    policy = EgressPolicy.from_settings(Settings(backend="gcp"))
+    for address, why in (("127.0.0.1", "loopback"), ("169.254.1.1", "link-local"),
+                         ("8.8.8.8", "outside the allowed networks")):
+        with pytest.raises(EgressRefused, match=why):
+            policy.check(address, 9999)
+    assert policy.check("10.1.2.3", 9999) == "10.1.2.3"
+    with pytest.raises(EgressRefused, match="port 22"):
+        policy.check("10.1.2.3", 22)
+    local = EgressPolicy.from_settings(Settings(backend="local"))
+    assert local.check("127.0.0.1", 9999) == "127.0.0.1"
+    strict = EgressPolicy.from_settings(Settings(backend="local", capture_allow_loopback="0"))
+    with pytest.raises(EgressRefused, match="loopback"):
+        strict.check("localhost", 9999)
+    wide = EgressPolicy.from_settings(Settings(backend="gcp",
+                                               capture_allowed_networks="203.0.113.0/24"))
+    assert wide.check("203.0.113.7", 9999) == "203.0.113.7"
