@@ -142,3 +142,20 @@ def test_metadata_link_local_and_public_addresses_are_refused(
     wide = EgressPolicy.from_settings(Settings(backend="gcp",
                                                capture_allowed_networks="203.0.113.0/24"))
     assert wide.check("203.0.113.7", 9999) == "203.0.113.7"
+
+
+def test_targets_list_never_prints_the_control_token(
+        make_runtime: MakeRuntime, capsys: pytest.CaptureFixture[str]) -> None:
+    from mldiag.cli.main import main
+
+    rt = make_runtime()
+    rt.state.ensure_run(RUN, discovered=False)
+    rt.state.upsert_target(TargetRecord(run=RUN, host="h0", control_port=1234,
+                                        control_token="s3cret-token", last_heartbeat=time.time()))
+    assert main(["targets", "list", "--run", RUN, "--json",
+                 "--home", str(rt.services.settings.home)]) == 0
+    out = capsys.readouterr().out
+    assert '"host": "h0"' in out and "s3cret-token" not in out
+    assert main(["targets", "list", "--run", RUN, "--home",
+                 str(rt.services.settings.home)]) == 0
+    assert "s3cret-token" not in capsys.readouterr().out

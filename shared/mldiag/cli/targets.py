@@ -28,7 +28,9 @@ def run(args: argparse.Namespace) -> int:
         raise MldiagError(f"unknown run {args.run!r}")
     targets = state.list_targets(args.run)
     if args.json:
-        print(json.dumps([t.to_dict() for t in targets], indent=2))
+        # Never a secret: the control endpoint's token stays in the state store.
+        print(json.dumps([{k: v for k, v in t.to_dict().items() if k != "control_token"}
+                          for t in targets], indent=2))
         return 0
     if not targets:
         print(f"run {args.run} has no registered targets (sessions settle on a time window)")
