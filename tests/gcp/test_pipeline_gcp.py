@@ -105,7 +105,10 @@ def deployment(emu: Emulators, tmp_path_factory: pytest.TempPathFactory) -> Iter
                            "MLDIAG_BUCKET": emu.events_bucket, "MLDIAG_TOPIC_PREFIX": prefix,
                            "MLDIAG_FIRESTORE_DATABASE": database, "MLDIAG_SETTLE_S": "0.5",
                            "MLDIAG_HOME": str(tmp_path_factory.mktemp("home")),
-                           "MLDIAG_INVESTIGATOR": "rule-based"}.items():
+                           "MLDIAG_INVESTIGATOR": "rule-based",
+                           # The workloads here are local processes: loopback, allowed
+                           # explicitly (deployed, the capture stage refuses it).
+                           "MLDIAG_CAPTURE_ALLOW_LOOPBACK": "1"}.items():
             mp.setenv(key, value)
         entrypoints.set_services(None)
         names = ["on_profile_object", "collect", "collect_host", "investigate", "render_report",
