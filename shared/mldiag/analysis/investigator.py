@@ -514,10 +514,22 @@ _FINDING_BUILDERS = {
 
 
 def _first_sentence(text: str, limit: int = 320) -> str:
-    """The fix's first sentence (the change to make), whole when short enough."""
+    """The fix's first sentence (the change to make), whole: when it is too long, without
+    its parenthesised examples, and cut at a clause when still too long."""
     text = " ".join(text.split())
-    depth, ticks = 0, 0
-    for i, ch in enumerate(text[:limit]):
+    sentence = _sentence(text)
+    if len(sentence) <= limit:
+        return sentence
+    bare = " ".join(_without_asides(sentence).split()).replace(" ,", ",").replace(" .", ".")
+    if len(bare) <= limit:
+        return bare
+    cut = max(bare.rfind(", ", 0, limit), bare.rfind("; ", 0, limit))
+    return (bare[:cut] if cut > 0 else bare[: limit - 1]).rstrip(",; ") + "."
+
+
+def _sentence(text: str) -> str:
+    depth = ticks = 0
+    for i, ch in enumerate(text):
         if ch == "`":
             ticks += 1
         elif ticks % 2 == 0 and ch in "([":
@@ -527,7 +539,23 @@ def _first_sentence(text: str, limit: int = 320) -> str:
         elif (ch in ".;" and depth == 0 and ticks % 2 == 0 and text[i + 1:i + 2] == " "
               and not text[max(0, i - 3):i + 1].endswith(("e.g.", "i.e."))):
             return text[:i] + "."
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return text
+
+
+def _without_asides(text: str) -> str:
+    out, depth, ticks = [], 0, 0
+    for ch in text:
+        if ch == "`":
+            ticks += 1
+        if ticks % 2 == 0 and ch == "(":
+            depth += 1
+            continue
+        if ticks % 2 == 0 and ch == ")" and depth:
+            depth -= 1
+            continue
+        if depth == 0:
+            out.append(ch)
+    return "".join(out)
 
 
 def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
