@@ -62,11 +62,15 @@ class Storage(Protocol):
         """A location users can open: `file:///...` locally, `gs://bucket/...` on GCP."""
         ...
 
-    def local_files(self, names: Sequence[str]) -> AbstractContextManager[Path]:
+    def local_files(self, names: Sequence[str], *,
+                    generations: Mapping[str, str] | None = None,
+                    max_bytes: int | None = None) -> AbstractContextManager[Path]:
         """Materialise objects as local files in one directory, for xprof to read.
 
         The directory keeps the objects' base names; it is removed (or left alone, when it is
-        the storage itself) on exit.
+        the storage itself) on exit. With `generations`, exactly those generations are read
+        (ProfileUnreadable when one was rewritten since); objects over `max_bytes` are refused
+        before any byte is downloaded.
         """
         ...
 

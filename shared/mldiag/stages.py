@@ -242,6 +242,11 @@ def _profile_session(s: SessionRecord, local_dir: Path) -> ProfileSession:
     return ProfileSession(run=s.run, name=s.session, path=local_dir, xplanes=paths)
 
 
+def _generations(s: SessionRecord) -> dict[str, str]:
+    """object name -> the generation registered for this version (what it must read)."""
+    return {r.object_name: r.generation for r in s.hosts.values() if r.generation}
+
+
 def _analysis_dir(s: SessionRecord) -> str:
     any_host = next(iter(s.hosts.values()))
     return f"{any_host.object_name.rsplit('/', 1)[0]}/analysis"
@@ -352,7 +357,8 @@ def _collect_snapshot(services: Services, s: SessionRecord,
                                "tool_timeout_s": settings.tool_timeout_s}
     if host_parts is None:
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        with services.storage.local_files(names) as local:
+        with services.storage.local_files(names, generations=_generations(s),
+                                          max_bytes=settings.max_host_bytes) as local:
             return collect_snapshot(_profile_session(s, local), **options)
     ok = {h: p for h, p in host_parts.items() if "failed" not in p}
     if not ok:
@@ -467,7 +473,9 @@ def collect_host(msg: CollectHost, services: Services) -> None:
             return
         settings = services.settings
         record = s.hosts[msg.host]
-        with services.storage.local_files([record.object_name]) as local, \
+        with services.storage.local_files(
+                [record.object_name], generations=_generations(s),
+                max_bytes=settings.max_host_bytes) as local, \
                 tempfile.TemporaryDirectory(prefix="mldiag-host-") as out:
             xplane = local / record.object_name.rsplit("/", 1)[1]
             try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import os
+import time
 import tracemalloc
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from mldiag.adapters.local.storage import LocalDirStorage
+from mldiag.errors import ProfileUnreadable
 from tests.contract.conftest import Subject, unique
 from tests.emulators import Emulators
 
@@ -156,3 +158,23 @@ def test_a_gzip_encoded_gcs_object_is_refused_with_the_reason(storage: Subject) 
     blob.upload_from_string(gzip.compress(b"x" * 10_000))
     with pytest.raises(ProfileUnreadable, match="gzip-encoded"), s.local_files([name]):
         pass
+
+
+def test_local_files_reads_the_registered_generation_and_checks_size_first(
+        storage: Subject) -> None:
+    s = storage.adapter
+    name = "r/plugins/profile/s/h0.xplane.pb"
+    first = s.write_bytes(name, b"first generation")
+    with s.local_files([name], generations={name: first.generation}, max_bytes=1024) as d:
+        assert (d / "h0.xplane.pb").read_bytes() == b"first generation"
+    # Rewritten after it was registered (and size-checked): that version never reads the
+    # new bytes; the new generation is its own version.
+    time.sleep(0.01)
+    second = s.write_bytes(name, b"second generation, longer")
+    assert second.generation != first.generation
+    with pytest.raises(ProfileUnreadable, match="rewritten since it was registered"):
+        with s.local_files([name], generations={name: first.generation}):
+            pass
+    with pytest.raises(ProfileUnreadable, match="over the per-host cap"):
+        with s.local_files([name], generations={name: second.generation}, max_bytes=8):
+            pass

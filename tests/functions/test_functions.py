@@ -204,11 +204,11 @@ class FlakyStorage:
     def __getattr__(self, name: str) -> object:
         return getattr(self.inner, name)
 
-    def local_files(self, names):
+    def local_files(self, names, **pins):
         if self.failures:
             self.failures -= 1
             raise OSError(104, "Connection reset by peer")
-        return self.inner.local_files(names)
+        return self.inner.local_files(names, **pins)
 
 
 def test_a_transient_failure_answers_5xx_and_the_redelivery_succeeds(pipeline: Pipeline):

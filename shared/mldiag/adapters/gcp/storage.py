@@ -14,7 +14,7 @@ import logging
 import shutil
 import tempfile
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -175,7 +175,9 @@ class GcsStorage:
         return f"gs://{self.bucket}/{name}"
 
     @contextmanager
-    def local_files(self, names: Sequence[str]) -> Iterator[Path]:
+    def local_files(self, names: Sequence[str], *,
+                    generations: Mapping[str, str] | None = None,
+                    max_bytes: int | None = None) -> Iterator[Path]:
         """Download the objects into one temp directory under their base names.
 
         Each object is fetched in `chunk_size` ranges by `workers` threads into a file of its
@@ -188,22 +190,36 @@ class GcsStorage:
         local = Path(tempfile.mkdtemp(prefix="mldiag-gcs-", dir=self.tmp_dir))
         try:
             for n in names:
-                self._download(n, local / n.rsplit("/", 1)[-1])
+                self._download(n, local / n.rsplit("/", 1)[-1],
+                               generation=(generations or {}).get(n), max_bytes=max_bytes)
             yield local
         finally:
             shutil.rmtree(local, ignore_errors=True)
 
-    def _download(self, name: str, path: Path) -> None:
-        blob = self._bucket().get_blob(name, timeout=self.timeout_s)
+    def _download(self, name: str, path: Path, *, generation: str | None = None,
+                  max_bytes: int | None = None) -> None:
+        # Exactly the generation that was registered (and size-checked), not whatever the
+        # object holds now: a rewrite in between is analysed as its own version.
+        blob = self._bucket().get_blob(
+            name, generation=int(generation) if generation and generation.isdigit() else None,
+            timeout=self.timeout_s)
         if blob is None:
+            if generation:
+                raise ProfileUnreadable(
+                    f"{name.rsplit('/', 1)[-1]}: rewritten since it was registered (generation "
+                    f"{generation} is gone); the new generation is analysed as the next version")
             raise FileNotFoundError(f"{self.uri(name)} does not exist")
+        if max_bytes is not None and int(blob.size or 0) > max_bytes:
+            raise ProfileUnreadable(
+                f"{name.rsplit('/', 1)[-1]}: {int(blob.size) / 1024**3:.2f} GiB is over the "
+                f"per-host cap of {max_bytes / 1024**3:.2f} GiB (nothing was downloaded)")
         if (blob.content_encoding or "").lower() == "gzip":
             # Ranged reads of a gzip-encoded object return decompressed bytes of the whole:
             # it cannot be fetched in parts, and xprof wants the raw xplane anyway.
             raise ProfileUnreadable(
                 f"{self.uri(name)} is stored gzip-encoded (Content-Encoding: gzip, as "
                 "`gcloud storage cp -Z` uploads): upload the .xplane.pb without compression")
-        size, generation = int(blob.size or 0), int(blob.generation)
+        size, pinned = int(blob.size or 0), int(blob.generation)
         with path.open("wb") as f:
             # The file gets its final size first; each range then writes in place.
             f.truncate(size)
@@ -212,13 +228,13 @@ class GcsStorage:
 
         def fetch(span: tuple[int, int]) -> None:
             start, end = span
-            part = self._bucket().blob(name)
+            part = self._bucket().blob(name, generation=pinned if generation else None)
             with path.open("r+b") as f:
                 f.seek(start)
                 try:
                     # Every range from the generation stat saw: a rewrite in between would
                     # otherwise splice two versions of the file into one.
-                    part.download_to_file(f, start=start, end=end, if_generation_match=generation,
+                    part.download_to_file(f, start=start, end=end, if_generation_match=pinned,
                                           checksum=None, timeout=self.timeout_s)
                 except gexc.PreconditionFailed as e:
                     raise ObjectChanged(f"{self.uri(name)} changed while downloading") from e

@@ -12,11 +12,12 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from mldiag.adapters.local.periodic import Periodic
+from mldiag.errors import ProfileUnreadable
 from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
 
@@ -137,7 +138,9 @@ class LocalDirStorage:
         return (self.root / name).as_uri()
 
     @contextmanager
-    def local_files(self, names: Sequence[str]) -> Iterator[Path]:
+    def local_files(self, names: Sequence[str], *,
+                    generations: Mapping[str, str] | None = None,
+                    max_bytes: int | None = None) -> Iterator[Path]:
         paths = [self._path(n) for n in names]
         parents = {p.parent for p in paths}
         if len(parents) != 1:
@@ -145,7 +148,24 @@ class LocalDirStorage:
         missing = [n for n, p in zip(names, paths, strict=True) if not p.is_file()]
         if missing:
             raise FileNotFoundError(f"no such object(s): {', '.join(missing)}")
+        for name, path in zip(names, paths, strict=True):
+            check_pinned(name, self._info(name, path.stat()), generations, max_bytes)
         yield parents.pop()
+
+
+def check_pinned(name: str, info: ObjectInfo, generations: Mapping[str, str] | None,
+                 max_bytes: int | None) -> None:
+    """The object is the generation that was registered, and within the size cap."""
+    wanted = (generations or {}).get(name)
+    # A generation of another store (a GCS event replayed on a local bucket) cannot be
+    # compared with ours (`<mtime_ns>-<size>`).
+    if wanted and "-" in wanted and info.generation != wanted:
+        raise ProfileUnreadable(f"{name.rsplit('/', 1)[-1]}: rewritten since it was registered "
+                                f"(generation {info.generation}, not {wanted}); the new "
+                                "generation is analysed as the next version")
+    if max_bytes is not None and info.size > max_bytes:
+        raise ProfileUnreadable(f"{name.rsplit('/', 1)[-1]}: {info.size / 1024**3:.2f} GiB is "
+                                f"over the per-host cap of {max_bytes / 1024**3:.2f} GiB")
 
 
 class DirectoryWatcher:
