@@ -205,6 +205,8 @@ def test_kill_9_during_an_analysis_then_restart_completes_every_session(
         analysis = home / "bucket" / run / "plugins/profile" / session / "analysis"
         # Exactly one report: version 1 only, every artifact once.
         # ... and the XProf viewer's caches of that version, built after the report.
+        wait_until(lambda a=analysis: list(a.glob("xprof_cache/*/manifest.json")), timeout=120,
+                   what=f"{key}'s viewer caches after its report")
         assert {p.name for p in analysis.iterdir() if not p.name.startswith(".")} == (
             ARTIFACTS | {"v1", "xprof_cache"})
         assert {p.name for p in (analysis / "v1").iterdir()
