@@ -48,7 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run", default="demo-train")
     parser.add_argument("--stall-flag", required=True,
                         help="start the input stall once this file exists")
-    parser.add_argument("--stall-ms", type=float, default=40.0)
+    # Four times the step: the wait share stays over 50% (P0) even on a loaded 2-core machine.
+    parser.add_argument("--stall-ms", type=float, default=80.0)
     parser.add_argument("--max-seconds", type=float, default=170.0)
     parser.add_argument("--port", type=int, default=int(os.environ.get("MLDIAG_DEMO_PORT",
                                                                        "9999")))

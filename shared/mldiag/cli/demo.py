@@ -133,7 +133,7 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
             _say(f"baseline (healthy): {_headline(before)}")
             time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
             flag.touch()
-            _say("injecting an input-pipeline stall (the batch reader sleeps 40 ms a step); "
+            _say("injecting an input-pipeline stall (the batch reader sleeps 80 ms a step); "
                  "waiting for the step-time monitor to raise an alert ...")
 
             def reported() -> SessionRecord | None:
