@@ -93,3 +93,25 @@ def test_sizes_parse():
     assert parse_bytes("1000") == 1000
     with pytest.raises(ValueError, match="not a size"):
         parse_bytes("lots")
+
+
+def test_workspaces_left_by_killed_processes_are_swept(tmp_path):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from mldiag.analysis.xprof_tools import sweep_stale_roots
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    gone = tmp_path / f"mldiag-xprof-{dead.stdout.strip()}-abc"
+    mine = tmp_path / f"mldiag-xprof-{os.getpid()}-def"
+    old = tmp_path / "mldiag-xprof-oldstyle"
+    new = tmp_path / "mldiag-xprof-newstyle"
+    for d in (gone, mine, old, new):
+        (d / "plugins").mkdir(parents=True)
+    os.utime(old, (time.time() - 7 * 3600, time.time() - 7 * 3600))
+    removed = sweep_stale_roots(tmp_path)
+    assert sorted(p.name for p in removed) == sorted([gone.name, old.name])
+    assert mine.is_dir() and new.is_dir() and not gone.exists() and not old.exists()

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,6 +59,47 @@ def xprof_installed_version() -> str:
     return metadata.version("xprof")
 
 
+_ROOT_PREFIX = "mldiag-xprof-"
+STALE_UNOWNED_S = 6 * 3600.0
+
+
+def _new_root() -> Path:
+    """A workspace directory named after this process, after removing the ones that
+    processes killed before they could clean up (kill -9, OOM) left behind."""
+    sweep_stale_roots()
+    return Path(tempfile.mkdtemp(prefix=f"{_ROOT_PREFIX}{os.getpid()}-"))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_roots(tmp: Path | None = None, now: float | None = None) -> list[Path]:
+    """Remove workspace directories whose creating process is gone (or, for ones named
+    without a pid, that are over 6 h old); returns what was removed."""
+    base = Path(tmp or tempfile.gettempdir())
+    now = time.time() if now is None else now
+    removed = []
+    for path in base.glob(f"{_ROOT_PREFIX}*"):
+        rest = path.name[len(_ROOT_PREFIX):]
+        pid_text = rest.split("-", 1)[0]
+        try:
+            stale = (not _alive(int(pid_text))) if pid_text.isdigit() and "-" in rest else (
+                now - path.stat().st_mtime > STALE_UNOWNED_S)
+        except OSError:
+            continue
+        if stale and path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
 class XprofWorkspace:
     """A private, isolated view of one session for xprof's tools.
 
@@ -78,7 +121,7 @@ class XprofWorkspace:
         return self._root / "plugins" / "profile" / self.session.name
 
     def __enter__(self) -> XprofWorkspace:
-        self._root = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+        self._root = _new_root()
         self.run_dir.mkdir(parents=True)
         for xplane in self.session.xplanes:
             (self.run_dir / xplane.name).symlink_to(xplane.resolve())
@@ -119,7 +162,7 @@ class XprofWorkspace:
     @staticmethod
     def create_root(session: ProfileSession) -> Path:
         """A private workspace directory for `session`, for workers to `attach` to."""
-        root = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+        root = _new_root()
         run_dir = root / "plugins" / "profile" / session.name
         run_dir.mkdir(parents=True)
         for xplane in session.xplanes:
