@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mldiag.adapters.local.sqlite import immediate, thread_connection
 from mldiag.model import (
     HostRecord,
     RunRecord,
@@ -55,26 +56,10 @@ class SqliteStateStore:
         self.connection().executescript(_SCHEMA)
 
     def connection(self) -> sqlite3.Connection:
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = sqlite3.connect(self.path, timeout=30.0, isolation_level=None,
-                                   check_same_thread=True)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=30000")
-            self._local.conn = conn
-        return conn
+        return thread_connection(self._local, self.path)
 
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        db = self.connection()
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            yield db
-        except BaseException:
-            db.execute("ROLLBACK")
-            raise
-        db.execute("COMMIT")
+    def _tx(self) -> AbstractContextManager[sqlite3.Connection]:
+        return immediate(self.connection())
 
     def executescript(self, script: str) -> None:
         """Run DDL on this database (the bus creates its queue table this way)."""
