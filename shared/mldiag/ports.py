@@ -166,6 +166,12 @@ class StateStore(Protocol):
         """Mark a claim done: later deliveries of the same key are duplicates."""
         ...
 
+    def count_failure(self, key: str, now: float) -> int:
+        """Count one more failed attempt at the work `key` (a delivery's event id) and
+        return how many there have been. Lets a function tell its own failures from the
+        platform's throttling, which redelivers without running it."""
+        ...
+
     def record_dead_letter(
         self, topic: str, payload: str, reason: str, attempts: int, now: float
     ) -> None: ...

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from mldiag import limits
 from mldiag.analysis.collect import SessionTooLarge
 from mldiag.analysis.collect import collect as collect_snapshot
 from mldiag.analysis.collect import collect_host as collect_host_parts
@@ -76,9 +77,6 @@ from mldiag.ports import Bus, Investigator, JobRunner, StateStore, Storage
 from mldiag.settings import Settings
 
 log = logging.getLogger(__name__)
-
-# The longest capture or window: a capture runs inside one Cloud Functions invocation (540 s).
-MAX_CAPTURE_S = 300.0
 
 
 @dataclass
@@ -156,9 +154,10 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         if msg.size == 0:
             status, reason = "FAILED", f"{name.host}: empty file (0 bytes)"
         elif msg.size > services.settings.max_host_bytes:
-            status, reason = "FAILED", (
-                f"{name.host}: {msg.size / 1024**3:.2f} GiB exceeds the per-host cap of "
-                f"{services.settings.max_host_bytes / 1024**3:.2f} GiB")
+            try:
+                limits.check_host_bytes(name.host, msg.size, services.settings.max_host_bytes)
+            except ValueError as e:
+                status, reason = "FAILED", str(e)
         elif name.suffix == ".xplane.riegeli":
             status, reason = "FAILED", (
                 f"{name.host}: cannot analyse .xplane.riegeli (continuous-profiling snapshot): "
@@ -292,6 +291,13 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         return
     settings = services.settings
     sizes = [r.size for r in arrived.values()]
+    try:
+        # Checked before anything is downloaded: /tmp is memory on a Cloud Function.
+        limits.check_session_bytes({h: r.size for h, r in arrived.items()},
+                                   settings.max_session_bytes)
+    except ValueError as e:
+        _fail(services, msg.run, msg.session, str(e), msg.version)
+        return
     over = _over_function_limits(settings, sizes)
     if over and not settings.in_job:
         _hand_to_job(services, msg, s, over)
@@ -533,7 +539,9 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
         snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
         result = triage(snapshot)
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        with services.storage.local_files(names) as local:
+        # The follow-ups read the generations collect analysed, each under the per-host cap.
+        with services.storage.local_files(names, generations=_generations(s),
+                                          max_bytes=services.settings.max_host_bytes) as local:
             investigation = run_investigator(snapshot, result, services.investigator,
                                              session=_profile_session(s, local))
         _write_json(services, s, "investigation.json",
@@ -680,6 +688,10 @@ def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[
         if (not hosts or t.host in hosts) and (
                 t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat):
             newest[t.host] = t
+    try:
+        limits.check_hosts(len(newest))
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
     return [newest[h] for h in sorted(newest)]
 
 
@@ -690,10 +702,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         return
     if msg.capture not in ("on_demand", "snapshot"):
         raise PoisonMessage(f"capture must be on_demand or snapshot, not {msg.capture!r}")
-    if not 0 < msg.duration_s <= MAX_CAPTURE_S:
-        raise PoisonMessage(f"capture duration must be in (0, {MAX_CAPTURE_S:g}] s, not "
-                            f"{msg.duration_s}")
     try:
+        limits.check_capture_duration(msg.duration_s)
         check_name("session", msg.session)
     except ValueError as e:
         raise PoisonMessage(str(e)) from e
@@ -791,8 +801,11 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
     """Start or stop continuous profiling (snapshot mode) on the selected targets."""
     if msg.action not in ("start", "stop"):
         raise PoisonMessage(f"continuous action must be start or stop, not {msg.action!r}")
-    if not 0.1 <= msg.window_s <= MAX_CAPTURE_S or msg.max_bytes < 1024**2:
-        raise PoisonMessage("continuous window must be in [0.1, 600] s and max_bytes >= 1 MiB")
+    try:
+        limits.check_window(msg.window_s)
+        limits.check_ring_bytes(msg.max_bytes)
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
     run = services.state.get_run(msg.run)
     if run is None:
         raise PoisonMessage(f"continuous {msg.action}: unknown run {msg.run!r}")
@@ -880,7 +893,7 @@ def sweep(services: Services) -> dict[str, int]:
     """Complete settled sessions and re-queue stuck ones. Safe to run at any rate."""
     now = services.clock()
     settings = services.settings
-    done = {"settled": 0, "requeued": 0, "failed": 0}
+    done = {"settled": 0, "requeued": 0, "failed": 0, "rescanned": 0}
     for s in services.state.list_sessions(state=CAPTURING):
         arrived = [h for h, r in s.hosts.items() if r.status == "ARRIVED"]
         last_moved = max(s.last_arrival_at, s.created_at, s.updated_at)
@@ -910,7 +923,53 @@ def sweep(services: Services) -> dict[str, int]:
         if current is not None and complete_session(services, current):
             done["settled"] += 1
     done["requeued"] = requeue_stuck(services, settings.stuck_after_s)
+    interval = settings.rescan_interval_s
+    # One rescan per interval across every sweeper instance: the claim of its time slot.
+    if interval > 0 and services.state.claim(f"rescan:{int(now // interval)}",
+                                             services.owner, interval, now):
+        done["rescanned"] = rescan(services, window_s=settings.rescan_window_s, now=now)
     return done
+
+
+# How old an object must be before the rescan registers it.
+RESCAN_MIN_AGE_S = 300.0
+
+
+def rescan(services: Services, *, window_s: float, now: float) -> int:
+    """Register the profile objects written in the last `window_s` that no finalize event
+    registered; returns how many it handed to on_profile_object.
+
+    Eventarc gives up on a finalize event after 24 h of retries, and a notification can be
+    lost, so a dropped-in profile would never be analysed. An object counts as registered
+    when its session holds its host at that generation; anything else goes through
+    on_profile_object as its event would have (claims make a late real event a no-op, and an
+    unsafe name is dead-lettered once per generation).
+    """
+    handed = 0
+    for info in services.storage.list(""):
+        age = now - info.updated
+        # A younger object's event may still be on its way (or, in a local directory, the
+        # file still being written): the next rescan looks again.
+        if not RESCAN_MIN_AGE_S <= age <= window_s or "/plugins/profile/" not in f"/{info.name}":
+            continue
+        try:
+            name = parse_object_name(info.name)
+        except ValueError:
+            name = None
+        else:
+            if name is None:
+                continue
+        if name is not None:
+            s = services.state.get_session(name.run, name.session)
+            host = s.hosts.get(name.host) if s is not None else None
+            if host is not None and host.generation == info.generation:
+                continue
+        log.warning("rescan: %s (generation %s) was never registered; registering it now",
+                    info.name, info.generation)
+        handle(ProfileObjectFinalized(bucket=services.storage.bucket, name=info.name,
+                                      generation=info.generation, size=info.size), services)
+        handed += 1
+    return handed
 
 
 def requeue_stuck(services: Services, stuck_after_s: float) -> int:

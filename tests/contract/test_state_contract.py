@@ -182,6 +182,16 @@ def test_targets_upsert_list_and_update(state: Subject) -> None:
     assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
 
 
+@pytest.mark.parametrize("bad", [{"host": "x/y"}, {"host": ".."}, {"host": ""},
+                                 {"port": 0}, {"port": 70000}, {"control_port": -1}])
+def test_a_target_that_would_write_outside_the_layout_is_refused(
+        state: Subject, bad: dict[str, Any]) -> None:
+    s = state.adapter
+    with pytest.raises(ValueError, match="bad (host name|port|control_port)"):
+        s.upsert_target(TargetRecord(**{"run": "r", "host": "h0", **bad}))
+    assert s.list_targets("r") == []
+
+
 # Sessions
 
 
@@ -346,7 +356,16 @@ def test_eight_threads_taking_over_an_expired_claim_give_one_winner(state: Subje
     assert sum(won) == 1
 
 
-# Dead letters
+# Failure counters and dead letters
+
+
+def test_failures_are_counted_per_key_and_concurrently(state: Subject) -> None:
+    s = state.adapter
+    assert [s.count_failure("event:1", 10.0) for _ in range(3)] == [1, 2, 3]
+    assert s.count_failure("event:2", 11.0) == 1
+    stores = (state.adapter, state.twin)
+    counts = contend(8, lambda i: stores[i % 2].count_failure("event:3", 12.0))
+    assert sorted(counts) == list(range(1, 9)), "no increment is lost"
 
 
 def test_dead_letters_are_kept_in_order_with_their_reason(state: Subject) -> None:

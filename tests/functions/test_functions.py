@@ -236,6 +236,32 @@ def test_a_transient_failure_answers_5xx_and_the_redelivery_succeeds(pipeline: P
     assert pipeline.services.state.list_dead_letters() == []
 
 
+def test_a_delivery_that_keeps_failing_is_given_up_after_max_attempts(pipeline: Pipeline):
+    """The function counts its own failures by event id: after MLDIAG_MAX_ATTEMPTS it records
+    the dead letter, fails the session and acknowledges, whatever Pub/Sub's own (much higher,
+    throttling-sized) delivery limit is."""
+    size = pipeline.drop_xplane()
+    pipeline.post("on_profile_object", storage_event(XPLANE_NAME, size=size))
+    pipeline.sweep()
+    pipeline.services.storage = FlakyStorage(pipeline.services.storage, failures=100)
+    [analyze] = list(pipeline.pubsub.queue)
+    event = pubsub_event(analyze.payload, analyze.topic, message_id=analyze.message_id)
+    attempts = pipeline.services.settings.max_attempts
+
+    codes = [pipeline.post("collect", event).status_code for _ in range(attempts)]
+
+    assert codes == [500] * (attempts - 1) + [200]
+    [dead] = pipeline.services.state.list_dead_letters()
+    assert dead["topic"] == "analysis-requests" and dead["attempts"] == attempts
+    assert dead["reason"] == (f"failed {attempts} times, last error: ConnectionResetError: "
+                              "[Errno 104] Connection reset by peer")
+    session = pipeline.services.state.get_session("run1", "s1")
+    assert session is not None and session.state == FAILED and session.reason == dead["reason"]
+    # Another message's failures are its own.
+    other = pubsub_event(analyze.payload, analyze.topic)
+    assert pipeline.post("collect", other).status_code == 200  # the session is FAILED: no-op
+
+
 def test_an_empty_profile_fails_its_session_with_the_reason(pipeline: Pipeline):
     path = pipeline.bucket / XPLANE_NAME
     path.parent.mkdir(parents=True)

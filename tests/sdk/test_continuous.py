@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mldiag import limits
 from mldiag.sdk.continuous import (
     CollectTimeout,
     ContinuousError,
@@ -53,7 +54,10 @@ def test_ring_records_back_to_back_windows_while_a_loop_runs(ring: RingBuffer) -
         assert 0 <= b.start - a.end < 1.0
 
 
-def test_byte_cap_evicts_the_oldest_and_keeps_the_newest(ring: RingBuffer, tmp_path: Path) -> None:
+def test_byte_cap_evicts_the_oldest_and_keeps_the_newest(
+        ring: RingBuffer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cap below one window keeps exactly the newest (the shared limit is 1 MiB and up).
+    monkeypatch.setattr(limits, "MIN_RING_BYTES", 1)
     with jit_loop():
         ring.start(window_s=WINDOW_S, max_bytes=1)
         _wait_windows(ring, 3)

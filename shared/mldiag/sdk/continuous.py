@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mldiag import limits
 from mldiag.sdk.xspace import merge_xspaces
 
 log = logging.getLogger(__name__)
@@ -199,12 +200,8 @@ class RingBuffer:
         Idempotent while already active (the running options are kept). Raises ValueError
         on bad options.
         """
-        if isinstance(window_s, bool) or not isinstance(window_s, int | float) or not (
-                0.05 <= window_s <= 3600):
-            raise ValueError(f"window_s must be a number of seconds from 0.05 to 3600, "
-                             f"got {window_s!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        limits.check_window(window_s)
+        limits.check_ring_bytes(max_bytes)
         opts = _Options(float(window_s), max_bytes,
                         _level("host_tracer_level", host_tracer_level, 3),
                         _level("device_tracer_level", device_tracer_level, 1),
