@@ -38,12 +38,14 @@ from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.remote import CaptureFailed
 from mldiag.capture.targets import capture as capture_target
 from mldiag.capture.targets import set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
+    TOPIC_OF,
     AnalyzeSession,
     CaptureProfile,
     CollectHost,
@@ -865,9 +867,18 @@ def handle(message: Message, services: Services) -> None:
 
 
 def dispatch(services: Services) -> Callable[[str, str, Mapping[str, str]], None]:
-    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it."""
+    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it.
+
+    `degradation-alerts` takes every documented alert shape (workload monitoring, Cloud
+    Monitoring, ours) through the one alert parser, as the Cloud Function does.
+    """
 
     def deliver(topic: str, payload: str, attributes: Mapping[str, str]) -> None:
+        if topic == TOPIC_OF[DegradationDetected]:
+            alert = parse_alert(payload, attributes)
+            if alert is not None:  # None: a resolved incident, nothing detected
+                handle(alert, services)
+            return
         handle(parse(payload, topic), services)
 
     return deliver

@@ -167,6 +167,39 @@ def test_a_disabled_policy_captures_nothing_and_an_unknown_run_is_dead_lettered(
     assert "unknown run 'ghost'" in dead["reason"]
 
 
+@pytest.mark.parametrize("payload, alert_id", [
+    (MONITORED_EVENT, "monitored-event:e-42"),
+    (INCIDENT, "incident:0.nxk2p9q"),
+    ({"kind": "DegradationDetected", "alert_id": "ours-1", "run": RUN}, "ours-1"),
+    # Published by another tool without `kind`: the topic says what it is.
+    ({"alert_id": "bare-1", "run": RUN}, "bare-1"),
+])
+def test_every_alert_format_starts_a_capture_on_the_local_alerts_topic(
+        make_runtime: MakeRuntime, payload: dict[str, object], alert_id: str) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5)
+    rt.start()
+    rt.bus.publish_raw("degradation-alerts", json.dumps(payload))
+    assert rt.wait_idle(timeout=30)
+    assert rt.state.list_dead_letters() == []
+    (capture,) = bus_messages(rt.state, "capture-requests")
+    assert capture["body"]["request_id"] == f"alert:{alert_id}"
+
+
+def test_alerts_that_ask_for_nothing_or_name_nothing_on_the_local_topic(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5)
+    rt.start()
+    closed = {"incident": {**INCIDENT["incident"], "state": "closed"}, "version": "1.2"}
+    rt.bus.publish_raw("degradation-alerts", json.dumps(closed))
+    rt.bus.publish_raw("degradation-alerts", json.dumps({"hello": "world"}))
+    assert rt.wait_idle(timeout=30)
+    assert bus_messages(rt.state, "capture-requests") == []
+    (dead,) = rt.state.list_dead_letters()
+    assert "unrecognised alert" in dead["reason"]
+
+
 def test_auto_kind_snapshots_when_continuous_profiling_is_on(make_runtime: MakeRuntime) -> None:
     rt = make_runtime()
     _run_with_target(rt, enabled=True, kind="auto", duration_s=1.0)
