@@ -99,6 +99,8 @@ class TargetRecord:
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
     pid: int = 0
     registered_at: float = 0.0
+    # The SDK's heartbeat interval: a target whose heartbeat is late by half of it is down.
+    heartbeat_s: float = 0.0
     # Why the last control action (continuous start/stop) on this target failed, if it did,
     # and which request that action was (so a CLI waiting on it knows it was handled).
     last_error: str = ""

@@ -42,7 +42,7 @@ from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.remote import CaptureFailed
 from mldiag.capture.targets import capture as capture_target
-from mldiag.capture.targets import set_continuous
+from mldiag.capture.targets import liveness, set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
     TOPIC_OF,
@@ -611,11 +611,11 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
 
 
 def live_targets(services: Services, run: str, hosts: Sequence[str] = ()) -> list[TargetRecord]:
-    """The run's targets (those named in `hosts`, when given) with a fresh heartbeat."""
+    """The run's targets (those named in `hosts`, when given) that look alive: a fresh
+    heartbeat, and (locally) a process that still exists (see capture.targets.liveness)."""
     now = services.clock()
     return [t for t in services.state.list_targets(run)
-            if (not hosts or t.host in hosts)
-            and now - t.last_heartbeat <= services.settings.target_stale_s]
+            if (not hosts or t.host in hosts) and not liveness(t, services.settings, now)]
 
 
 def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
@@ -674,8 +674,7 @@ def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[
                             f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
     if not hosts:
         now = services.clock()
-        targets = [t for t in targets
-                   if now - t.last_heartbeat <= services.settings.target_stale_s]
+        targets = [t for t in targets if not liveness(t, services.settings, now)]
     # One file per host name: a host re-registered on another port is its newest record.
     newest: dict[str, TargetRecord] = {}
     for t in targets:
