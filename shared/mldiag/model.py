@@ -140,6 +140,7 @@ class HostRecord:
     arrived_at: float
     status: str = "ARRIVED"  # ARRIVED | FAILED
     reason: str = ""
+    content_hash: str = ""  # as ProfileObjectFinalized carries it; "" when unknown
 
 
 @dataclass
@@ -187,6 +188,9 @@ class SessionRecord:
     def add_host(self, host: str, record: HostRecord, now: float) -> bool:
         """Register a host's object; False when this generation is already registered.
 
+        A new generation of the bytes already registered (same content hash) only updates
+        the generation.
+
         A host arriving after the analysis started (or after the report) starts the next
         version: the current version's hosts are fixed, and the old version's messages stop
         at their version check. Every state store applies this inside its transaction.
@@ -194,6 +198,12 @@ class SessionRecord:
         existing = self.hosts.get(host)
         if existing is not None and existing.generation == record.generation:
             return False
+        if (existing is not None and existing.status == record.status == "ARRIVED"
+                and existing.content_hash and existing.content_hash == record.content_hash):
+            # The same bytes again (a `touch`, a re-upload): no new version, nothing to
+            # analyse; reads now pin the newest generation of those bytes.
+            existing.generation = record.generation
+            return True
         self.hosts[host] = record
         self.last_arrival_at = now
         if self.state == REQUESTED:

@@ -168,7 +168,8 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 "empty profile rather than an error for input they cannot read, so no result "
                 "would be trustworthy; save the snapshot as .xplane.pb")
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
-                            arrived_at=now, status=status, reason=reason)
+                            arrived_at=now, status=status, reason=reason,
+                            content_hash=msg.content_hash)
         # The run's registered profiler targets are the hosts a new session waits for.
         expected = sorted({t.host for t in live_targets(services, name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
