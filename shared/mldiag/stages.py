@@ -40,7 +40,7 @@ from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
 from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
-from mldiag.capture.remote import CaptureFailed
+from mldiag.capture.remote import CaptureFailed, ProfilerBusy
 from mldiag.capture.targets import capture as capture_target
 from mldiag.capture.targets import liveness, set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
@@ -716,6 +716,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
             f"within {services.settings.target_stale_s:g} s): start the workload with "
             "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
         services.state.create_session(record)
+        _give_back_reservation(services, msg)
         return
     stored, created = services.state.create_session(record)
     if not created and stored.request_id != request_id:
@@ -724,7 +725,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     if stored.state != CAPTURING:
         return
     key = f"capture:{run.name}/{msg.session}"
-    lease = max(services.settings.lease_s, msg.duration_s + 180.0)
+    lease = max(services.settings.lease_s,
+                msg.duration_s + 2 * services.settings.capture_wait_s + 180.0)
     with claimed(services, key, lease_s=lease) as mine:
         if not mine:
             return
@@ -755,7 +757,8 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     cap = services.settings.max_host_bytes
 
     def one(target: TargetRecord) -> str:
-        data = capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        with _profiler_turn(services, target, msg):
+            data = _capture_when_free(services, target, msg, start_at, egress, cap)
         _check_xspace(data, target.host)
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
@@ -785,8 +788,62 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     if not any(h.status == "ARRIVED" for h in s.hosts.values()):
         _fail(services, msg.run, msg.session, "every target failed: " + short_reason(
             *(h.reason for h in s.hosts.values())), s.version)
+        _give_back_reservation(services, msg)
     else:
         complete_session(services, s)
+
+
+def _give_back_reservation(services: Services, msg: CaptureProfile) -> None:
+    """A failed automatic capture does not count for its run's cooldown or hourly cap: an
+    alert storm against a busy or dead target must not use up the quota."""
+    if msg.trigger == "alert" and msg.request_id:
+        services.state.release_capture(msg.run, msg.request_id)
+
+
+def _uses_profiler(msg: CaptureProfile, target: TargetRecord) -> bool:
+    """Whether this capture runs a trace on the target's profiler server, which serves one
+    session at a time (snapshots and the ring read what is already recorded)."""
+    return msg.capture == "on_demand" and target.continuous == "OFF"
+
+
+@contextmanager
+def _profiler_turn(services: Services, target: TargetRecord,
+                   msg: CaptureProfile) -> Iterator[None]:
+    """Hold the target's profiler for this capture (a claim in the state store, so across
+    processes and function instances too). A second capture waits its turn for up to
+    `capture_wait_s`, then fails with the reason."""
+    if not _uses_profiler(msg, target):
+        yield
+        return
+    key = f"profiler:{target.address}:{target.port}"
+    owner = f"{services.owner}:{msg.run}/{msg.session}"
+    wait_s = services.settings.capture_wait_s
+    deadline = time.monotonic() + wait_s
+    while not services.state.claim(key, owner, msg.duration_s + 60.0, services.clock()):
+        if time.monotonic() >= deadline:
+            raise ProfilerBusy(f"another profiling session is active on {target.host}: an "
+                               f"earlier mldiag capture still held its profiler after "
+                               f"{wait_s:g} s")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        services.state.release(key, owner)
+
+
+def _capture_when_free(services: Services, target: TargetRecord, msg: CaptureProfile,
+                       start_at: float, egress: EgressPolicy, cap: int) -> bytes:
+    """Capture; while the profiler answers that another session (not ours: a programmatic
+    capture in the workload, another tool) holds it, try again for up to `capture_wait_s`."""
+    deadline = time.monotonic() + services.settings.capture_wait_s
+    while True:
+        try:
+            return capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        except ProfilerBusy as e:
+            if time.monotonic() + 1.0 >= deadline:
+                raise ProfilerBusy(f"{e}; still busy after "
+                                   f"{services.settings.capture_wait_s:g} s") from e
+            time.sleep(1.0)
 
 
 def continuous(msg: ContinuousProfiling, services: Services) -> None:

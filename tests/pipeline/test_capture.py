@@ -147,10 +147,24 @@ def test_the_hourly_cap_limits_captures_even_without_a_cooldown(
     rt = make_runtime()
     _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=0,
                      max_per_hour=3)
-    rt.start()
+    # The bus is not started: the captures asked for have not run (nor failed) yet.
     for i in range(10):
+        stages.on_degradation_alert(DegradationDetected(alert_id=f"a{i}", run=RUN),
+                                    rt.services)
+    assert len(bus_messages(rt.state, "capture-requests")) == 3
+
+
+def test_failed_automatic_captures_give_their_quota_back(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=0,
+                     max_per_hour=1)
+    rt.start()
+    for i in range(3):  # one at a time: each capture fails (nobody listens) before the next
         rt.services.bus.publish(DegradationDetected(alert_id=f"a{i}", run=RUN))
-    assert rt.wait_idle(timeout=60)
+        assert rt.wait_idle(timeout=60)
+    sessions = rt.state.list_sessions(run=RUN)
+    assert len(sessions) == 3 and all(s.state == FAILED for s in sessions)
+    # Without the give-back, the hourly cap of 1 would have stopped the second.
     assert len(bus_messages(rt.state, "capture-requests")) == 3
 
 

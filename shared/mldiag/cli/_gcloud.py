@@ -195,7 +195,7 @@ def _cell(value: Any) -> str:
 def emit(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], fmt: Format) -> None:
     """Print records (or one record) in `fmt`."""
     many = not isinstance(records, Mapping)
-    rows: list[Mapping[str, Any]] = list(records) if many else [records]  # type: ignore[arg-type]
+    rows: list[Mapping[str, Any]] = [records] if isinstance(records, Mapping) else list(records)
     if fmt.name == "json":
         if fmt.fields:
             rows = [{f: field(r, f) for f in fmt.fields} for r in rows]

@@ -41,12 +41,11 @@ def subject(payload: str) -> tuple[str, str]:
         return "", payload[:80].replace("\n", " ")
     if not isinstance(data, dict):
         return "", payload[:80]
-    if isinstance(data.get("name"), str) and "bucket" in data:
-        name = data["name"]
+    name = data.get("name")
+    if isinstance(name, str) and "bucket" in data:
         return name.split("/", 1)[0], name
-    run = data.get("run") if isinstance(data.get("run"), str) else ""
-    session = data.get("session") if isinstance(data.get("session"), str) else ""
-    kind = data.get("kind") if isinstance(data.get("kind"), str) else ""
+    run, session, kind = (str(v) if isinstance(v := data.get(k), str) else ""
+                          for k in ("run", "session", "kind"))
     what = "/".join(p for p in (run, session) if p) or str(data.get("alert_id") or "")
     return run, f"{kind} {what}".strip() or payload[:80]
 
