@@ -66,6 +66,7 @@ from mldiag.model import (
     FAILED,
     INVESTIGATING,
     REPORTED,
+    XPLANE_SUFFIXES,
     HostRecord,
     SessionRecord,
     TargetRecord,
@@ -138,6 +139,11 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         _reject_object(services, msg, str(e))
         return
     if name is None:
+        if msg.name.endswith(XPLANE_SUFFIXES):
+            # A profile in the wrong place would vanish without a word: say where it belongs.
+            _reject_object(services, msg, (
+                f"{msg.name} is not in a session directory: a profile is analysed at "
+                "<run>/plugins/profile/<session>/<host>.xplane.pb (move it there)"))
         return  # not a profile: artifacts, notes, anything else in the bucket
     existing = services.state.get_session(name.run, name.session)
     if existing is not None and existing.hosts:

@@ -170,6 +170,14 @@ def test_refused_objects_are_listed_as_dead_letters_with_the_reason(
     assert (dead["topic"], dead["subject"], dead["run"]) == ("profile-objects", name, RUN)
     code, out = cli(rt, capsys, "dead-letters", "list", "--run", "other")
     assert code == 0 and out.strip() == "no dead letters matching"
+    # A profile outside a session directory is not silently ignored either.
+    misplaced = f"{RUN}/h0.xplane.pb"
+    rt.services.bus.publish(ProfileObjectFinalized(bucket="local", name=misplaced,
+                                                   generation="1", size=10))
+    wait_until(lambda: len(rt.state.list_dead_letters()) == 2, what="a second dead letter")
+    code, out = cli(rt, capsys, "dead-letters", "list", "--format=csv[no-heading](subject)")
+    assert out.splitlines()[-1] == misplaced
+    assert "not in a session directory" in rt.state.list_dead_letters()[-1]["reason"]
 
 
 def test_output_piped_to_head_exits_quietly(rt: LocalRuntime) -> None:
