@@ -82,6 +82,7 @@ log = logging.getLogger(__name__)
 
 # The longest capture or window: a capture runs inside one Cloud Functions invocation (540 s).
 MAX_CAPTURE_S = 300.0
+INVOCATION_S = 540.0
 
 
 @dataclass
@@ -731,8 +732,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     if stored.state != CAPTURING:
         return
     key = f"capture:{run.name}/{msg.session}"
-    lease = max(services.settings.lease_s,
-                msg.duration_s + 2 * services.settings.capture_wait_s + 180.0)
+    lease = max(services.settings.lease_s, msg.duration_s + _turn_wait_s(services, msg) + 180.0)
     with claimed(services, key, lease_s=lease) as mine:
         if not mine:
             return
@@ -763,8 +763,10 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     cap = services.settings.max_host_bytes
 
     def one(target: TargetRecord) -> str:
-        with _profiler_turn(services, target, msg):
-            data = _capture_when_free(services, target, msg, start_at, egress, cap)
+        # One bound for both waits: for our own earlier capture, then for anyone else's.
+        deadline = time.monotonic() + _turn_wait_s(services, msg)
+        with _profiler_turn(services, target, msg, deadline):
+            data = _capture_when_free(target, msg, start_at, egress, cap, deadline)
         _check_xspace(data, target.host)
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
@@ -812,24 +814,30 @@ def _uses_profiler(msg: CaptureProfile, target: TargetRecord) -> bool:
     return msg.capture == "on_demand" and target.continuous == "OFF"
 
 
+def _turn_wait_s(services: Services, msg: CaptureProfile) -> float:
+    """How long a capture may wait for a busy profiler: `capture_wait_s`, within what one
+    function invocation leaves after the capture itself and its upload."""
+    return min(services.settings.capture_wait_s,
+               max(0.0, INVOCATION_S - 60.0 - msg.duration_s))
+
+
 @contextmanager
-def _profiler_turn(services: Services, target: TargetRecord,
-                   msg: CaptureProfile) -> Iterator[None]:
+def _profiler_turn(services: Services, target: TargetRecord, msg: CaptureProfile,
+                   deadline: float) -> Iterator[None]:
     """Hold the target's profiler for this capture (a claim in the state store, so across
-    processes and function instances too). A second capture waits its turn for up to
-    `capture_wait_s`, then fails with the reason."""
+    processes and function instances too). A second capture waits its turn until
+    `deadline` (monotonic), then fails with the reason."""
     if not _uses_profiler(msg, target):
         yield
         return
     key = f"profiler:{target.address}:{target.port}"
     owner = f"{services.owner}:{msg.run}/{msg.session}"
-    wait_s = services.settings.capture_wait_s
-    deadline = time.monotonic() + wait_s
+    waited = time.monotonic()
     while not services.state.claim(key, owner, msg.duration_s + 60.0, services.clock()):
         if time.monotonic() >= deadline:
             raise ProfilerBusy(f"another profiling session is active on {target.host}: an "
                                f"earlier mldiag capture still held its profiler after "
-                               f"{wait_s:g} s")
+                               f"{time.monotonic() - waited:.0f} s")
         time.sleep(0.2)
     try:
         yield
@@ -837,18 +845,18 @@ def _profiler_turn(services: Services, target: TargetRecord,
         services.state.release(key, owner)
 
 
-def _capture_when_free(services: Services, target: TargetRecord, msg: CaptureProfile,
-                       start_at: float, egress: EgressPolicy, cap: int) -> bytes:
+def _capture_when_free(target: TargetRecord, msg: CaptureProfile, start_at: float,
+                       egress: EgressPolicy, cap: int, deadline: float) -> bytes:
     """Capture; while the profiler answers that another session (not ours: a programmatic
-    capture in the workload, another tool) holds it, try again for up to `capture_wait_s`."""
-    deadline = time.monotonic() + services.settings.capture_wait_s
+    capture in the workload, another tool) holds it, try again until `deadline`."""
+    waited = time.monotonic()
     while True:
         try:
             return capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
         except ProfilerBusy as e:
             if time.monotonic() + 1.0 >= deadline:
                 raise ProfilerBusy(f"{e}; still busy after "
-                                   f"{services.settings.capture_wait_s:g} s") from e
+                                   f"{time.monotonic() - waited:.0f} s") from e
             time.sleep(1.0)
 
 

@@ -36,7 +36,8 @@ class ProfilerBusy(CaptureFailed):
 _NO_TRACE = "No trace event was collected"
 
 
-def _accepts_connections(service_addr: str) -> bool:
+def accepts_connections(service_addr: str) -> bool:
+    """Whether `host:port` accepts a TCP connection within a second."""
     host, _, port = service_addr.rpartition(":")
     try:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
@@ -65,7 +66,7 @@ def _read_single_xplane(logdir: Path, what: str) -> bytes:
 
 def _classify(service_addr: str, e: RuntimeError) -> CaptureFailed:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if "ALREADY_EXISTS" in text or (_NO_TRACE in text and _accepts_connections(service_addr)):
+    if "ALREADY_EXISTS" in text or (_NO_TRACE in text and accepts_connections(service_addr)):
         # A server that is up and answers no trace has refused the session: another one (a
         # programmatic xprof(), jax.profiler.trace, another tool) holds the profiler.
         return ProfilerBusy(f"another profiling session is active on {service_addr} (its "

@@ -49,7 +49,10 @@ def liveness(target: TargetRecord, settings: Settings, now: float | None = None)
         try:
             os.kill(target.pid, 0)
         except ProcessLookupError:
-            return f"its process {target.pid} is gone"
+            # No such process here; its profiler port tells a dead one from one in another
+            # pid namespace (a container sharing this network).
+            if not remote.accepts_connections(target.service_addr):
+                return f"its process {target.pid} is gone"
         except PermissionError:
             pass  # alive, another user's
     return ""

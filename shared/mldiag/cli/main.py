@@ -76,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("mldiag").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        return int(COMMANDS[args.command].run(args))
+        code = int(COMMANDS[args.command].run(args))
+        sys.stdout.flush()  # here, where a reader that has gone is handled below
+        return code
     except ProfileUnreadable as e:
         # A session too large for the memory budget is not unreadable: say which it is.
         kind = "too large" if type(e).__name__ == "SessionTooLarge" else "unreadable profile"
