@@ -71,6 +71,14 @@ def test_a_gcloud_capture_line_runs_with_mldiag_in_front(
     assert body["duration_s"] == pytest.approx(0.5)
     assert (body["host_tracer_level"], body["device_tracer_level"],
             body["python_tracer_level"]) == (3, 0, 1)
+    # With --format, stdout is the record alone (the progress line goes to stderr).
+    capsys.readouterr()
+    assert main(["profiler-session", "capture", "s-fmt", "--machine-learning-run", RUN,
+                 "--async", "--format=json(session,capture,duration_s)",
+                 "--home", str(rt.services.settings.home)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"session": "s-fmt", "capture": "on_demand", "duration_s": 2.0}
+    assert "capture train/s-fmt: on-demand of 1 target(s)" in err
 
 
 def test_continuous_profiling_by_gcloud_names(
