@@ -71,6 +71,12 @@ def test_a_gcloud_capture_line_runs_with_mldiag_in_front(
     assert body["duration_s"] == pytest.approx(0.5)
     assert (body["host_tracer_level"], body["device_tracer_level"],
             body["python_tracer_level"]) == (3, 0, 1)
+    # A full session resource name names the run too.
+    assert main(["profiler-session", "capture", f"{RESOURCE}/profilerSessions/s-full",
+                 "--async", "--home", str(rt.services.settings.home)]) == 0
+    assert bus_messages(rt.state, "capture-requests")[-1]["body"]["session"] == "s-full"
+    assert main(["capture", "s-norun", "--home", str(rt.services.settings.home)]) == 1
+    assert "which run?" in capsys.readouterr().err
     # With --format, stdout is the record alone (the progress line goes to stderr).
     capsys.readouterr()
     assert main(["profiler-session", "capture", "s-fmt", "--machine-learning-run", RUN,

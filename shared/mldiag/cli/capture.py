@@ -28,8 +28,9 @@ DESCRIPTION = ("Publish a capture request (on-demand remote trace, or a snapshot
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `capture` and `profiler-session capture` (gcloud's names and values)."""
-    p.add_argument("name", help="session name, or its full resource name")
-    _gcloud.add_run(p)
+    p.add_argument("name", help="session name, or its full resource name (which names the "
+                   "run too)")
+    _gcloud.add_run(p, required=False)
     p.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
     p.add_argument("--kind", choices=("on-demand", "on_demand", "snapshot"),
                    default="on-demand")
@@ -45,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.run:
+        raise MldiagError("which run? pass --machine-learning-run RUN (or --run), or the "
+                          "session's full resource name")
     plane = _control.connect(_control.settings_of(args), need_runtime=True)
     # With --format, stdout carries the session record alone; progress goes to stderr.
     out = sys.stderr if args.format else sys.stdout
