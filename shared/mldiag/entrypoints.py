@@ -88,8 +88,12 @@ def profile_object_finalized(event: CloudEventLike) -> ProfileObjectFinalized:
         values[key] = value
     if not values["size"].isdigit():
         raise PoisonMessage(f"storage object event: size {values['size']!r} is not a byte count")
+    # Composite objects have no md5Hash; every object has a crc32c.
+    digest = next((f"{k}:{data[key]}" for k, key in (("md5", "md5Hash"), ("crc32c", "crc32c"))
+                   if isinstance(data.get(key), str) and data[key]), "")
     return ProfileObjectFinalized(bucket=values["bucket"], name=values["name"],
-                                  generation=values["generation"], size=int(values["size"]))
+                                  generation=values["generation"], size=int(values["size"]),
+                                  content_hash=digest)
 
 
 def foreign_bucket(msg: ProfileObjectFinalized, settings: Settings) -> bool:

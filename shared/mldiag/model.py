@@ -103,6 +103,8 @@ class TargetRecord:
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
     pid: int = 0
     registered_at: float = 0.0
+    # The SDK's heartbeat interval: a target whose heartbeat is late by half of it is down.
+    heartbeat_s: float = 0.0
     # Why the last control action (continuous start/stop) on this target failed, if it did,
     # and which request that action was (so a CLI waiting on it knows it was handled).
     last_error: str = ""
@@ -156,6 +158,7 @@ class HostRecord:
     arrived_at: float
     status: str = "ARRIVED"  # ARRIVED | FAILED
     reason: str = ""
+    content_hash: str = ""  # as ProfileObjectFinalized carries it; "" when unknown
 
 
 @dataclass
@@ -203,6 +206,9 @@ class SessionRecord:
     def add_host(self, host: str, record: HostRecord, now: float) -> bool:
         """Register a host's object; False when this generation is already registered.
 
+        A new generation of the bytes already registered (same content hash) only updates
+        the generation.
+
         A host arriving after the analysis started (or after the report) starts the next
         version: the current version's hosts are fixed, and the old version's messages stop
         at their version check. Every state store applies this inside its transaction.
@@ -210,6 +216,12 @@ class SessionRecord:
         existing = self.hosts.get(host)
         if existing is not None and existing.generation == record.generation:
             return False
+        if (existing is not None and existing.status == record.status == "ARRIVED"
+                and existing.content_hash and existing.content_hash == record.content_hash):
+            # The same bytes again (a `touch`, a re-upload): no new version, nothing to
+            # analyse; reads now pin the newest generation of those bytes.
+            existing.generation = record.generation
+            return True
         self.hosts[host] = record
         self.last_arrival_at = now
         if self.state == REQUESTED:

@@ -102,6 +102,13 @@ class StateStore(Protocol):
         again, so a redelivered alert whose first publish failed still gets its capture."""
         ...
 
+    def release_capture(self, run: str, key: str) -> None:
+        """Give back the reservation recorded under `key` (its capture failed): it no longer
+        counts for the hourly cap, nor as `key`'s reservation. The cooldown still runs from it,
+        so a storm against a failing target makes one attempt per cooldown. Nothing happens
+        for an unknown key."""
+        ...
+
     def upsert_target(self, target: TargetRecord) -> None: ...
 
     def update_target(self, run: str, host: str, port: int,

@@ -66,6 +66,8 @@ class Settings:
     gemini_timeout_s: float = 60.0
     # A target whose heartbeat is older than this is reported as down.
     target_stale_s: float = 60.0
+    # How long a capture waits for a target's profiler that another session holds.
+    capture_wait_s: float = 120.0
     # Collection's memory budget (bytes, or "6G"/"512M"); empty: what the cgroup or host
     # allows. Jobs that would exceed it wait, are skipped, or are stopped (see workers.py).
     memory_budget: str = ""

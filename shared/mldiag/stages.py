@@ -39,12 +39,14 @@ from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
-from mldiag.capture.remote import CaptureFailed
+from mldiag.capture.remote import CaptureFailed, ProfilerBusy
 from mldiag.capture.targets import capture as capture_target
-from mldiag.capture.targets import set_continuous
+from mldiag.capture.targets import liveness, set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
+    TOPIC_OF,
     AnalyzeSession,
     CaptureProfile,
     CollectHost,
@@ -65,6 +67,7 @@ from mldiag.model import (
     FAILED,
     INVESTIGATING,
     REPORTED,
+    XPLANE_SUFFIXES,
     HostRecord,
     SessionRecord,
     TargetRecord,
@@ -78,6 +81,8 @@ from mldiag.settings import Settings
 
 log = logging.getLogger(__name__)
 
+# A capture runs inside one Cloud Functions invocation: waits for a busy target fit in it.
+INVOCATION_S = 540.0
 
 @dataclass
 class Services:
@@ -134,6 +139,11 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         _reject_object(services, msg, str(e))
         return
     if name is None:
+        if msg.name.endswith(XPLANE_SUFFIXES):
+            # A profile in the wrong place would vanish without a word: say where it belongs.
+            _reject_object(services, msg, (
+                f"{msg.name} is not in a session directory: a profile is analysed at "
+                "<run>/plugins/profile/<session>/<host>.xplane.pb (move it there)"))
         return  # not a profile: artifacts, notes, anything else in the bucket
     existing = services.state.get_session(name.run, name.session)
     if existing is not None and existing.hosts:
@@ -165,7 +175,8 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 "empty profile rather than an error for input they cannot read, so no result "
                 "would be trustworthy; save the snapshot as .xplane.pb")
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
-                            arrived_at=now, status=status, reason=reason)
+                            arrived_at=now, status=status, reason=reason,
+                            content_hash=msg.content_hash)
         # The run's registered profiler targets are the hosts a new session waits for.
         expected = sorted({t.host for t in live_targets(services, name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
@@ -617,11 +628,11 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
 
 
 def live_targets(services: Services, run: str, hosts: Sequence[str] = ()) -> list[TargetRecord]:
-    """The run's targets (those named in `hosts`, when given) with a fresh heartbeat."""
+    """The run's targets (those named in `hosts`, when given) that look alive: a fresh
+    heartbeat, and (locally) a process that still exists (see capture.targets.liveness)."""
     now = services.clock()
     return [t for t in services.state.list_targets(run)
-            if (not hosts or t.host in hosts)
-            and now - t.last_heartbeat <= services.settings.target_stale_s]
+            if (not hosts or t.host in hosts) and not liveness(t, services.settings, now)]
 
 
 def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
@@ -680,8 +691,7 @@ def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[
                             f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
     if not hosts:
         now = services.clock()
-        targets = [t for t in targets
-                   if now - t.last_heartbeat <= services.settings.target_stale_s]
+        targets = [t for t in targets if not liveness(t, services.settings, now)]
     # One file per host name: a host re-registered on another port is its newest record.
     newest: dict[str, TargetRecord] = {}
     for t in targets:
@@ -724,6 +734,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
             f"within {services.settings.target_stale_s:g} s): start the workload with "
             "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
         services.state.create_session(record)
+        _give_back_reservation(services, msg)
         return
     stored, created = services.state.create_session(record)
     if not created and stored.request_id != request_id:
@@ -732,7 +743,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     if stored.state != CAPTURING:
         return
     key = f"capture:{run.name}/{msg.session}"
-    lease = max(services.settings.lease_s, msg.duration_s + 180.0)
+    lease = max(services.settings.lease_s, msg.duration_s + _turn_wait_s(services, msg) + 180.0)
     with claimed(services, key, lease_s=lease) as mine:
         if not mine:
             return
@@ -763,7 +774,10 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     cap = services.settings.max_host_bytes
 
     def one(target: TargetRecord) -> str:
-        data = capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        # One bound for both waits: for our own earlier capture, then for anyone else's.
+        deadline = time.monotonic() + _turn_wait_s(services, msg)
+        with _profiler_turn(services, target, msg, deadline):
+            data = _capture_when_free(target, msg, start_at, egress, cap, deadline)
         _check_xspace(data, target.host)
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
@@ -793,8 +807,68 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     if not any(h.status == "ARRIVED" for h in s.hosts.values()):
         _fail(services, msg.run, msg.session, "every target failed: " + short_reason(
             *(h.reason for h in s.hosts.values())), s.version)
+        _give_back_reservation(services, msg)
     else:
         complete_session(services, s)
+
+
+def _give_back_reservation(services: Services, msg: CaptureProfile) -> None:
+    """A failed automatic capture does not count for its run's cooldown or hourly cap: an
+    alert storm against a busy or dead target must not use up the quota."""
+    if msg.trigger == "alert" and msg.request_id:
+        services.state.release_capture(msg.run, msg.request_id)
+
+
+def _uses_profiler(msg: CaptureProfile, target: TargetRecord) -> bool:
+    """Whether this capture runs a trace on the target's profiler server, which serves one
+    session at a time (snapshots and the ring read what is already recorded)."""
+    return msg.capture == "on_demand" and target.continuous == "OFF"
+
+
+def _turn_wait_s(services: Services, msg: CaptureProfile) -> float:
+    """How long a capture may wait for a busy profiler: `capture_wait_s`, within what one
+    function invocation leaves after the capture itself and its upload."""
+    return min(services.settings.capture_wait_s,
+               max(0.0, INVOCATION_S - 60.0 - msg.duration_s))
+
+
+@contextmanager
+def _profiler_turn(services: Services, target: TargetRecord, msg: CaptureProfile,
+                   deadline: float) -> Iterator[None]:
+    """Hold the target's profiler for this capture (a claim in the state store, so across
+    processes and function instances too). A second capture waits its turn until
+    `deadline` (monotonic), then fails with the reason."""
+    if not _uses_profiler(msg, target):
+        yield
+        return
+    key = f"profiler:{target.address}:{target.port}"
+    owner = f"{services.owner}:{msg.run}/{msg.session}"
+    waited = time.monotonic()
+    while not services.state.claim(key, owner, msg.duration_s + 60.0, services.clock()):
+        if time.monotonic() >= deadline:
+            raise ProfilerBusy(f"another profiling session is active on {target.host}: an "
+                               f"earlier mldiag capture still held its profiler after "
+                               f"{time.monotonic() - waited:.0f} s")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        services.state.release(key, owner)
+
+
+def _capture_when_free(target: TargetRecord, msg: CaptureProfile, start_at: float,
+                       egress: EgressPolicy, cap: int, deadline: float) -> bytes:
+    """Capture; while the profiler answers that another session (not ours: a programmatic
+    capture in the workload, another tool) holds it, try again until `deadline`."""
+    waited = time.monotonic()
+    while True:
+        try:
+            return capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        except ProfilerBusy as e:
+            if time.monotonic() + 1.0 >= deadline:
+                raise ProfilerBusy(f"{e}; still busy after "
+                                   f"{time.monotonic() - waited:.0f} s") from e
+            time.sleep(1.0)
 
 
 def continuous(msg: ContinuousProfiling, services: Services) -> None:
@@ -878,9 +952,18 @@ def handle(message: Message, services: Services) -> None:
 
 
 def dispatch(services: Services) -> Callable[[str, str, Mapping[str, str]], None]:
-    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it."""
+    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it.
+
+    `degradation-alerts` takes every documented alert shape (workload monitoring, Cloud
+    Monitoring, ours) through the one alert parser, as the Cloud Function does.
+    """
 
     def deliver(topic: str, payload: str, attributes: Mapping[str, str]) -> None:
+        if topic == TOPIC_OF[DegradationDetected]:
+            alert = parse_alert(payload, attributes)
+            if alert is not None:  # None: a resolved incident, nothing detected
+                handle(alert, services)
+            return
         handle(parse(payload, topic), services)
 
     return deliver

@@ -155,6 +155,22 @@ def test_a_redelivered_alert_keeps_its_reservation(state: Subject) -> None:
     assert s.reserve_capture("other", 1010.0, cooldown_s=300, max_per_hour=1, key="alert-1")
 
 
+def test_a_released_reservation_leaves_the_hourly_cap_but_not_the_cooldown(
+        state: Subject) -> None:
+    s = state.adapter
+    assert s.reserve_capture("r", 1000.0, cooldown_s=0, max_per_hour=1, key="alert-1")
+    assert not s.reserve_capture("r", 1010.0, cooldown_s=0, max_per_hour=1, key="alert-2")
+    s.release_capture("r", "alert-1")  # its capture failed
+    s.release_capture("r", "alert-unknown")
+    assert s.reserve_capture("r", 1020.0, cooldown_s=0, max_per_hour=1, key="alert-2")
+    s.release_capture("r", "alert-2")
+    # The cooldown still runs from the failed attempt.
+    assert not s.reserve_capture("r", 1030.0, cooldown_s=300, max_per_hour=5, key="alert-3")
+    assert s.reserve_capture("r", 1321.0, cooldown_s=300, max_per_hour=5, key="alert-3")
+    # A released key is no longer a standing reservation.
+    assert not s.reserve_capture("r", 1322.0, cooldown_s=300, max_per_hour=5, key="alert-2")
+
+
 def test_an_alert_storm_reserves_one_capture(state: Subject) -> None:
     stores = (state.adapter, state.twin)
     won = contend(8, lambda i: stores[i % 2].reserve_capture("r", 1000.0 + i / 100,

@@ -81,7 +81,6 @@ def test_the_published_messages_drive_the_session_to_its_report(pipeline: Pipeli
     "run1/notes.txt",
     "run1/plugins/profile/s1/analysis/summary.html",
     "run1/plugins/profile/s1/host0.trace.json.gz",
-    "host0.xplane.pb",
 ])
 def test_a_finalize_for_a_non_profile_object_is_ignored(pipeline: Pipeline, name: str):
     response = pipeline.post("on_profile_object", storage_event(name, size=1234))
@@ -91,6 +90,17 @@ def test_a_finalize_for_a_non_profile_object_is_ignored(pipeline: Pipeline, name
     assert pipeline.services.state.list_sessions() == []
     assert pipeline.services.state.list_dead_letters() == []
     assert pipeline.pubsub.published == []
+
+
+@pytest.mark.parametrize("name", ["host0.xplane.pb", "run1/host0.xplane.pb",
+                                  "run1/plugins/profile/s1/sub/host0.xplane.pb"])
+def test_a_profile_outside_a_session_directory_is_a_dead_letter(pipeline: Pipeline, name: str):
+    response = pipeline.post("on_profile_object", storage_event(name, size=1234))
+
+    assert response.status_code == 200
+    assert pipeline.services.state.list_sessions() == []
+    (dead,) = pipeline.services.state.list_dead_letters()
+    assert name in dead["reason"] and "not in a session directory" in dead["reason"]
 
 
 def test_fifty_duplicate_finalize_events_give_one_session_and_one_analysis(pipeline: Pipeline):

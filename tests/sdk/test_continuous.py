@@ -76,7 +76,7 @@ def test_snapshot_merges_the_newest_windows_with_the_loops_steps(ring: RingBuffe
         ring.start(window_s=WINDOW_S)
         _wait_windows(ring, 4)
         newest = ring.windows()[-3:]
-        capture = ring.snapshot_capture(duration_s=time.time() - newest[0].start + 0.01)
+        capture = ring.snapshot_capture(duration_s=newest[-1].end - newest[0].start)
         steps_so_far = progress["steps"]
 
     assert capture.windows >= 3
@@ -88,6 +88,21 @@ def test_snapshot_merges_the_newest_windows_with_the_loops_steps(ring: RingBuffe
     ops = {md.name for p in parse_xspace(capture.data).planes
            for md in p.event_metadata.values()}
     assert any("fusion" in name or "dot" in name for name in ops), sorted(ops)[:50]
+
+
+def test_snapshot_spans_the_requested_duration_and_less_than_one_window_more(
+        ring: RingBuffer) -> None:
+    with jit_loop():
+        ring.start(window_s=WINDOW_S)
+        _wait_windows(ring, 6)
+        captures = {n: ring.snapshot_capture(duration_s=n * WINDOW_S) for n in (2, 3)}
+        longer = ring.snapshot_capture(duration_s=2.5 * WINDOW_S)
+
+    for n, capture in captures.items():
+        assert capture.windows == n
+        # Back-to-back windows: the span is n windows and the small gaps between them.
+        assert n * WINDOW_S <= capture.end - capture.start < (n + 1) * WINDOW_S
+    assert longer.windows == 3 and longer.end - longer.start >= 2.5 * WINDOW_S
 
 
 def test_snapshot_is_at_least_the_newest_window(ring: RingBuffer) -> None:

@@ -8,13 +8,13 @@ MldiagError with one line when nothing can be captured.
 from __future__ import annotations
 
 import socket
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from mldiag import limits
 from mldiag.bootstrap import ControlPlane
+from mldiag.capture.targets import liveness
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import RunRecord, TargetRecord, check_name
@@ -52,11 +52,9 @@ def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[
 
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
     """'' when the target looks alive, else a one-line reason."""
-    age = time.time() - t.last_heartbeat
-    if not t.last_heartbeat:
-        return f"target down: {t.host} ({t.address}:{t.port}) stopped (no heartbeat)"
-    if age > plane.settings.target_stale_s:
-        return f"target down: {t.host} ({t.address}:{t.port}) last heartbeat {age:.0f} s ago"
+    why = liveness(t, plane.settings)
+    if why:
+        return f"target down: {t.host} ({t.address}:{t.port}) {why}"
     why = reachable(t.address, port or t.port)
     if why:
         return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"

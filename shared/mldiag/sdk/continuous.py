@@ -265,9 +265,11 @@ class RingBuffer:
             return list(self._windows)
 
     def snapshot(self, duration_s: float | None = None) -> bytes:
-        """The newest complete windows reaching at most `duration_s` back from now, merged.
+        """The fewest newest complete windows that together span at least `duration_s`
+        (so less than one window more), merged.
 
-        At least one window; all held windows when `duration_s` is None. Never waits: raises
+        At least one window; all held windows when `duration_s` is None (or when they span
+        less than `duration_s`). Never waits: raises
         NoWindows when no window is complete yet, ContinuousError when the ring is off.
         """
         return self.snapshot_capture(duration_s).data
@@ -283,8 +285,12 @@ class RingBuffer:
                 raise NoWindows(self._no_window_reason())
             chosen = list(self._windows)
             if duration_s is not None:
-                since = time.time() - duration_s
-                chosen = [w for w in chosen if w.start >= since] or chosen[-1:]
+                # From the newest window's end back (the current window is not complete):
+                # the first window that makes the span reach `duration_s` is included.
+                first = len(chosen) - 1
+                while first > 0 and chosen[-1].end - chosen[first].start < duration_s:
+                    first -= 1
+                chosen = chosen[first:]
             blobs = self._read(chosen)
         return Capture(merge_xspaces(blobs), chosen[0].start, chosen[-1].end, len(chosen))
 

@@ -282,9 +282,11 @@ class FirestoreStateStore:
             # Keys of recent reservations (an alert redelivered within a week finds its own).
             keys = {k: float(v) for k, v in
                     ((snap.get("keys") if snap.exists else None) or {}).items()}
+            # Given back by failed captures: the cooldown counts them, the hourly cap does not.
+            released = [float(t) for t in (snap.get("released") if snap.exists else None) or []]
             if digest and digest in keys:
                 return True, None  # the same alert again: its reservation stands
-            if times and now - max(times) < cooldown_s:
+            if (times or released) and now - max(times + released) < cooldown_s:
                 return False, None
             if sum(t > now - 3600.0 for t in times) >= max_per_hour:
                 return False, None
@@ -293,10 +295,30 @@ class FirestoreStateStore:
             keys = {k: v for k, v in keys.items() if v > now - _RESERVATION_KEY_S}
             if digest:
                 keys[digest] = now
-            return True, {"run": run, "times": sorted({*kept, now}), "keys": keys}
+            return True, {"run": run, "times": sorted({*kept, now}), "keys": keys,
+                          "released": [max(released)] if released else []}
 
         # Conditional on the document as read: a storm's racers cannot both reserve.
         return self._swap(ref, change, f"captures of run {run}")
+
+    def release_capture(self, run: str, key: str) -> None:
+        if not key:
+            return
+        ref = self.client.collection(CAPTURES).document(doc_id(run))
+        digest = claim_id(key)
+
+        def change(snap: Any) -> tuple[None, dict[str, Any] | None]:
+            keys = {k: float(v) for k, v in
+                    ((snap.get("keys") if snap.exists else None) or {}).items()}
+            if digest not in keys:
+                return None, None
+            at = keys.pop(digest)
+            times = [float(t) for t in snap.get("times") or [] if float(t) != at]
+            released = [float(t) for t in snap.get("released") or []]
+            return None, {"run": run, "times": times, "keys": keys,
+                          "released": [max([*released, at])]}
+
+        self._swap(ref, change, f"captures of run {run}")
 
     # Targets
 

@@ -143,12 +143,21 @@ class SqliteStateStore:
             last = db.execute("SELECT MAX(at) FROM captures WHERE run = ?", (run,)).fetchone()[0]
             if last is not None and now - last < cooldown_s:
                 return False
-            (recent,) = db.execute("SELECT COUNT(*) FROM captures WHERE run = ? AND at > ?",
+            (recent,) = db.execute("SELECT COUNT(*) FROM captures WHERE run = ? AND at > ? "
+                                   "AND key NOT LIKE 'released:%'",
                                    (run, now - 3600.0)).fetchone()
             if recent >= max_per_hour:
                 return False
             db.execute("INSERT INTO captures (run, at, key) VALUES (?, ?, ?)", (run, now, key))
             return True
+
+    def release_capture(self, run: str, key: str) -> None:
+        if not key:
+            return
+        with self._tx() as db:
+            # Kept for the cooldown; out of the hourly count and no longer the key's.
+            db.execute("UPDATE captures SET key = 'released:' || key WHERE run = ? AND key = ?",
+                       (run, key))
 
     # Targets
 
