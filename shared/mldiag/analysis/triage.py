@@ -755,6 +755,11 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             util = 100.0 - wait
+            collectives = timeline_collective_percent(snapshot)
+            if collectives:
+                # Waiting in a collective is not computing, as on devices (below).
+                util = round(max(0.0, util - collectives), 2)
+                util_source = ("XLA:CPU busy share of step outside collectives (timeline)")
     else:
         # A busy device is not a computing one: time in copies, collectives and IDLE does not
         # count (a duty cycle of 86% is mostly copy-done on the TPU fixture).
