@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
+from mldiag.analysis import evidence as ev
 from mldiag.analysis.collect import ProgressFn, collect, write_json
 from mldiag.analysis.followups import MAX_FOLLOW_UPS, FollowUps
 from mldiag.analysis.html import render_summary_html
@@ -57,7 +58,10 @@ def investigate(
     investigator = investigator or RuleBasedInvestigator()
     budget = 0 if result.status == OPTIMAL else MAX_FOLLOW_UPS
     session = session or session_from_snapshot(snapshot)
-    with FollowUps(session, max_calls=budget) as follow_ups:
+    # What collection already computed for a follow-up (the host-bound one, single host).
+    known = ev.get(snapshot, "get_step_trace", "host_bound_analysis.host_python_events")
+    precomputed = {"aggregate_xplane_events": known} if isinstance(known, Mapping) else None
+    with FollowUps(session, max_calls=budget, precomputed=precomputed) as follow_ups:
         out = investigator.investigate(snapshot, result, follow_ups)
     if result.status == OPTIMAL:
         out["short_circuit"] = "triage verdict OPTIMAL: no follow-up calls made"

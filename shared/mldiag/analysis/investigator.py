@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mldiag.analysis import evidence as ev
-from mldiag.analysis.followups import FollowUpRefused, FollowUps
+from mldiag.analysis.followups import HOST_PYTHON_EVENTS, FollowUpRefused, FollowUps
 from mldiag.analysis.triage import Hypothesis, Triage
 
 _PS_PER_MS = 1e9
@@ -86,7 +86,7 @@ def _plan(snapshot: Mapping[str, Any], hyps: list[Hypothesis]) -> list[_Plan]:
         if h.category == "host_bound":
             add("aggregate_xplane_events",
                 "Find the host-side Python work that keeps the device waiting between steps",
-                {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}, "host_events")
+                dict(HOST_PYTHON_EVENTS), "host_events")
         elif h.category in ("layout_copy", "unfused_reshape", "convert_reduce"):
             d = h.details["detection"]
             add("get_hlo_neighborhood",

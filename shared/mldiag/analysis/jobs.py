@@ -217,14 +217,40 @@ def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     hosts = []
+    python_events = None
+    single = len(ctx.session.xplanes) == 1
     for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
-        scan = _DECODED.pop(str(xplane), None)
-        if scan is None:
-            hosts.append(timeline.analyze_host(xplane, host))
-            continue
+        scan = _DECODED.pop(str(xplane), None) or XSpaceScan(xplane)
         with scan:
             hosts.append(timeline.analyze_scan(scan, host))
-    return timeline.summarize(hosts)
+            if single:
+                python_events = _host_python_events(scan)
+    summary = timeline.summarize(hosts)
+    if python_events is not None:
+        summary["host_python_events"] = python_events
+    return summary
+
+
+# Rows of the precomputed host-bound follow-up kept in the snapshot (by total time).
+_PYTHON_EVENT_ROWS = 100
+
+
+def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
+    """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
+    from the lines this worker has already decoded; None without Python-tracer events."""
+    from mldiag.analysis.followups import HOST_PYTHON_EVENTS
+    from mldiag.analysis.xspace_scan import aggregate_scans
+
+    if not any(plane.name == "/host:CPU" and any(
+            n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
+        return None
+    data = aggregate_scans([scan], **HOST_PYTHON_EVENTS)
+    rows = data["aggregates"]
+    data["truncated"] = len(rows) > _PYTHON_EVENT_ROWS
+    data["aggregates"] = rows[:_PYTHON_EVENT_ROWS]
+    data["returned"] = len(data["aggregates"])
+    return {"args": dict(HOST_PYTHON_EVENTS), "data": data,
+            "how": "computed by the timeline pass from the events it had decoded"}
 
 
 def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -527,6 +527,23 @@ def aggregate_events(
     """Duration statistics per event name over matching planes: xprof's
     aggregate_xplane_events output (`aggregates` sorted by total time, each with count,
     total/avg/min/p50/p90/p99/max duration and std dev in ps), computed per distinct name."""
+    scans = [XSpaceScan(path) for path in xplanes]
+    try:
+        return aggregate_scans(scans, plane_regex, event_regex,
+                               min_duration_ps=min_duration_ps,
+                               max_duration_ps=max_duration_ps,
+                               start_time_ps=start_time_ps, end_time_ps=end_time_ps)
+    finally:
+        for scan in scans:
+            scan.close()
+
+
+def aggregate_scans(
+    scans: Any, plane_regex: str, event_regex: str, *,
+    min_duration_ps: int | None = None, max_duration_ps: int | None = None,
+    start_time_ps: int | None = None, end_time_ps: int | None = None,
+) -> dict[str, Any]:
+    """`aggregate_events` on files already open: lines they decoded before are reused."""
     import re
 
     if start_time_ps is not None and end_time_ps is not None and start_time_ps > end_time_ps:
@@ -535,37 +552,42 @@ def aggregate_events(
     p_re, e_re = re.compile(plane_regex), re.compile(event_regex)
     groups: dict[str, list[NDArray[np.int64]]] = {}
     scanned = 0
-    for path in xplanes:
-        with XSpaceScan(path) as scan:
-            for plane in scan.planes:
-                if not p_re.search(plane.name):
+    for scan in scans:
+        for plane in scan.planes:
+            if not p_re.search(plane.name):
+                continue
+            for line in plane.lines:
+                ev = line.events
+                scanned += len(ev)
+                if not len(ev):
                     continue
-                for line in plane.lines:
-                    ev = line.events
-                    scanned += len(ev)
-                    if not len(ev):
-                        continue
-                    # xprof's times: start in ps from the line's ns timestamp, truncated.
-                    start_ps = (line.start_ns() * 1000).astype(np.int64)
-                    dur_ps = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(
-                        np.int64)
-                    keep = np.ones(len(ev), dtype=bool)
-                    if start_time_ps is not None:
-                        keep &= start_ps >= start_time_ps
-                    if end_time_ps is not None:
-                        keep &= start_ps + dur_ps <= end_time_ps
-                    if min_duration_ps is not None:
-                        keep &= dur_ps >= min_duration_ps
-                    if max_duration_ps is not None:
-                        keep &= dur_ps <= max_duration_ps
-                    mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
-                    for k, mid in enumerate(mids.tolist()):
-                        name = plane.event_names.get(int(mid), "")
-                        if not e_re.search(name):
-                            continue
-                        sel = keep & (inverse == k)
-                        if sel.any():
-                            groups.setdefault(name, []).append(dur_ps[sel])
+                # xprof's times: start in ps from the line's ns timestamp, truncated.
+                start_ps = (line.start_ns() * 1000).astype(np.int64)
+                dur_ps = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(
+                    np.int64)
+                keep = np.ones(len(ev), dtype=bool)
+                if start_time_ps is not None:
+                    keep &= start_ps >= start_time_ps
+                if end_time_ps is not None:
+                    keep &= start_ps + dur_ps <= end_time_ps
+                if min_duration_ps is not None:
+                    keep &= dur_ps >= min_duration_ps
+                if max_duration_ps is not None:
+                    keep &= dur_ps <= max_duration_ps
+                mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
+                names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
+                matched = np.array([bool(e_re.search(n)) for n in names], dtype=bool)
+                sel = keep & matched[inverse]
+                if not sel.any():
+                    continue
+                # Group the selected durations by name with one sort, not a pass per name.
+                inv, dur = inverse[sel], dur_ps[sel]
+                order = np.argsort(inv, kind="stable")
+                inv, dur = inv[order], dur[order]
+                cuts = np.flatnonzero(np.diff(inv)) + 1
+                for first, chunk in zip(np.concatenate([[0], cuts]).tolist(),
+                                        np.split(dur, cuts), strict=True):
+                    groups.setdefault(names[int(inv[first])], []).append(chunk)
     rows: list[dict[str, Any]] = []
     for name, parts in groups.items():
         d = np.sort(np.concatenate(parts))
