@@ -290,3 +290,28 @@ def parse_object_name(name: str) -> ProfileObjectName | None:
         raise ValueError(f"unsafe object name {name!r}: empty host name")
     return ProfileObjectName(prefix="/".join(parts[:-5]), run=parts[-5], session=parts[-2],
                              host=host, suffix=suffix)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One value a workload recorded with `metrics.record`, kept per run in the state store.
+
+    A number has `value`; a str or dict recorded as a metric (upstream's log entries) has
+    `body` and no value. `labels` carry the unit (`unit`) like upstream's.
+    """
+
+    name: str
+    at: float
+    value: float | None = None
+    step: int | None = None
+    host: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    body: str | dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricPoint:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.triage import Triage
 from mldiag.messages import Message
-from mldiag.model import HostRecord, RunRecord, SessionRecord, TargetRecord
+from mldiag.model import HostRecord, MetricPoint, RunRecord, SessionRecord, TargetRecord
 
 
 @dataclass(frozen=True)
@@ -172,6 +172,16 @@ class StateStore(Protocol):
 
     def list_dead_letters(self, since: float = 0.0) -> list[dict[str, Any]]:
         """Dead letters recorded after `since` (all by default), oldest first."""
+        ...
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        """Append a batch of a run's recorded metrics in one write (the SDK batches them)."""
+        ...
+
+    def list_metrics(self, run: str, name: str | None = None,
+                     since: float = 0.0) -> list[MetricPoint]:
+        """A run's metric points recorded after `since` (of one `name`, or all), oldest
+        first."""
         ...
 
 

@@ -13,7 +13,11 @@ Layout (document ids are the natural keys, escaped by `doc_id`):
 - `claims/{sha256(key)}`: idempotency claims, the key itself kept as a field;
 - `captures/{run}`: the times of a run's recent automatic captures, and under
   `captures/{run}/keys/{sha256(key)}` the alerts that reserved one;
-- `dead_letters/{auto id}`: messages given up on, with the reason.
+- `dead_letters/{auto id}`: messages given up on, with the reason;
+- `runs/{run}/metrics/{auto id}`: the SDK's recorded metrics, one document per metric, host
+  and written batch (up to `METRIC_CHUNK` points as JSON in `points`, with `name`, `host`,
+  `t0` and `t1`), so a loop recording every step costs a few writes a second, not one per
+  point.
 
 Each record is stored whole as JSON in `data` (what the embedded store keeps too): user
 configs may carry keys Firestore maps cannot (empty, `__x__`), and records round-trip exactly.
@@ -36,6 +40,7 @@ from google.cloud import firestore
 
 from mldiag.model import (
     HostRecord,
+    MetricPoint,
     RunRecord,
     SessionRecord,
     TargetRecord,
@@ -45,6 +50,9 @@ T = TypeVar("T")
 
 RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
 CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
+METRICS = "metrics"
+# Points per metrics document: about 150 bytes each as JSON, well under the 1 MiB limit.
+METRIC_CHUNK = 2000
 # How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
 CLAIM_RETENTION_S = 30 * 86400.0
 DEAD_LETTER_RETENTION_S = 90 * 86400.0
@@ -85,7 +93,7 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
         {"collectionGroup": group, "fieldPath": path, "indexes": []}
         for group, path in ((RUNS, "data"), (TARGETS, "data"), (SESSIONS, "data"),
                             (DEAD_LETTERS, "payload"), (CAPTURES, "times"),
-                            (CAPTURES, "keys"))
+                            (CAPTURES, "keys"), (METRICS, "points"))
     ],
 }
 
@@ -515,3 +523,38 @@ class FirestoreStateStore:
             docs = collection.order_by("recorded_at").stream()
         keys = ("topic", "payload", "reason", "attempts", "at")
         return [{"id": d.id, **{k: d.get(k) for k in keys}} for d in docs]
+
+    # Metrics
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        groups: dict[tuple[str, str], list[MetricPoint]] = {}
+        for p in points:
+            groups.setdefault((p.name, p.host), []).append(p)
+        docs = []
+        for (name, host), group in groups.items():
+            for i in range(0, len(group), METRIC_CHUNK):
+                chunk = group[i:i + METRIC_CHUNK]
+                docs.append({"name": name, "host": host, "t0": min(p.at for p in chunk),
+                             "t1": max(p.at for p in chunk), "n": len(chunk),
+                             "points": json.dumps([p.to_dict() for p in chunk],
+                                                  allow_nan=False)})
+        collection = self._run_ref(run).collection(METRICS)
+        for i in range(0, len(docs), 500):  # a batched write holds at most 500 writes
+            batch = self.client.batch()
+            for doc in docs[i:i + 500]:
+                batch.set(collection.document(), doc)
+            batch.commit()
+
+    def list_metrics(self, run: str, name: str | None = None,
+                     since: float = 0.0) -> list[MetricPoint]:
+        query: Any = self._run_ref(run).collection(METRICS)
+        if name is not None:
+            from google.cloud.firestore_v1.base_query import FieldFilter
+
+            # Equality alone: the automatic single-field index serves it. `since` is applied
+            # here, as a range on `t1` next to it would need a composite index.
+            query = query.where(filter=FieldFilter("name", "==", name))
+        out = [MetricPoint.from_dict(d)
+               for snap in query.stream() if (snap.get("t1") or 0.0) > since
+               for d in json.loads(snap.get("points"))]
+        return sorted((p for p in out if p.at > since), key=lambda p: p.at)

@@ -18,6 +18,7 @@ from typing import Any
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 from mldiag.model import (
     HostRecord,
+    MetricPoint,
     RunRecord,
     SessionRecord,
     TargetRecord,
@@ -38,6 +39,10 @@ CREATE TABLE IF NOT EXISTS claims (
 CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
+CREATE TABLE IF NOT EXISTS metrics (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, name TEXT NOT NULL,
+    at REAL NOT NULL, data TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics (run, name, at);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
     reason TEXT NOT NULL, attempts INTEGER NOT NULL, at REAL NOT NULL);
@@ -295,6 +300,22 @@ class SqliteStateStore:
             "ORDER BY id", (since,)).fetchall()
         keys = ("id", "topic", "payload", "reason", "attempts", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    # Metrics
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        with self._tx() as db:
+            db.executemany("INSERT INTO metrics (run, name, at, data) VALUES (?, ?, ?, ?)",
+                           [(run, p.name, p.at, json.dumps(p.to_dict(), allow_nan=False))
+                            for p in points])
+
+    def list_metrics(self, run: str, name: str | None = None,
+                     since: float = 0.0) -> list[MetricPoint]:
+        sql, args = "SELECT data FROM metrics WHERE run = ? AND at > ?", [run, since]
+        if name is not None:
+            sql, args = sql + " AND name = ?", [*args, name]
+        rows = self.connection().execute(sql + " ORDER BY at, id", args).fetchall()
+        return [MetricPoint.from_dict(json.loads(r[0])) for r in rows]
 
 
 def session_summary(s: SessionRecord) -> dict[str, Any]:
