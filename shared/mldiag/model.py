@@ -315,3 +315,22 @@ class MetricPoint:
     def from_dict(cls, data: dict[str, Any]) -> MetricPoint:
         known = cls.__dataclass_fields__
         return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def summarize_metrics(points: Sequence[MetricPoint]) -> list[dict[str, Any]]:
+    """One row per metric name, by name: unit, points, hosts, step range, last value and
+    when it was recorded (what `mldiag metrics list` and the console's run page show)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for p in points:
+        row = rows.setdefault(p.name, {"name": p.name, "unit": p.labels.get("unit", "1"),
+                                       "points": 0, "hosts": set(), "first_step": None,
+                                       "last_step": None, "first_at": p.at})
+        row["points"] += 1
+        row["hosts"].add(p.host)
+        if p.step is not None:
+            first, last = row["first_step"], row["last_step"]
+            row["first_step"] = p.step if first is None else min(first, p.step)
+            row["last_step"] = p.step if last is None else max(last, p.step)
+        row["last_at"] = p.at
+        row["last_value"] = p.value if p.value is not None else p.body
+    return [{**r, "hosts": sorted(r["hosts"])} for _, r in sorted(rows.items())]

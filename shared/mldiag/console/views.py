@@ -10,7 +10,15 @@ from typing import Any
 
 from mldiag.access import PROFILE, Principal
 from mldiag.console.context import Console
-from mldiag.model import STATES, TERMINAL, RunRecord, SessionRecord, TargetRecord
+from mldiag.console.charts import step_time_chart
+from mldiag.model import (
+    STATES,
+    TERMINAL,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+    summarize_metrics,
+)
 from mldiag.viewer import session_dir
 
 log = logging.getLogger(__name__)
@@ -92,7 +100,10 @@ def runs_view(console: Console, principal: Principal) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["created"] or "", reverse=True)
 
 
-def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str, Any]:
+def run_view(console: Console, principal: Principal, run: RunRecord, *,
+             chart: bool = False) -> dict[str, Any]:
+    """A run, its sessions, targets, configs and recorded metrics; with `chart`, also the
+    step-time chart's geometry (for the HTML page)."""
     sessions = sorted(console.plane.state.list_sessions(run=run.name),
                       key=lambda s: s.created_at, reverse=True)
     targets = [target_view(console, t) for t in console.plane.state.list_targets(run.name)]
@@ -107,6 +118,11 @@ def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
         "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
     })
+    # What the workload recorded with the SDK's metrics.record, and step time charted.
+    points = console.plane.state.list_metrics(run.name)
+    view["metrics"] = summarize_metrics(points)
+    if chart:
+        view["step_chart"] = step_time_chart(points, sessions)
     # Addresses and ports of profiler servers are for those who may view profiles.
     view["targets"] = targets if principal.can(PROFILE, run.name) else []
     return view
