@@ -9,8 +9,8 @@ from collections import Counter
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
-from mldiag.console.context import Console
 from mldiag.console.charts import step_time_chart
+from mldiag.console.context import Console
 from mldiag.model import (
     STATES,
     TERMINAL,
