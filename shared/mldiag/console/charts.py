@@ -38,11 +38,11 @@ def step_time_chart(points: Sequence[MetricPoint],
     steps = [p for p in points if p.name == STEP_TIME and p.value is not None]
     if not steps:
         return None
-    alerts = [{"at": p.at, "label": (p.body or {}).get("summary", "alert")
-               if isinstance(p.body, dict) else str(p.body), "source": "monitor"}
-              for p in points if p.name == ALERT]
-    alerts += [{"at": s.created_at, "label": s.note or f"alert → {s.session}",
-                "source": "capture"} for s in sessions if s.trigger == "alert"]
+    alerts: list[tuple[float, str]] = [
+        (p.at, str(p.body.get("summary", "alert")) if isinstance(p.body, dict)
+         else str(p.body)) for p in points if p.name == ALERT]
+    alerts += [(s.created_at, s.note or f"alert → {s.session}")
+               for s in sessions if s.trigger == "alert"]
     t0, t1 = min(p.at for p in steps), max(p.at for p in steps)
     t1 = max(t1, t0 + 1.0)
     top_ms = max(p.value for p in steps if p.value is not None) * 1e3 * 1.1 or 1.0
@@ -73,7 +73,7 @@ def step_time_chart(points: Sequence[MetricPoint],
             "count": len(values),
             "median_ms": round(sorted(values)[len(values) // 2], 2),
         })
-    in_range = [a for a in alerts if t0 <= a["at"] <= t1]
+    in_range = [(at, label) for at, label in alerts if t0 <= at <= t1]
     captures = [{"x": x(s.created_at), "session": s.session, "kind": s.kind,
                  "trigger": s.trigger, "state": s.state, "at": _clock(s.created_at)}
                 for s in sorted(sessions, key=lambda s: s.created_at)
@@ -85,7 +85,7 @@ def step_time_chart(points: Sequence[MetricPoint],
     return {
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
         "bottom": HEIGHT - BOTTOM, "lines": lines, "y_ticks": y_ticks, "x_ticks": x_ticks,
-        "alerts": [{**a, "x": x(a["at"]), "at": _clock(a["at"])} for a in in_range],
+        "alerts": [{"x": x(at), "at": _clock(at), "label": label} for at, label in in_range],
         "captures": captures, "points": len(steps),
         "from": _clock(t0), "to": _clock(t1),
         "outside": len(alerts) - len(in_range),

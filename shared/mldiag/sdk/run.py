@@ -388,7 +388,7 @@ def machinelearning_run(
     application_framework: ApplicationFramework | str = ApplicationFramework.NONE,
     rl_orchestrator: RlOrchestrator | str = RlOrchestrator.NONE,
     *,
-    port: int = 9999,
+    port: int | None = None,
     host_name: str | None = None,
     continuous: bool | dict[str, Any] = False,
     auto_capture: dict[str, Any] | AutoCapturePolicy | None = None,
@@ -405,7 +405,8 @@ def machinelearning_run(
     run's `name`; `display_name` keeps the original). Profiles go to the embedded bucket
     locally, or to `gcs_path` (`gs://BUCKET[/PREFIX]`) with MLDIAG_BACKEND=gcp.
 
-    mldiag extensions (keyword-only): `port` of the on-demand profiler server (9999);
+    mldiag extensions (keyword-only): `port` of the on-demand profiler server (default
+    $MLDIAG_PROFILER_PORT, else 9999 as upstream);
     `host_name`, this process's name in profile file names (default $MLDIAG_HOST_NAME,
     $HOSTNAME or the hostname); `continuous` starts continuous profiling at once (True, or
     ring options); `auto_capture` sets the run's auto-capture policy; `monitor` configures
@@ -487,6 +488,8 @@ def machinelearning_run(
         plane.state.set_auto_capture(stored_name, policy.to_dict())
 
     host = host_name or workload.hostname()
+    if port is None:
+        port = int(os.environ.get("MLDIAG_PROFILER_PORT") or 9999)
     address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
         "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
     # The control endpoint and the monitor report to the run, built once the servers are up.
