@@ -23,10 +23,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mldiag.model import MetricPoint
+from mldiag.sdk import run as _run
 from mldiag.sdk.metric_types import METRIC_UNITS, SYSTEM_METRICS, MetricType
 
 if TYPE_CHECKING:
@@ -91,50 +92,62 @@ def _number(name: str, value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
+# What the training thread appends: (name, at, value, step, labels, body, all_hosts, host).
+# Points are built from these on the writer's thread, so a record costs a tuple and a lock.
+# `labels` None stands for just the metric's unit.
+Entry = tuple[str, float, float | None, int | None, dict[str, str] | None,
+              str | dict[str, Any] | None, bool, str]
+
+
+def _point(e: Entry, host: str) -> MetricPoint:
+    name, at, value, step, labels, body, _, own_host = e
+    return MetricPoint(name=name, at=at, value=value, step=step, host=own_host or host,
+                       labels=labels if labels is not None
+                       else {"unit": METRIC_UNITS.get(name, "1")}, body=body)
+
+
 class _Recorder:
     """The buffer of points not yet stored, and the thread that stores them in batches."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        # (point, record_on_all_hosts) waiting for the store.
-        self._pending: list[tuple[MetricPoint, bool]] = []
+        self._pending: list[Entry] = []
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._flushing = threading.Lock()
         self.dropped = 0
-        self.series: dict[str, deque[Sample]] = {}
+        self.series: dict[str, deque[Entry]] = {}
 
-    def add(self, points: Sequence[tuple[MetricPoint, bool]]) -> None:
+    def add(self, entry: Entry) -> None:
         with self._lock:
-            self._pending.extend(points)
-            for p, _ in points:
-                if p.value is not None:
-                    self.series.setdefault(p.name, deque(maxlen=_KEEP)).append(
-                        Sample(p.name, p.value, p.step, p.at, p.labels))
-            over = len(self._pending) - MAX_PENDING
-            if over > 0:
-                del self._pending[:over]
-                self.dropped += over
-                if self.dropped == over or self.dropped % 10_000 < over:
-                    log.warning("mldiag: %d metric points dropped: the state store is not "
-                                "taking them", self.dropped)
-            if len(self._pending) >= BATCH:
+            pending = self._pending
+            pending.append(entry)
+            if entry[2] is not None:
+                series = self.series.get(entry[0])
+                if series is None:
+                    series = self.series[entry[0]] = deque(maxlen=_KEEP)
+                series.append(entry)
+            if len(pending) == BATCH:
+                # A full batch: write it now rather than at the next tick.
                 self._wake.notify()
-            if self._thread is None or self._pid != os.getpid():
+            elif len(pending) > MAX_PENDING:
+                del pending[:BATCH]
+                self.dropped += BATCH
+                log.warning("mldiag: %d metric points dropped: the state store is not "
+                            "taking them", self.dropped)
+            if self._pid != _getpid():
                 # Started on first use (not at import), and again in a forked child.
-                self._pid = os.getpid()
+                self._pid = _getpid()
                 self._thread = threading.Thread(target=self._loop, name="mldiag-metrics",
                                                 daemon=True)
                 self._thread.start()
 
     def _loop(self) -> None:
-        from mldiag.sdk.run import current_run
-
         while True:
             with self._lock:
                 self._wake.wait(FLUSH_S)
-            run = current_run()
+            run = _run.current_run()
             if run is not None:
                 self.flush(run)
 
@@ -144,18 +157,18 @@ class _Recorder:
         with self._flushing:
             with self._lock:
                 batch, self._pending = self._pending, []
-            keep = [p if p.host else replace(p, host=run.host)
-                    for p, all_hosts in batch if _stored_by(run, p, all_hosts)]
+            keep = [e for e in batch if _stored_by(run, e[0], e[6])]
             if not keep:
                 return 0
             try:
                 for i in range(0, len(keep), BATCH):
-                    run.plane.state.record_metrics(run.name, keep[i:i + BATCH])
+                    run.plane.state.record_metrics(
+                        run.name, [_point(e, run.host) for e in keep[i:i + BATCH]])
             except Exception as e:  # noqa: BLE001 - metrics must never stop training
                 log.warning("mldiag: storing %d metric points failed (kept for the next "
                             "try): %s", len(keep), e)
                 with self._lock:
-                    self._pending[:0] = [(p, True) for p in keep]
+                    self._pending[:0] = keep
                 return 0
             return len(keep)
 
@@ -164,13 +177,15 @@ class _Recorder:
             self.series.clear()
 
 
-def _stored_by(run: MLRun, p: MetricPoint, all_hosts: bool) -> bool:
-    if p.name in SYSTEM_METRICS and not run.log_system_metrics:
+def _stored_by(run: MLRun, name: str, all_hosts: bool) -> bool:
+    if name in SYSTEM_METRICS and not run.log_system_metrics:
         return False
     return all_hosts or run.target.process_index == 0
 
 
 _recorder = _Recorder()
+_getpid = os.getpid
+_PLAIN_STEP = (int, type(None))
 
 
 def record(metric_name: MetricType | str, value: Any, step: int | None = None,
@@ -182,8 +197,23 @@ def record(metric_name: MetricType | str, value: Any, step: int | None = None,
         metrics.record(MetricType.LEARNING_RATE, learning_rate)
         metrics.record(MetricType.LEARNING_RATE, learning_rate, step=1)
     """
+    if (type(value) is float and labels is None and type(step) in _PLAIN_STEP
+            and type(metric_name) is MetricType and math.isfinite(value)):
+        # The common per-step call, without the general path's checks (same result).
+        name = metric_name.value
+        now = time.time()
+        _recorder.add((name, now, value, step, None, None, record_on_all_hosts, ""))
+        if name == STEP_TIME:
+            _observe(value, now)
+        return
     record_metrics([{"metric_name": metric_name, "value": value, "step": step,
                      "labels": labels}], record_on_all_hosts=record_on_all_hosts)
+
+
+def _observe(seconds: float, at: float) -> None:
+    run = _run.current_run()
+    if run is not None:
+        run.observe_step_time(seconds, at)
 
 
 def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_hosts: bool = False,
@@ -198,10 +228,7 @@ def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_host
             {"metric_name": "custom_metric", "value": 56.7},
         ], step=1)
     """
-    from mldiag.sdk.run import current_run
-
     now = time.time()
-    points: list[tuple[MetricPoint, bool]] = []
     step_times: list[float] = []
     for item in metrics_data:
         try:
@@ -221,24 +248,18 @@ def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_host
         labels.setdefault("unit", METRIC_UNITS.get(name, "1"))
         if isinstance(raw, str | dict):
             labels.setdefault("namespace", name)
-            points.append((MetricPoint(name=name, at=now, step=_step(item_step), labels=labels,
-                                       body=raw if isinstance(raw, str) else dict(raw)),
-                           record_on_all_hosts))
+            _recorder.add((name, now, None, _step(item_step), labels,
+                           raw if isinstance(raw, str) else dict(raw), record_on_all_hosts, ""))
             continue
         value = _number(name, raw)
         if value is None:
             continue
-        points.append((MetricPoint(name=name, at=now, value=value, step=_step(item_step),
-                                   labels=labels), record_on_all_hosts))
+        _recorder.add((name, now, value, _step(item_step), labels, None, record_on_all_hosts,
+                       ""))
         if name == STEP_TIME:
             step_times.append(value)
-    if points:
-        _recorder.add(points)
-    if step_times:
-        run = current_run()
-        if run is not None:
-            for seconds in step_times:
-                run.observe_step_time(seconds, now)
+    for seconds in step_times:
+        _observe(seconds, now)
 
 
 def _step(step: Any) -> int | None:
@@ -253,11 +274,11 @@ def _step(step: Any) -> int | None:
 
 def record_alert(run: MLRun, alert: DegradationDetected, found: Degradation) -> None:
     """Keep an alert of the run's degradation monitor with its metrics (`mldiag_alert`)."""
-    _recorder.add([(MetricPoint(
-        name=ALERT_METRIC, at=found.at, host=run.host,
-        labels={"unit": "1", "namespace": ALERT_METRIC},
-        body={"alert_id": alert.alert_id, "summary": alert.summary,
-              "baseline_s": found.baseline_s, "current_s": found.current_s}), True)])
+    _recorder.add((ALERT_METRIC, found.at, None, None,
+                   {"unit": "1", "namespace": ALERT_METRIC},
+                   {"alert_id": alert.alert_id, "summary": alert.summary,
+                    "baseline_s": found.baseline_s, "current_s": found.current_s}, True,
+                   run.host))
 
 
 def flush_to(run: MLRun) -> int:
@@ -271,7 +292,9 @@ def history(metric_name: MetricType | str) -> list[Sample]:
     if name is None:
         raise ValueError(f"not a metric name: {metric_name!r}")
     with _recorder._lock:
-        return list(_recorder.series.get(name, ()))
+        entries = list(_recorder.series.get(name, ()))
+    return [Sample(p.name, p.value, p.step, p.at, p.labels)
+            for p in (_point(e, "") for e in entries) if p.value is not None]
 
 
 def clear() -> None:

@@ -41,8 +41,8 @@ CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL,
 CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
 CREATE TABLE IF NOT EXISTS metrics (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, name TEXT NOT NULL,
-    at REAL NOT NULL, data TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics (run, name, at);
+    t0 REAL NOT NULL, t1 REAL NOT NULL, points TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics (run, name, t1);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
     reason TEXT NOT NULL, attempts INTEGER NOT NULL, at REAL NOT NULL);
@@ -304,18 +304,26 @@ class SqliteStateStore:
     # Metrics
 
     def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        # One row per metric of the batch, its points a JSON array: a batch of a thousand
+        # points is a few rows and one commit.
+        groups: dict[str, list[MetricPoint]] = {}
+        for p in points:
+            groups.setdefault(p.name, []).append(p)
+        rows = [(run, name, min(p.at for p in group), max(p.at for p in group),
+                 json.dumps([p.to_dict() for p in group], allow_nan=False))
+                for name, group in groups.items()]
         with self._tx() as db:
-            db.executemany("INSERT INTO metrics (run, name, at, data) VALUES (?, ?, ?, ?)",
-                           [(run, p.name, p.at, json.dumps(p.to_dict(), allow_nan=False))
-                            for p in points])
+            db.executemany("INSERT INTO metrics (run, name, t0, t1, points) "
+                           "VALUES (?, ?, ?, ?, ?)", rows)
 
     def list_metrics(self, run: str, name: str | None = None,
                      since: float = 0.0) -> list[MetricPoint]:
-        sql, args = "SELECT data FROM metrics WHERE run = ? AND at > ?", [run, since]
+        sql, args = "SELECT points FROM metrics WHERE run = ? AND t1 > ?", [run, since]
         if name is not None:
             sql, args = sql + " AND name = ?", [*args, name]
-        rows = self.connection().execute(sql + " ORDER BY at, id", args).fetchall()
-        return [MetricPoint.from_dict(json.loads(r[0])) for r in rows]
+        rows = self.connection().execute(sql + " ORDER BY id", args).fetchall()
+        points = [MetricPoint.from_dict(d) for r in rows for d in json.loads(r[0])]
+        return sorted((p for p in points if p.at > since), key=lambda p: p.at)
 
 
 def session_summary(s: SessionRecord) -> dict[str, Any]:
