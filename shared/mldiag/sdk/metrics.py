@@ -6,7 +6,7 @@ no value); anything else is dropped with a warning, never raised into the traini
 upstream, the process with index 0 stores them unless `record_on_all_hosts=True`, and the
 system-utilization metrics are stored only for a run with `log_system_metrics=True`.
 
-`record` only appends to a buffer (about a microsecond or two; see BENCHMARKS.md); a
+`record` only appends to a buffer (7-11 µs of the training thread's CPU; BENCHMARKS.md); a
 background thread writes the buffer to the state store in one batch per `FLUSH_S` second (or
 per `BATCH` points), and the run's `close()` (at exit too) writes what is left. Points
 recorded before `machinelearning_run(...)` wait for it, as upstream's queue does. Every
