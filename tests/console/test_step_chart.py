@@ -57,6 +57,10 @@ def test_the_run_page_charts_step_time_with_alerts_and_captures(
                                        note="alert mldiag-monitor: step time regressed"))
     state.create_session(SessionRecord(run="train", session="warm", state=REPORTED,
                                        created_at=T0 + 1.0))
+    # A Cloud Monitoring incident's capture: no monitor alert before it.
+    state.create_session(SessionRecord(run="train", session="cm-1", state=REPORTED,
+                                       kind="on_demand", trigger="alert", created_at=T0 + 2.0,
+                                       note="incident 0.nxk2p9q: step_time above 0.25 s"))
 
     r = client.get("/runs/train", headers=auth)
     assert r.status_code == 200
@@ -64,13 +68,15 @@ def test_the_run_page_charts_step_time_with_alerts_and_captures(
     chart = html[html.index('<svg class="stepchart"'):html.index("</svg>")]
     assert len(re.findall(r"<polyline ", chart)) == 2  # one line per host
     assert "h0: 100 step(s), median 100.0 ms" in chart and "h1: 100 step(s)" in chart
-    # Two alerts: the monitor's own (recorded with the metrics) and the alert's capture.
+    # Two alerts: the monitor's own (recorded with the metrics; the snapshot it triggered just
+    # after is that alert, not another) and the Cloud Monitoring incident behind cm-1.
     assert chart.count('class="alert"') == 2
-    assert "400% above the baseline" in chart and "step time regressed" in chart
+    assert "400% above the baseline" in chart and "incident 0.nxk2p9q" in chart
     # Every capture is a link to its session.
-    assert chart.count('class="capture"') == 2
-    assert 'href="/runs/train/sessions/auto-1"' in chart
-    assert 'href="/runs/train/sessions/warm"' in chart
+    assert chart.count('class="capture"') == 3
+    for session in ("auto-1", "warm", "cm-1"):
+        assert f'href="/runs/train/sessions/{session}"' in chart
+    assert "capture auto-1 at" in chart and "(snapshot, alert): CAPTURING" in chart
     # Under the console's CSP: no script and no style attribute; recorded names escaped.
     assert "<script" not in chart and " style=" not in html.split("<body", 1)[1]
     assert "&lt;img src=x&gt;" in html and "<img src=x>" not in html

@@ -16,6 +16,8 @@ LEFT, RIGHT, TOP, BOTTOM = 58, 12, 12, 30
 # At most this many vertices per host line: a long run is averaged per pixel column.
 MAX_VERTICES = WIDTH - LEFT - RIGHT
 STEP_TIME, ALERT = "step_time", "mldiag_alert"
+# How long after a monitor alert its capture's session may be created and still be that alert's.
+ALERT_TO_CAPTURE_S = 60.0
 
 
 def _clock(t: float) -> str:
@@ -41,8 +43,12 @@ def step_time_chart(points: Sequence[MetricPoint],
     alerts: list[tuple[float, str]] = [
         (p.at, str(p.body.get("summary", "alert")) if isinstance(p.body, dict)
          else str(p.body)) for p in points if p.name == ALERT]
+    # A capture an alert triggered marks that alert too, unless the monitor's own record of
+    # it (just before) does already: alerts from Cloud Monitoring arrive only this way.
+    monitor_times = [at for at, _ in alerts]
     alerts += [(s.created_at, s.note or f"alert → {s.session}")
-               for s in sessions if s.trigger == "alert"]
+               for s in sessions if s.trigger == "alert"
+               and not any(0 <= s.created_at - at <= ALERT_TO_CAPTURE_S for at in monitor_times)]
     t0, t1 = min(p.at for p in steps), max(p.at for p in steps)
     t1 = max(t1, t0 + 1.0)
     top_ms = max(p.value for p in steps if p.value is not None) * 1e3 * 1.1 or 1.0
@@ -80,7 +86,8 @@ def step_time_chart(points: Sequence[MetricPoint],
                 if t0 <= s.created_at <= t1]
     y_ticks = [{"y": y(v), "label": f"{v:g}"}
                for v in (i * y_step for i in range(int(round(top_ms / y_step)) + 1))]
-    x_ticks = [{"x": x(t0 + f * (t1 - t0)), "label": _clock(t0 + f * (t1 - t0))}
+    x_ticks = [{"x": x(t0 + f * (t1 - t0)), "label": _clock(t0 + f * (t1 - t0)),
+                "anchor": "start" if f == 0 else "end" if f == 1 else "middle"}
                for f in (0.0, 0.25, 0.5, 0.75, 1.0)]
     return {
         "width": WIDTH, "height": HEIGHT, "left": LEFT, "right": WIDTH - RIGHT, "top": TOP,
