@@ -208,6 +208,11 @@ def test_a_metric_only_run_does_not_profile(sdk_home: Path,
         _work()
     assert run.wait_uploads(timeout=10) == []
     assert sdk_state.get_session("r", "nothing") is None
+    # Nothing to capture from: no target for on-demand captures to pick or sessions to wait on.
+    assert sdk_state.list_targets("r") == [] and run.control is None
+    metrics.record(MetricType.LOSS, 0.25, step=3)
+    flush_to(run)
+    assert [(p.name, p.value) for p in sdk_state.list_metrics("r")] == [("loss", 0.25)]
 
 
 # Metrics
@@ -223,11 +228,12 @@ def test_metric_values_are_taken_as_upstream_takes_them(sdk_home: Path,
     metrics.record(MetricType.LOSS, object())               # dropped with a warning
     metrics.record(MetricType.HBM_UTILIZATION, 50.0)        # a system metric: not logged
     metrics.record_metrics([{"metric_name": MetricType.LEARNING_RATE, "value": 0.1},
-                            {"metric_name": "custom", "value": 3, "step": 9}], step=4)
+                            {"metric_name": "custom", "value": 3, "step": 9},
+                            {"metric_name": "stepless", "value": 1.0, "step": None}], step=4)
     flush_to(run)
     got = {(p.name, p.step): p for p in sdk_state.list_metrics("r")}
     assert set(got) == {("loss", 1), ("phase", 3), ("notes", None), ("learning_rate", 4),
-                        ("custom", 9)}
+                        ("custom", 9), ("stepless", None)}
     assert got["loss", 1].value == 1.5 and got["loss", 1].labels == {"unit": "1"}
     assert got["phase", 3].value is None and got["phase", 3].body == "eval"
     assert got["phase", 3].labels == {"unit": "1", "namespace": "phase"}

@@ -241,9 +241,8 @@ def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_host
             # As upstream: a missing name or a None value is dropped, not an error.
             log.debug("mldiag: metric without a name or value dropped: %.80r", item)
             continue
-        item_step = item.get("step", step)
-        if item_step is None:
-            item_step = step
+        # As upstream: `step` fills in only where a dict has no "step" key at all.
+        item_step = item["step"] if "step" in item else step
         labels = {str(k): str(v) for k, v in dict(item.get("labels") or {}).items()}
         labels.setdefault("unit", METRIC_UNITS.get(name, "1"))
         if isinstance(raw, str | dict):

@@ -443,6 +443,9 @@ def machinelearning_run(
     if stored_name != name:
         log.info("mldiag: run %r is stored as %r", name, stored_name)
     if metric_only_run:
+        if continuous:
+            raise MLRunConfigurationError("a metric_only_run profiles nothing: it cannot "
+                                          "start continuous profiling")
         on_demand_xprof = False
 
     # Upstream's self-hosted Diagon control plane: mldiag is the control plane, so only the
@@ -501,17 +504,22 @@ def machinelearning_run(
     server = jax.profiler.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
     token = secrets.token_urlsafe(24)
-    # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
-    control = ControlServer(ring, token, host=address,
-                            port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
-                            on_change=lambda state: holder[0]._set_continuous(state))
-    control_port = control.start()
+    control: ControlServer | None = None
+    control_port = 0
+    if not metric_only_run:
+        # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
+        control = ControlServer(ring, token, host=address,
+                                port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
+                                on_change=lambda state: holder[0]._set_continuous(state))
+        control_port = control.start()
     target = TargetRecord(
         run=stored_name, host=host, port=port, process_index=jax.process_index(),
         framework="jax", framework_version=jax.__version__, last_heartbeat=now,
         address=address, control_port=control_port, control_token=token,
         platform=jax.devices()[0].platform, pid=os.getpid(), registered_at=now)
-    plane.state.upsert_target(target)
+    if not metric_only_run:
+        # A metric-only run profiles nothing: no target to capture from or to wait for.
+        plane.state.upsert_target(target)
 
     run = MLRun(
         name=stored_name, run_group=run_group, configs=ConfigDict(configs or {}),
@@ -533,8 +541,9 @@ def machinelearning_run(
     holder.append(run)
     run.monitor = step_monitor
     _at_exit(run.close)
-    threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
-                     daemon=True).start()
+    if not metric_only_run:
+        threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
+                         daemon=True).start()
     with _current_lock:
         _current = run
     metrics.clear()
