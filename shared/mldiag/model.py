@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -336,3 +336,19 @@ def summarize_metrics(points: Sequence[MetricPoint]) -> list[dict[str, Any]]:
         row["last_at"] = p.at
         row["last_value"] = p.value if p.value is not None else p.body
     return [{**r, "hosts": sorted(r["hosts"])} for _, r in sorted(rows.items())]
+
+
+def newest_points(chunks: Iterable[tuple[float, list[dict[str, Any]]]], since: float,
+                  limit: int | None) -> list[MetricPoint]:
+    """The points of metric chunks read newest first (by their last time, `t1`), oldest
+    first; with `limit`, the newest `limit`, reading no chunk that cannot hold one of them."""
+    points: list[MetricPoint] = []
+    for t1, chunk in chunks:
+        if limit is not None and len(points) >= limit:
+            points.sort(key=lambda p: p.at)
+            del points[:-limit]
+            if t1 <= points[0].at:
+                break  # this chunk and every later one hold only older points
+        points.extend(p for p in map(MetricPoint.from_dict, chunk) if p.at > since)
+    points.sort(key=lambda p: p.at)
+    return points[-limit:] if limit is not None else points

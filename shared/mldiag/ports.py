@@ -178,10 +178,11 @@ class StateStore(Protocol):
         """Append a batch of a run's recorded metrics in one write (the SDK batches them)."""
         ...
 
-    def list_metrics(self, run: str, name: str | None = None,
-                     since: float = 0.0) -> list[MetricPoint]:
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
         """A run's metric points recorded after `since` (of one `name`, or all), oldest
-        first."""
+        first; with `limit`, only the newest `limit` of them (read newest first, so a long
+        run's chart does not read its whole history)."""
         ...
 
 

@@ -404,6 +404,25 @@ def test_a_large_batch_of_metrics_is_kept_whole(state: Subject) -> None:
     assert [p.step for p in state.adapter.list_metrics("big", "step_time")] == list(range(2500))
 
 
+def test_a_limit_gives_the_newest_points_oldest_first(state: Subject) -> None:
+    store = state.adapter
+    # Two hosts' batches overlap in time, so the newest points span several stored batches.
+    for batch in range(6):
+        for host, offset in (("h0", 0.0), ("h1", 0.5)):
+            store.record_metrics("r", [
+                MetricPoint(name="step_time", at=100.0 + 10 * batch + i + offset,
+                            value=float(batch), step=10 * batch + i, host=host)
+                for i in range(10)] + [MetricPoint(name="loss", at=100.0 + 10 * batch + 9.9,
+                                                   value=1.0, host=host)])
+    everything = store.list_metrics("r", "step_time")
+    assert len(everything) == 120
+    newest = store.list_metrics("r", "step_time", limit=25)
+    assert newest == everything[-25:]
+    assert store.list_metrics("r", limit=3) == store.list_metrics("r")[-3:]
+    assert store.list_metrics("r", "step_time", since=155.0, limit=1000) == [
+        p for p in everything if p.at > 155.0]
+
+
 # Indexes (Firestore needs a composite index for each filtered, ordered query)
 
 

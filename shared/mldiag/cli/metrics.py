@@ -70,12 +70,14 @@ def run(args: argparse.Namespace) -> int:
             print(f"{r['name']:<28} {r['unit']:<7} {r['points']:>7} {steps:>15} "
                   f"{len(r['hosts']):>5}  {shown:<14} {_when(r['last_at'])}")
         return 0
+    if args.last is not None and args.last < 1:
+        raise MldiagError("--last wants a positive number of points")
     names = args.name or [None]
-    points = sorted((p for n in names for p in state.list_metrics(args.run, n)
+    # With --last and no --host, only the newest points are read from the store.
+    limit = args.last if args.host is None else None
+    points = sorted((p for n in names for p in state.list_metrics(args.run, n, limit=limit)
                      if args.host is None or p.host == args.host), key=lambda p: p.at)
     if args.last is not None:
-        if args.last < 1:
-            raise MldiagError("--last wants a positive number of points")
         points = points[-args.last:]
     if args.json:
         print(json.dumps([p.to_dict() for p in points], indent=2))

@@ -9,7 +9,7 @@ from collections import Counter
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
-from mldiag.console.charts import step_time_chart
+from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
 from mldiag.model import (
     STATES,
@@ -22,6 +22,9 @@ from mldiag.model import (
 from mldiag.viewer import session_dir
 
 log = logging.getLogger(__name__)
+# How many of a run's newest metric points the run page reads: for the table of metrics,
+# and of step times (one line per host) and alerts for the chart.
+TABLE_POINTS, CHART_POINTS, CHART_ALERTS = 20_000, 20_000, 500
 
 
 def _iso(t: float) -> str | None:
@@ -118,11 +121,16 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
         "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
     })
-    # What the workload recorded with the SDK's metrics.record, and step time charted.
-    points = console.plane.state.list_metrics(run.name)
-    view["metrics"] = summarize_metrics(points)
+    # What the workload recorded with the SDK's metrics.record (its newest points: a long
+    # run's history is for `mldiag metrics show`), and step time charted.
+    state = console.plane.state
+    recent = state.list_metrics(run.name, limit=TABLE_POINTS)
+    view["metrics"] = summarize_metrics(recent)
+    view["metrics_of_newest"] = TABLE_POINTS if len(recent) >= TABLE_POINTS else None
     if chart:
-        view["step_chart"] = step_time_chart(points, sessions)
+        view["step_chart"] = step_time_chart(
+            state.list_metrics(run.name, STEP_TIME, limit=CHART_POINTS)
+            + state.list_metrics(run.name, ALERT, limit=CHART_ALERTS), sessions)
     # Addresses and ports of profiler servers are for those who may view profiles.
     view["targets"] = targets if principal.can(PROFILE, run.name) else []
     return view

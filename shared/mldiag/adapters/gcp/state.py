@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import random
 import threading
@@ -44,6 +45,7 @@ from mldiag.model import (
     RunRecord,
     SessionRecord,
     TargetRecord,
+    newest_points,
 )
 
 T = TypeVar("T")
@@ -545,16 +547,14 @@ class FirestoreStateStore:
                 batch.set(collection.document(), doc)
             batch.commit()
 
-    def list_metrics(self, run: str, name: str | None = None,
-                     since: float = 0.0) -> list[MetricPoint]:
-        query: Any = self._run_ref(run).collection(METRICS)
-        if name is not None:
-            from google.cloud.firestore_v1.base_query import FieldFilter
-
-            # Equality alone: the automatic single-field index serves it. `since` is applied
-            # here, as a range on `t1` next to it would need a composite index.
-            query = query.where(filter=FieldFilter("name", "==", name))
-        out = [MetricPoint.from_dict(d)
-               for snap in query.stream() if (snap.get("t1") or 0.0) > since
-               for d in json.loads(snap.get("points"))]
-        return sorted((p for p in out if p.at > since), key=lambda p: p.at)
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
+        # Newest first on `t1` alone, which its automatic single-field index serves; the name
+        # is matched here, since an equality on it next to that order would need a composite
+        # index. Documents stream in pages, so a `limit` stops the reading early.
+        docs = self._run_ref(run).collection(METRICS).order_by(
+            "t1", direction=firestore.Query.DESCENDING).stream()
+        chunks = ((snap.get("t1"), json.loads(snap.get("points")))
+                  for snap in itertools.takewhile(lambda d: d.get("t1") > since, docs)
+                  if name is None or snap.get("name") == name)
+        return newest_points(chunks, since, limit)

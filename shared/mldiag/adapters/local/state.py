@@ -22,6 +22,7 @@ from mldiag.model import (
     RunRecord,
     SessionRecord,
     TargetRecord,
+    newest_points,
 )
 
 _SCHEMA = """
@@ -316,14 +317,13 @@ class SqliteStateStore:
             db.executemany("INSERT INTO metrics (run, name, t0, t1, points) "
                            "VALUES (?, ?, ?, ?, ?)", rows)
 
-    def list_metrics(self, run: str, name: str | None = None,
-                     since: float = 0.0) -> list[MetricPoint]:
-        sql, args = "SELECT points FROM metrics WHERE run = ? AND t1 > ?", [run, since]
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
+        sql, args = "SELECT t1, points FROM metrics WHERE run = ? AND t1 > ?", [run, since]
         if name is not None:
             sql, args = sql + " AND name = ?", [*args, name]
-        rows = self.connection().execute(sql + " ORDER BY id", args).fetchall()
-        points = [MetricPoint.from_dict(d) for r in rows for d in json.loads(r[0])]
-        return sorted((p for p in points if p.at > since), key=lambda p: p.at)
+        rows = self.connection().execute(sql + " ORDER BY t1 DESC, id DESC", args)
+        return newest_points(((t1, json.loads(data)) for t1, data in rows), since, limit)
 
 
 def session_summary(s: SessionRecord) -> dict[str, Any]:
