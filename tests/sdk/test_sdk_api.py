@@ -83,12 +83,12 @@ def test_enum_arguments_take_names_as_upstream(sdk_home: Path) -> None:
 
 def test_a_run_name_is_sanitised_and_a_capture_under_it_reaches_the_pipeline(
         sdk_home: Path, sdk_state: SqliteStateStore) -> None:
-    run = machinelearning_run(name="My Run 1")
-    assert (run.name, run.display_name) == ("my-run-1", "My Run 1")
+    run = machinelearning_run(name="My Run 1", host_name="worker 0")
+    assert (run.name, run.display_name, run.host) == ("my-run-1", "My Run 1", "worker-0")
     with xprof(session_id="s 1/x"):
         _work()
     (name,) = run.wait_uploads(timeout=60)
-    assert name == "my-run-1/plugins/profile/s-1-x/h0.xplane.pb"
+    assert name == "my-run-1/plugins/profile/s-1-x/worker-0.xplane.pb"
     assert parse_object_name(name) is not None
 
     # The pipeline's own stage registers the file and completes the session.
@@ -99,7 +99,8 @@ def test_a_run_name_is_sanitised_and_a_capture_under_it_reaches_the_pipeline(
                                          generation=info.generation, size=info.size),
                   runtime.services)
     session = sdk_state.get_session("my-run-1", "s-1-x")
-    assert session is not None and session.state == CAPTURED and set(session.hosts) == {"h0"}
+    assert session is not None and session.state == CAPTURED
+    assert set(session.hosts) == {"worker-0"}
 
 
 # MLRun

@@ -490,7 +490,10 @@ def machinelearning_run(
                   else AutoCapturePolicy.from_dict(dict(auto_capture)))
         plane.state.set_auto_capture(stored_name, policy.to_dict())
 
-    host = host_name or workload.hostname()
+    try:
+        host = workload.safe_segment("host name", host_name or workload.hostname())
+    except ValueError as e:
+        raise MLRunConfigurationError(str(e)) from e
     if port is None:
         port = int(os.environ.get("MLDIAG_PROFILER_PORT") or 9999)
     address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (

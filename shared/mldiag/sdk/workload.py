@@ -53,13 +53,20 @@ def run_name(name: str) -> str:
 def session_name(session_id: str) -> str:
     """A session id the pipeline accepts: runs of characters a storage path segment cannot
     hold become "-" (and a leading symbol is dropped), with a warning when it changes."""
-    safe = _UNSAFE_SEGMENT.sub("-", session_id).lstrip("._:@+=,-")[:255]
+    return safe_segment("session", session_id)
+
+
+def safe_segment(kind: str, value: str) -> str:
+    """`value` as one profile path segment (a session id, a host name): runs of characters
+    the pipeline does not accept become "-", a leading symbol is dropped, with a warning when
+    it changes; ValueError when nothing is left."""
+    safe = _UNSAFE_SEGMENT.sub("-", value).lstrip("._:@+=,-")[:255]
     if not safe:
-        raise ValueError(f"session id {session_id!r} has no letter or digit")
-    if safe != session_id:
-        log.warning("mldiag: session id %r is stored as %r (profile paths allow "
-                    "[A-Za-z0-9._:@+=,-])", session_id, safe)
-    return check_name("session", safe)
+        raise ValueError(f"{kind} {value!r} has no letter or digit")
+    if safe != value:
+        log.warning("mldiag: %s %r is stored as %r (profile paths allow [A-Za-z0-9._:@+=,-])",
+                    kind, value, safe)
+    return check_name(kind, safe)
 
 
 def validate_region(region: str) -> str:
