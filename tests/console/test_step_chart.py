@@ -82,6 +82,19 @@ def test_the_run_page_charts_step_time_with_alerts_and_captures(
     assert "&lt;img src=x&gt;" in html and "<img src=x>" not in html
     assert re.search(r">loss</td><td>1</td><td class=\"num\">1</td>", html)
 
+    # The same points through the API, newest first cut, oldest first in the answer.
+    api = client.get("/api/v1/runs/train/metrics?name=step_time&last=3", headers=auth)
+    assert api.status_code == 200
+    newest = api.json()
+    # Both hosts record at the same instants: the newest three are step 99 of each and one
+    # step 98.
+    assert sorted(p["step"] for p in newest) == [98, 99, 99]
+    assert {p["name"] for p in newest} == {"step_time"}
+    assert [p["at"] for p in newest] == sorted(p["at"] for p in newest)
+    assert client.get("/api/v1/runs/nope/metrics", headers=auth).status_code == 404
+    assert client.get("/api/v1/runs/train/metrics?last=0", headers=auth).status_code == 422
+    assert client.get("/api/v1/runs/train/metrics").status_code == 401
+
 
 def test_a_run_without_step_time_says_how_to_record_it(
         page_client: tuple[TestClient, dict[str, str], Settings]) -> None:
