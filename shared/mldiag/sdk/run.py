@@ -519,7 +519,8 @@ def machinelearning_run(
         run=stored_name, host=host, port=port, process_index=jax.process_index(),
         framework="jax", framework_version=jax.__version__, last_heartbeat=now,
         address=address, control_port=control_port, control_token=token,
-        platform=jax.devices()[0].platform, pid=os.getpid(), registered_at=now)
+        platform=jax.devices()[0].platform, pid=os.getpid(), registered_at=now,
+        heartbeat_s=heartbeat_s)
     if not metric_only_run:
         # A metric-only run profiles nothing: no target to capture from or to wait for.
         plane.state.upsert_target(target)
