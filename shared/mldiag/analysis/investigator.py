@@ -468,8 +468,18 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     scope = "each step" if h.impact.get("unit") == "% of step" else "the profiled device time"
     what = (f"No device op runs for {h.impact.get('value')}% of {scope}: the device waits on "
             "the host (input pipeline, Python dispatch, synchronisation) or on other workers.")
-    names = " ".join(str(k.get("kernel_name", "")) for k in (
-        kernels.get("kernels", []) if isinstance(kernels, Mapping) else []))
+    rows = [k for k in (kernels.get("kernels", []) if isinstance(kernels, Mapping) else [])
+            if isinstance(k, Mapping)]
+    names = " ".join(str(k.get("kernel_name", "")) for k in rows)
+    total_us = ev.number(kernels.get("total_kernel_time_us")) if isinstance(
+        kernels, Mapping) else None
+    if rows and total_us:
+        # Name what the device does run: the top kernels, by their short names.
+        named = [f"`{_kernel_short_name(str(k.get('kernel_name', '')))}` "
+                 f"({100.0 * (ev.number(k.get('total_duration_us')) or 0.0) / total_us:.1f}% "
+                 f"of kernel time, {int(ev.number(k.get('occurrences')) or 0)} launches)"
+                 for k in rows[:2]]
+        what += " When it runs, its top kernels are " + " and ".join(named) + "."
     if "tensorflow::" in names:
         # Kernel names give the framework away; JAX advice would not apply to this trace.
         what += " The kernels are TensorFlow's (tensorflow:: kernels), so this is a TF program."
@@ -483,6 +493,15 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
                "`.item()`, printing losses), and make sure the step is one compiled program "
                "(`jax.jit` the whole step, not its pieces) so dispatch gaps disappear.")
     return _finding(h, what, fix, extra)
+
+
+def _kernel_short_name(name: str) -> str:
+    """`void ns::Kernel<T...>(args)` → `ns::Kernel`: a GPU kernel's name without its
+    return type, template arguments and parameters."""
+    name = name.removeprefix("void ").strip()
+    for stop in ("<", "("):
+        name = name.split(stop, 1)[0]
+    return name or "unnamed kernel"
 
 
 def _communication(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
