@@ -34,6 +34,7 @@ locals {
     dead_letters_payload  = { collection = "dead_letters", field = "payload" }
     captures_times        = { collection = "captures", field = "times" }
     captures_keys         = { collection = "captures", field = "keys" }
+    metrics_points        = { collection = "metrics", field = "points" }
   }
 }
 

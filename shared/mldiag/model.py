@@ -333,3 +333,65 @@ def parse_object_name(name: str) -> ProfileObjectName | None:
         raise ValueError(f"unsafe object name {name!r}: empty host name")
     return ProfileObjectName(prefix="/".join(parts[:-5]), run=parts[-5], session=parts[-2],
                              host=host, suffix=suffix)
+
+
+@dataclass(frozen=True)
+class MetricPoint:
+    """One value a workload recorded with `metrics.record`, kept per run in the state store.
+
+    A number has `value`; a str or dict recorded as a metric (upstream's log entries) has
+    `body` and no value. `labels` carry the unit (`unit`) like upstream's.
+    """
+
+    name: str
+    at: float
+    value: float | None = None
+    step: int | None = None
+    host: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    body: str | dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        # By hand: asdict's deep copy is most of the cost of storing a point.
+        return {"name": self.name, "at": self.at, "value": self.value, "step": self.step,
+                "host": self.host, "labels": dict(self.labels), "body": self.body}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MetricPoint:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def summarize_metrics(points: Sequence[MetricPoint]) -> list[dict[str, Any]]:
+    """One row per metric name, by name: unit, points, hosts, step range, last value and
+    when it was recorded (what `mldiag metrics list` and the console's run page show)."""
+    rows: dict[str, dict[str, Any]] = {}
+    for p in points:
+        row = rows.setdefault(p.name, {"name": p.name, "unit": p.labels.get("unit", "1"),
+                                       "points": 0, "hosts": set(), "first_step": None,
+                                       "last_step": None, "first_at": p.at})
+        row["points"] += 1
+        row["hosts"].add(p.host)
+        if p.step is not None:
+            first, last = row["first_step"], row["last_step"]
+            row["first_step"] = p.step if first is None else min(first, p.step)
+            row["last_step"] = p.step if last is None else max(last, p.step)
+        row["last_at"] = p.at
+        row["last_value"] = p.value if p.value is not None else p.body
+    return [{**r, "hosts": sorted(r["hosts"])} for _, r in sorted(rows.items())]
+
+
+def newest_points(chunks: Iterable[tuple[float, list[dict[str, Any]]]], since: float,
+                  limit: int | None) -> list[MetricPoint]:
+    """The points of metric chunks read newest first (by their last time, `t1`), oldest
+    first; with `limit`, the newest `limit`, reading no chunk that cannot hold one of them."""
+    points: list[MetricPoint] = []
+    for t1, chunk in chunks:
+        if limit is not None and len(points) >= limit:
+            points.sort(key=lambda p: p.at)
+            del points[:-limit]
+            if t1 <= points[0].at:
+                break  # this chunk and every later one hold only older points
+        points.extend(p for p in map(MetricPoint.from_dict, chunk) if p.at > since)
+    points.sort(key=lambda p: p.at)
+    return points[-limit:] if limit is not None else points

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.triage import Triage
 from mldiag.messages import Message
-from mldiag.model import HostRecord, RunRecord, SessionRecord, TargetRecord
+from mldiag.model import HostRecord, MetricPoint, RunRecord, SessionRecord, TargetRecord
 
 
 @dataclass(frozen=True)
@@ -185,6 +185,17 @@ class StateStore(Protocol):
 
     def list_dead_letters(self, since: float = 0.0) -> list[dict[str, Any]]:
         """Dead letters recorded after `since` (all by default), oldest first."""
+        ...
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        """Append a batch of a run's recorded metrics in one write (the SDK batches them)."""
+        ...
+
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
+        """A run's metric points recorded after `since` (of one `name`, or all), oldest
+        first; with `limit`, only the newest `limit` of them (read newest first, so a long
+        run's chart does not read its whole history)."""
         ...
 
 

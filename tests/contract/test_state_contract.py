@@ -21,6 +21,7 @@ from mldiag.model import (
     REPORTED,
     REQUESTED,
     HostRecord,
+    MetricPoint,
     RunRecord,
     SessionRecord,
     TargetRecord,
@@ -399,6 +400,62 @@ def test_dead_letters_are_kept_in_order_with_their_reason(state: Subject) -> Non
     assert [d["payload"] for d in s.list_dead_letters(since=4.5)] == [
         "\x00garbage", '{"session": "s9"}']
     assert s.list_dead_letters(since=9.0) == []
+
+
+# Metrics
+
+
+def test_recorded_metrics_come_back_per_run_and_name_oldest_first(state: Subject) -> None:
+    store = state.adapter
+    points = [MetricPoint(name="step_time", at=100.0 + i, value=0.1 * i, step=i, host="h0",
+                          labels={"unit": "s"}) for i in range(5)]
+    points.insert(2, MetricPoint(name="loss", at=101.5, value=2.5, step=1, host="h0"))
+    points.append(MetricPoint(name="notes", at=106.0, host="h0", body={"phase": "eval"},
+                              labels={"namespace": "notes", "unit": "1"}))
+    store.record_metrics("r", points[:4])
+    store.record_metrics("r", points[4:])
+    store.record_metrics("other", [MetricPoint(name="step_time", at=100.0, value=9.0)])
+
+    steps = store.list_metrics("r", "step_time")
+    assert [(p.step, p.value, p.labels) for p in steps] == [
+        (i, 0.1 * i, {"unit": "s"}) for i in range(5)]
+    everything = state.twin.list_metrics("r")
+    assert [p.name for p in everything] == ["step_time", "step_time", "loss", "step_time",
+                                            "step_time", "step_time", "notes"]
+    assert everything[-1].body == {"phase": "eval"} and everything[-1].value is None
+    assert [p.at for p in store.list_metrics("r", since=103.0)] == [104.0, 106.0]
+    assert store.list_metrics("r", "missing") == [] and store.list_metrics("nobody") == []
+
+
+def test_a_large_batch_of_metrics_is_kept_whole(state: Subject) -> None:
+    # More points of one metric than a Firestore document holds, and more metrics than one
+    # batched write's 500 documents.
+    points = [MetricPoint(name="step_time", at=1000.0 + i, value=float(i), step=i, host="h")
+              for i in range(2500)]
+    points += [MetricPoint(name=f"m{i}", at=5000.0 + i, value=1.0, host="h") for i in range(600)]
+    state.adapter.record_metrics("big", points)
+    got = state.adapter.list_metrics("big")
+    assert len(got) == 3100 and [p.at for p in got] == [p.at for p in points]
+    assert [p.step for p in state.adapter.list_metrics("big", "step_time")] == list(range(2500))
+
+
+def test_a_limit_gives_the_newest_points_oldest_first(state: Subject) -> None:
+    store = state.adapter
+    # Two hosts' batches overlap in time, so the newest points span several stored batches.
+    for batch in range(6):
+        for host, offset in (("h0", 0.0), ("h1", 0.5)):
+            store.record_metrics("r", [
+                MetricPoint(name="step_time", at=100.0 + 10 * batch + i + offset,
+                            value=float(batch), step=10 * batch + i, host=host)
+                for i in range(10)] + [MetricPoint(name="loss", at=100.0 + 10 * batch + 9.9,
+                                                   value=1.0, host=host)])
+    everything = store.list_metrics("r", "step_time")
+    assert len(everything) == 120
+    newest = store.list_metrics("r", "step_time", limit=25)
+    assert newest == everything[-25:]
+    assert store.list_metrics("r", limit=3) == store.list_metrics("r")[-3:]
+    assert store.list_metrics("r", "step_time", since=155.0, limit=1000) == [
+        p for p in everything if p.at > 155.0]
 
 
 # Indexes (Firestore needs a composite index for each filtered, ordered query)

@@ -19,6 +19,7 @@ from mldiag.cli import (
     dead_letters,
     demo,
     machine_learning_run,
+    metrics,
     profiler_session,
     profiler_target,
     roles,
@@ -40,6 +41,7 @@ COMMANDS = {
     "continuous": continuous,
     "dead-letters": dead_letters,
     "demo": demo,
+    "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,
     "profiler-session": profiler_session,

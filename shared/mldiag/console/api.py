@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from pydantic import BaseModel, Field
 
 from mldiag import limits
@@ -102,6 +102,17 @@ def list_runs(request: Request,
 def get_run(run: str, request: Request,
             principal: Principal = Depends(require(BROWSE))) -> dict[str, Any]:
     return views.run_view(console_of(request), principal, _run_or_404(request, run))
+
+
+@router.get("/runs/{run}/metrics")
+def list_metrics(run: str, request: Request, name: str | None = None,
+                 last: int = Query(1000, ge=1, le=20_000),
+                 principal: Principal = Depends(require(BROWSE))) -> list[dict[str, Any]]:
+    """The newest `last` points the run's workload recorded (metrics.record), of one metric
+    `name` or all, oldest first."""
+    console = console_of(request)
+    _run_or_404(request, run)
+    return [p.to_dict() for p in console.plane.state.list_metrics(run, name, limit=last)]
 
 
 @router.get("/runs/{run}/targets")

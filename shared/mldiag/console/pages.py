@@ -106,7 +106,8 @@ def run_page(run: str, request: Request,
     record = console.plane.state.get_run(run)
     if record is None:
         raise HTTPException(404, f"no run {run!r}")
-    return render(request, "console/run.html", run=views.run_view(console, principal, record),
+    return render(request, "console/run.html",
+                  run=views.run_view(console, principal, record, chart=True),
                   can_capture=principal.can(CAPTURE, run),
                   suggested_name=time.strftime("ondemand-%Y%m%d-%H%M%S"))
 

@@ -9,11 +9,22 @@ from collections import Counter
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
+from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
-from mldiag.model import STATES, TERMINAL, RunRecord, SessionRecord, TargetRecord
+from mldiag.model import (
+    STATES,
+    TERMINAL,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+    summarize_metrics,
+)
 from mldiag.viewer import session_dir
 
 log = logging.getLogger(__name__)
+# How many of a run's newest metric points the run page reads: for the table of metrics,
+# and of step times (one line per host) and alerts for the chart.
+TABLE_POINTS, CHART_POINTS, CHART_ALERTS = 20_000, 20_000, 500
 
 
 def _iso(t: float) -> str | None:
@@ -92,7 +103,10 @@ def runs_view(console: Console, principal: Principal) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["created"] or "", reverse=True)
 
 
-def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str, Any]:
+def run_view(console: Console, principal: Principal, run: RunRecord, *,
+             chart: bool = False) -> dict[str, Any]:
+    """A run, its sessions, targets, configs and recorded metrics; with `chart`, also the
+    step-time chart's geometry (for the HTML page)."""
     sessions = sorted(console.plane.state.list_sessions(run=run.name),
                       key=lambda s: s.created_at, reverse=True)
     targets = [target_view(console, t) for t in console.plane.state.list_targets(run.name)]
@@ -107,6 +121,16 @@ def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
         "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
     })
+    # What the workload recorded with the SDK's metrics.record (its newest points: a long
+    # run's history is for `mldiag metrics show`), and step time charted.
+    state = console.plane.state
+    recent = state.list_metrics(run.name, limit=TABLE_POINTS)
+    view["metrics"] = summarize_metrics(recent)
+    view["metrics_of_newest"] = TABLE_POINTS if len(recent) >= TABLE_POINTS else None
+    if chart:
+        view["step_chart"] = step_time_chart(
+            state.list_metrics(run.name, STEP_TIME, limit=CHART_POINTS)
+            + state.list_metrics(run.name, ALERT, limit=CHART_ALERTS), sessions)
     # Addresses and ports of profiler servers are for those who may view profiles.
     view["targets"] = targets if principal.can(PROFILE, run.name) else []
     return view

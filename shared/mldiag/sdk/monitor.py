@@ -14,11 +14,17 @@ re-arms.
 
 from __future__ import annotations
 
-import statistics
 import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+
+def _median(values: deque[float]) -> float:
+    """statistics.median, without its overhead (it runs on every step)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 @dataclass(frozen=True)
@@ -61,13 +67,21 @@ class StepTimeMonitor:
         self._alerted = False
         self._lock = threading.Lock()
         self.alerts: list[Degradation] = []
+        # The baseline's median, kept until the baseline changes (observe runs every step).
+        self._baseline_median: float | None = None
 
     @property
     def baseline_s(self) -> float | None:
         """The current baseline step time, or None while it is still being learned."""
         if len(self._baseline) < self.min_baseline:
             return None
-        return statistics.median(self._baseline)
+        if self._baseline_median is None:
+            self._baseline_median = _median(self._baseline)
+        return self._baseline_median
+
+    def _learn(self, step_time_s: float) -> None:
+        self._baseline.append(step_time_s)
+        self._baseline_median = None
 
     def observe(self, step_time_s: float, at: float) -> Degradation | None:
         """Take one sample; returns the degradation when this sample raised an alert."""
@@ -78,9 +92,9 @@ class StepTimeMonitor:
             base = self.baseline_s
             self._recent.append(step_time_s)
             if base is None:
-                self._baseline.append(step_time_s)
+                self._learn(step_time_s)
                 return None
-            current = statistics.median(self._recent)
+            current = _median(self._recent)
             if current >= base * (1 + self.threshold):
                 if self._degraded_since is None:
                     self._degraded_since = at
@@ -95,7 +109,7 @@ class StepTimeMonitor:
                     self._degraded_since = None
                     self._alerted = False
                 if step_time_s < base * (1 + self.threshold):
-                    self._baseline.append(step_time_s)
+                    self._learn(step_time_s)
                 return None
         self.on_alert(found)
         return found

@@ -8,6 +8,11 @@ then expects only those hosts.
 
 While continuous profiling runs, the profiler is busy with the ring, so a programmatic
 capture is cut from the ring's windows instead of being refused.
+
+As in `google_cloud_mldiagnostics`, profiling never stops the training loop: `start()` while
+capturing and `stop()` while not only warn, and a profiler that cannot start or stop (another
+trace is active, say) is logged and recorded on the session, which is FAILED with the reason
+once no host of it can arrive. Only a missing run raises (`ProfilingError`).
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ from typing import Any, TypeVar
 
 from mldiag.errors import MldiagError
 from mldiag.model import CAPTURING, SessionRecord
+from mldiag.sdk.custom_types.exceptions import ProfilingError
 from mldiag.sdk.run import MLRun, current_run
+from mldiag.sdk.workload import session_name
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
@@ -39,7 +46,19 @@ def default_session_id() -> str:
 class Xprof:
     """Capture a profile of this process into the run's logdir.
 
-    Mirrors `google_cloud_mldiagnostics.xprof`; `session_id` may also be given here.
+    Mirrors `google_cloud_mldiagnostics.xprof`: `xprof(run=None, process_index_list=None)`;
+    mldiag also takes `session_id` here. A session id is stored with the characters a profile
+    path cannot hold replaced by "-".
+
+    Example::
+
+        prof = xprof()
+        prof.start(session_id="profiling_session")
+        ...
+        prof.stop()
+
+        with xprof(process_index_list=[0]):
+            train_step()
     """
 
     def __init__(self, run: MLRun | None = None, process_index_list: list[int] | None = None,
@@ -55,32 +74,56 @@ class Xprof:
     def _resolve(self) -> MLRun:
         run = self._run or current_run()
         if run is None:
-            raise MldiagError("no active run: call machinelearning_run(...) before xprof()")
+            raise ProfilingError(
+                "No active ML run found for profiling. Please initialize an ML run with "
+                "machinelearning_run(...) before xprof().")
         return run
 
     def _selected(self, run: MLRun) -> bool:
-        return self.process_index_list is None or (
-            run.target.process_index in self.process_index_list)
+        return not run.metric_only_run and (self.process_index_list is None or (
+            run.target.process_index in self.process_index_list))
 
     def start(self, session_id: str | None = None) -> None:
         """Start capturing; `session_id` names the session (default: the start time)."""
         import jax
 
-        if self._active is not None:
-            raise MldiagError(f"xprof session {self._active} is already capturing")
         run = self._resolve()
+        if self._active is not None:
+            log.warning("Profiling is already active (session %s). Call stop() first.",
+                        self._active)
+            return
         if not self._selected(run):
             log.info("xprof: process %d not in %s, not profiling", run.target.process_index,
                      self.process_index_list)
             return
-        session = session_id or self.session_id or default_session_id()
-        self._expect_hosts(run, session)
+        try:
+            session = session_name(session_id or self.session_id or default_session_id())
+        except ValueError as e:
+            log.warning("mldiag: %s; using the start time instead", e)
+            session = default_session_id()
+        try:
+            self._expect_hosts(run, session)
+        except Exception as e:  # noqa: BLE001 - the capture goes on; its upload registers it
+            log.warning("mldiag: could not register session %s: %s", session, e)
         if run.ring is not None and run.ring.active:
             self._ring_start = time.time()
         else:
-            self._tmp = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
-            jax.profiler.start_trace(str(self._tmp))
+            tmp = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
+            try:
+                jax.profiler.start_trace(str(tmp))
+            except Exception as e:  # noqa: BLE001 - logged and recorded, training goes on
+                shutil.rmtree(tmp, ignore_errors=True)
+                self._failed(run, session, f"the profiler did not start: {e}")
+                return
+            self._tmp = tmp
         self._active = session
+
+    def _failed(self, run: MLRun, session: str, reason: str) -> None:
+        log.error("mldiag: xprof session %s: %s", session, reason)
+        try:
+            run.fail_host(session, reason)
+        except Exception as e:  # noqa: BLE001 - the state store is down: the log says it all
+            log.error("mldiag: could not record the failure of session %s: %s", session, e)
 
     def _expect_hosts(self, run: MLRun, session: str) -> None:
         """Create the session (first host wins) expecting the live targets that capture."""
@@ -100,6 +143,7 @@ class Xprof:
         import jax
 
         if self._active is None:
+            log.warning("No active profiling session to stop.")
             return
         run, session = self._resolve(), self._active
         self._active = None
@@ -116,7 +160,12 @@ class Xprof:
         tmp = self._tmp
         assert tmp is not None
         self._tmp = None
-        jax.profiler.stop_trace()
+        try:
+            jax.profiler.stop_trace()
+        except Exception as e:  # noqa: BLE001 - logged and recorded, training goes on
+            shutil.rmtree(tmp, ignore_errors=True)
+            self._failed(run, session, f"the profiler did not stop: {e}")
+            return
 
         def read() -> bytes:
             try:

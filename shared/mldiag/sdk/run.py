@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import atexit
+import datetime
+import enum
+import json
 import logging
 import os
 import secrets
@@ -17,7 +20,27 @@ from typing import TYPE_CHECKING, Any
 
 from mldiag.errors import MldiagError
 from mldiag.messages import DegradationDetected
-from mldiag.model import AutoCapturePolicy, HostRecord, RunRecord, TargetRecord
+from mldiag.model import (
+    CAPTURING,
+    FAILED,
+    REQUESTED,
+    AutoCapturePolicy,
+    HostRecord,
+    RunRecord,
+    TargetRecord,
+)
+from mldiag.sdk import workload
+from mldiag.sdk.custom_types.exceptions import MLRunConfigurationError
+from mldiag.sdk.custom_types.mlrun_types import (
+    AcceleratorOrchestrator,
+    ApplicationFramework,
+    ConfigDict,
+    Framework,
+    Orchestrator,
+    RlOrchestrator,
+    RunPhase,
+    ServingEngine,
+)
 from mldiag.sdk.monitor import Degradation, StepTimeMonitor
 from mldiag.settings import Settings
 
@@ -68,20 +91,46 @@ def _split_gcs_path(gcs_path: str | None) -> tuple[str, str]:
 
 @dataclass
 class MLRun:
-    """A registered run and this process's target; built by `machinelearning_run`."""
+    """A registered run and this process's target; built by `machinelearning_run`.
+
+    Has the attributes of `google_cloud_mldiagnostics`'s MLRun (`name`, `display_name`,
+    `run_group`, `configs`, `gcs_path`, `location`, `project`, `run_phase`, `created_at`,
+    `orchestrator`, `workload_details`, ...). `name` is the sanitised name the run is stored
+    under; `display_name` is the name as given. `configs` is a ConfigDict: item or attribute
+    changes are saved to the run's record.
+    """
 
     name: str
     run_group: str | None
-    configs: dict[str, Any]
+    configs: ConfigDict
     gcs_path: str | None
     project: str | None
-    region: str | None
+    location: str | None
     on_demand_xprof: bool
     host: str
     target: TargetRecord
     plane: ControlPlane
     storage_prefix: str = ""
-    framework: str = "jax"
+    display_name: str = ""
+    run_phase: RunPhase = RunPhase.PHASE_ACTIVE
+    created_at: str | None = None
+    orchestrator: Orchestrator = Orchestrator.CUSTOM
+    workload_details: dict[str, Any] | None = None
+    workload_targets: list[dict[str, Any]] | None = None
+    log_system_metrics: bool = False
+    metric_only_run: bool = False
+    environment: str = "prod"
+    framework: Framework = Framework.JAX
+    serving_engine: ServingEngine = ServingEngine.NONE
+    metrics_exporter_config: dict[str, Any] | None = None
+    accelerator_orchestrator: AcceleratorOrchestrator = AcceleratorOrchestrator.NONE
+    application_framework: ApplicationFramework = ApplicationFramework.NONE
+    rl_orchestrator: RlOrchestrator = RlOrchestrator.NONE
+    control_plane_url: str | None = None
+    ml_run_id: str | None = None
+    cluster_id: str | None = None
+    workload_id: str | None = None
+    namespace: str | None = None
     monitor: StepTimeMonitor | None = None
     ring: RingBuffer | None = None
     control: ControlServer | None = None
@@ -92,6 +141,39 @@ class MLRun:
     _pending: list[Future[Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _closed: bool = False
+    _record: RunRecord | None = None
+
+    @property
+    def region(self) -> str | None:
+        """The run's region (`location`)."""
+        return self.location
+
+    def _save_configs(self, configs: ConfigDict) -> None:
+        """Store changed configs on the run's record (ConfigDict calls this)."""
+        if self._record is None or self._closed:
+            return
+        self._record.configs = _json_safe(dict(configs))
+        try:
+            self.plane.state.register_run(self._record)
+        except Exception as e:  # noqa: BLE001 - a config update must not stop training
+            log.warning("mldiag: could not save the configs of run %s: %s", self.name, e)
+
+    def fail_host(self, session: str, reason: str) -> None:
+        """Record that this host's profile of `session` will not come, and why.
+
+        When no host of the session can arrive any more (every expected host failed), the
+        session is FAILED at once with the reason, instead of waiting for the sweeper.
+        """
+        now = time.time()
+        state = self.plane.state
+        s, _ = state.register_host(self.name, session, self.host, HostRecord(
+            object_name=f"{self.session_dir(session)}/{self.host}.xplane.pb", generation="",
+            size=0, arrived_at=now, status="FAILED", reason=f"{self.host}: {reason}"), now)
+        failed = {h for h, r in s.hosts.items() if r.status == "FAILED"}
+        arrived = any(r.status == "ARRIVED" for r in s.hosts.values())
+        if not arrived and set(s.expected_hosts or [self.host]) <= failed:
+            state.transition(self.name, session, FAILED, expect=[REQUESTED, CAPTURING],
+                             version=s.version, now=now, reason=f"{self.host}: {reason}")
 
     # Storage
 
@@ -116,9 +198,11 @@ class MLRun:
             except Exception as e:
                 # The session expects this host: record why it will not come, so the session
                 # goes on with the other hosts (or fails with this reason) instead of waiting.
-                self.plane.state.register_host(self.name, session, self.host, HostRecord(
-                    object_name=name, generation="", size=0, arrived_at=time.time(),
-                    status="FAILED", reason=f"{self.host}: {e}"), time.time())
+                try:
+                    self.fail_host(session, str(e))
+                except Exception as state_error:  # noqa: BLE001 - the upload error is raised
+                    log.error("mldiag: could not record the failed upload of %s: %s", name,
+                              state_error)
                 raise
             log.info("uploaded %s (%d bytes)", name, len(blob))
             return name
@@ -175,6 +259,11 @@ class MLRun:
         log.warning("mldiag: %s: %s", self.name, alert.summary)
         if self._closed:
             return
+        from mldiag.sdk import metrics
+
+        # Kept with the run's metrics, so the step-time chart marks it even when the policy
+        # took no capture (disabled, cooldown).
+        metrics.record_alert(self, alert, found)
         # Publish off the training thread: the step must not wait on the control plane.
         threading.Thread(target=self._publish_alert, args=(alert,), name="mldiag-alert",
                          daemon=True).start()
@@ -204,6 +293,10 @@ class MLRun:
         global _current
         if self._closed:
             return
+        from mldiag.sdk import metrics
+
+        # Metrics first, while the run is still current: they are written in batches.
+        metrics.flush_to(self)
         self._closed = True
         self._stop.set()
         # Uploads first: one may still be cutting its trace from the ring.
@@ -243,36 +336,132 @@ class MLRun:
         self.close()
 
 
+def _json_safe(configs: dict[str, Any]) -> dict[str, Any]:
+    """Configs as the state store can keep them: JSON values as they are, anything else
+    (arrays, dtypes, objects) as its str(), which is what upstream stores for every value."""
+    out: dict[str, Any] = {}
+    for key, value in configs.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError):
+            value = str(value)
+        out[str(key)] = value
+    return out
+
+
+def _enum[E: enum.Enum](kind: type[E], value: E | str | None, what: str) -> E:
+    """An enum argument given as a member, its name (any case) or None (NONE)."""
+    if value is None:
+        return kind["NONE"]
+    if isinstance(value, kind):
+        return value
+    if isinstance(value, str):
+        try:
+            return kind[value.upper()]
+        except KeyError:
+            pass
+        raise MLRunConfigurationError(
+            f"Invalid {what}: {value!r}. Supported values are: {[e.value for e in kind]}")
+    raise MLRunConfigurationError(
+        f"Invalid {what}: {value!r}. Expected {kind.__name__} or str.")
+
+
 def machinelearning_run(
     name: str,
-    run_group: str | None = None,
+    run_group: str = "",
     configs: dict[str, Any] | None = None,
-    project: str | None = None,
-    region: str | None = None,
     gcs_path: str | None = None,
+    base_url: str | None = None,
+    cluster_id: str | None = None,
+    project: str | None = None,
+    region: str | None = "us-central1",
+    metrics_record_interval_sec: float = 10.0,
     on_demand_xprof: bool = False,
+    log_system_metrics: bool = False,
+    environment: str = "prod",
+    framework: Framework = Framework.JAX,
+    serving_engine: ServingEngine = ServingEngine.NONE,
+    run_workload_id: str | None = None,
+    metric_only_run: bool = False,
+    metrics_exporter_config: dict[str, Any] | None = None,
+    accelerator_orchestrator: AcceleratorOrchestrator = AcceleratorOrchestrator.NONE,
+    application_framework: ApplicationFramework | str = ApplicationFramework.NONE,
+    rl_orchestrator: RlOrchestrator | str = RlOrchestrator.NONE,
     *,
-    port: int = 9999,
+    port: int | None = None,
     host_name: str | None = None,
     continuous: bool | dict[str, Any] = False,
     auto_capture: dict[str, Any] | AutoCapturePolicy | None = None,
     monitor: bool | dict[str, Any] = True,
     heartbeat_s: float = 10.0,
     settings: Settings | None = None,
-    **_ignored: Any,
 ) -> MLRun:
     """Register the run and this process as a profiler target; returns the run.
 
-    Mirrors `google_cloud_mldiagnostics.machinelearning_run`. Profiles go to the embedded
-    bucket locally, or to `gcs_path` (`gs://BUCKET[/PREFIX]`) with MLDIAG_BACKEND=gcp.
+    `google_cloud_mldiagnostics.machinelearning_run` 1.0.10's signature, positional order and
+    checks (a missing name, an unknown `environment`, `application_framework` or
+    `rl_orchestrator`, a zone for `region`: MLRunConfigurationError; an unknown keyword:
+    TypeError). The name is sanitised as upstream does it ("My Run 1" → `my-run-1`, the
+    run's `name`; `display_name` keeps the original). Profiles go to the embedded bucket
+    locally, or to `gcs_path` (`gs://BUCKET[/PREFIX]`) with MLDIAG_BACKEND=gcp.
 
-    mldiag extensions (keyword-only): `port` of the on-demand profiler server (9999);
-    `host_name`, this process's name in profile file names (default $MLDIAG_HOST_NAME or the
-    hostname); `continuous` starts continuous profiling at once (True, or ring options);
-    `auto_capture` sets the run's auto-capture policy; `monitor` configures the step-time
-    degradation monitor (False turns it off); `heartbeat_s`.
+    mldiag extensions (keyword-only): `port` of the on-demand profiler server (default
+    $MLDIAG_PROFILER_PORT, else 9999 as upstream);
+    `host_name`, this process's name in profile file names (default $MLDIAG_HOST_NAME,
+    $HOSTNAME or the hostname); `continuous` starts continuous profiling at once (True, or
+    ring options); `auto_capture` sets the run's auto-capture policy; `monitor` configures
+    the step-time degradation monitor (False turns it off); `heartbeat_s`; `settings`.
+
+    Example::
+
+        run = machinelearning_run(name="experiment_1", run_group="training_set_v1",
+                                  configs={"epochs": 100, "batch_size": 32})
+        run.configs.update({"epochs": 300, "optimizer": "adam"})
+        run.configs.batch_size = 64
     """
     global _current
+    if not name:
+        raise MLRunConfigurationError(
+            "name is required and must be provided. The name parameter helps identify and "
+            "organize your ML workloads. Please provide a meaningful name (e.g., "
+            "'training_v1', 'experiment_batch_1').")
+    if environment not in ("autopush", "staging", "prod"):
+        raise MLRunConfigurationError(
+            "environment must be one of 'autopush', 'staging', or 'prod'.")
+    application_framework = _enum(ApplicationFramework, application_framework,
+                                  "application_framework")
+    rl_orchestrator = _enum(RlOrchestrator, rl_orchestrator, "rl_orchestrator")
+    if framework is not Framework.JAX or serving_engine is not ServingEngine.NONE:
+        raise MLRunConfigurationError(
+            f"mldiag profiles JAX workloads: framework={getattr(framework, 'value', framework)}"
+            f", serving_engine={getattr(serving_engine, 'value', serving_engine)} is not "
+            "supported")
+    if region is not None:
+        workload.validate_region(region)
+    display_name = name
+    stored_name = workload.run_name(name)
+    if stored_name != name:
+        log.info("mldiag: run %r is stored as %r", name, stored_name)
+    if metric_only_run:
+        if continuous:
+            raise MLRunConfigurationError("a metric_only_run profiles nothing: it cannot "
+                                          "start continuous profiling")
+        on_demand_xprof = False
+
+    # Upstream's self-hosted Diagon control plane: mldiag is the control plane, so only the
+    # identifiers are kept on the run.
+    base_url = base_url or os.environ.get("DIAGON_BASE_URL")
+    namespace = workload_id = None
+    if base_url:
+        log.warning("mldiag: base_url/DIAGON_BASE_URL %s is not used: mldiag registers the "
+                    "run in its own state store", base_url)
+        namespace = os.environ.get("POD_NAMESPACE") or "default"
+        workload_id = (run_workload_id or os.environ.get("DIAGON_WORKLOAD_ID")
+                       or os.environ.get("WORKLOAD_ID") or name)
+        cluster_id = cluster_id or os.environ.get("DIAGON_CLUSTER_ID", "")
+    orchestrator, details = workload.detect(run_workload_id=run_workload_id)
+    workload_id = workload_id or run_workload_id or os.environ.get("RUN_WORKLOAD_ID")
+
     import jax
 
     from mldiag.bootstrap import control_plane
@@ -280,8 +469,6 @@ def machinelearning_run(
     from mldiag.sdk.continuous import RingBuffer
     from mldiag.sdk.control import ControlServer
 
-    if not name or "/" in name:
-        raise MldiagError(f"run name must be a non-empty name without '/', not {name!r}")
     with _current_lock:
         previous = _current
     if previous is not None:
@@ -294,15 +481,21 @@ def machinelearning_run(
     settings = settings or Settings.from_env(**overrides)
     plane = control_plane(settings)
     now = time.time()
-    plane.state.register_run(RunRecord(
-        name=name, run_group=run_group, configs=dict(configs or {}), storage_prefix=prefix,
-        on_demand=on_demand_xprof, created_at=now))
+    user_configs = _json_safe(dict(configs or {}))
+    record = plane.state.register_run(RunRecord(
+        name=stored_name, run_group=run_group or None, configs=user_configs,
+        storage_prefix=prefix, on_demand=on_demand_xprof, created_at=now))
     if auto_capture is not None:
         policy = (auto_capture if isinstance(auto_capture, AutoCapturePolicy)
                   else AutoCapturePolicy.from_dict(dict(auto_capture)))
-        plane.state.set_auto_capture(name, policy.to_dict())
+        plane.state.set_auto_capture(stored_name, policy.to_dict())
 
-    host = host_name or os.environ.get("MLDIAG_HOST_NAME") or socket.gethostname()
+    try:
+        host = workload.safe_segment("host name", host_name or workload.hostname())
+    except ValueError as e:
+        raise MLRunConfigurationError(str(e)) from e
+    if port is None:
+        port = int(os.environ.get("MLDIAG_PROFILER_PORT") or 9999)
     address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
         "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
     # The control endpoint and the monitor report to the run, built once the servers are up.
@@ -314,36 +507,58 @@ def machinelearning_run(
     server = jax.profiler.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
     token = secrets.token_urlsafe(24)
-    # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
-    control = ControlServer(ring, token, host=address,
-                            port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
-                            on_change=lambda state: holder[0]._set_continuous(state))
-    control_port = control.start()
+    control: ControlServer | None = None
+    control_port = 0
+    if not metric_only_run:
+        # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
+        control = ControlServer(ring, token, host=address,
+                                port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
+                                on_change=lambda state: holder[0]._set_continuous(state))
+        control_port = control.start()
     target = TargetRecord(
-        run=name, host=host, port=port, process_index=jax.process_index(), framework="jax",
-        framework_version=jax.__version__, last_heartbeat=now, address=address,
-        control_port=control_port, control_token=token, platform=jax.devices()[0].platform,
-        pid=os.getpid(), registered_at=now, heartbeat_s=heartbeat_s)
-    plane.state.upsert_target(target)
+        run=stored_name, host=host, port=port, process_index=jax.process_index(),
+        framework="jax", framework_version=jax.__version__, last_heartbeat=now,
+        address=address, control_port=control_port, control_token=token,
+        platform=jax.devices()[0].platform, pid=os.getpid(), registered_at=now,
+        heartbeat_s=heartbeat_s)
+    if not metric_only_run:
+        # A metric-only run profiles nothing: no target to capture from or to wait for.
+        plane.state.upsert_target(target)
 
-    run = MLRun(name=name, run_group=run_group, configs=dict(configs or {}), gcs_path=gcs_path,
-                project=project, region=region, on_demand_xprof=on_demand_xprof, host=host,
-                target=target, plane=plane, storage_prefix=prefix, ring=ring, control=control,
-                profiler_server=server)
+    run = MLRun(
+        name=stored_name, run_group=run_group, configs=ConfigDict(configs or {}),
+        gcs_path=gcs_path, project=project or settings.project or None,
+        location=region or settings.location, on_demand_xprof=on_demand_xprof, host=host,
+        target=target, plane=plane, storage_prefix=prefix, display_name=display_name,
+        created_at=datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
+        orchestrator=orchestrator, workload_details=details,
+        workload_targets=[{"display_name": host, "hostname": host, "state": "RUNNING"}],
+        log_system_metrics=log_system_metrics, metric_only_run=metric_only_run,
+        environment=environment, framework=framework, serving_engine=serving_engine,
+        metrics_exporter_config=metrics_exporter_config,
+        accelerator_orchestrator=accelerator_orchestrator,
+        application_framework=application_framework, rl_orchestrator=rl_orchestrator,
+        control_plane_url=base_url, cluster_id=cluster_id, workload_id=workload_id,
+        namespace=namespace, ring=ring, control=control, profiler_server=server,
+        _record=record)
+    object.__setattr__(run.configs, "_on_change", run._save_configs)
     holder.append(run)
     run.monitor = step_monitor
     _at_exit(run.close)
-    threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
-                     daemon=True).start()
+    if not metric_only_run:
+        threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
+                         daemon=True).start()
     with _current_lock:
         _current = run
     metrics.clear()
+    if log_system_metrics and metrics_record_interval_sec > 0:
+        metrics.start_system_metrics(run, metrics_record_interval_sec)
     if continuous:
         try:
             run.start_continuous(**(continuous if isinstance(continuous, dict) else {}))
         except BaseException:
             run.close()  # bad ring options: leave no server or live target behind
             raise
-    log.info("mldiag: run %s registered; target %s (%s:%d, control %d)", name, host, address,
-             port, control_port)
+    log.info("mldiag: run %s registered; target %s (%s:%d, control %d)", stored_name, host,
+             address, port, control_port)
     return run

@@ -13,7 +13,11 @@ Layout (document ids are the natural keys, escaped by `doc_id`):
 - `claims/{sha256(key)}`: idempotency claims, the key itself kept as a field;
 - `captures/{run}`: the times of a run's recent automatic captures, and under
   `captures/{run}/keys/{sha256(key)}` the alerts that reserved one;
-- `dead_letters/{auto id}`: messages given up on, with the reason.
+- `dead_letters/{auto id}`: messages given up on, with the reason;
+- `runs/{run}/metrics/{auto id}`: the SDK's recorded metrics, one document per metric, host
+  and written batch (up to `METRIC_CHUNK` points as JSON in `points`, with `name`, `host`,
+  `t0` and `t1`), so a loop recording every step costs a few writes a second, not one per
+  point.
 
 Each record is stored whole as JSON in `data` (what the embedded store keeps too): user
 configs may carry keys Firestore maps cannot (empty, `__x__`), and records round-trip exactly.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import itertools
 import json
 import random
 import threading
@@ -36,9 +41,11 @@ from google.cloud import firestore
 
 from mldiag.model import (
     HostRecord,
+    MetricPoint,
     RunRecord,
     SessionRecord,
     TargetRecord,
+    newest_points,
     usable_targets,
 )
 
@@ -47,6 +54,9 @@ T = TypeVar("T")
 RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
 CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
 FAILURES = "failures"
+METRICS = "metrics"
+# Points per metrics document: about 150 bytes each as JSON, well under the 1 MiB limit.
+METRIC_CHUNK = 2000
 # How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
 CLAIM_RETENTION_S = 30 * 86400.0
 DEAD_LETTER_RETENTION_S = 90 * 86400.0
@@ -89,7 +99,7 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
         {"collectionGroup": group, "fieldPath": path, "indexes": []}
         for group, path in ((RUNS, "data"), (TARGETS, "data"), (SESSIONS, "data"),
                             (DEAD_LETTERS, "payload"), (CAPTURES, "times"),
-                            (CAPTURES, "keys"))
+                            (CAPTURES, "keys"), (METRICS, "points"))
     ],
 }
 
@@ -555,3 +565,36 @@ class FirestoreStateStore:
             docs = collection.order_by("recorded_at").stream()
         keys = ("topic", "payload", "reason", "attempts", "at")
         return [{"id": d.id, **{k: d.get(k) for k in keys}} for d in docs]
+
+    # Metrics
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        groups: dict[tuple[str, str], list[MetricPoint]] = {}
+        for p in points:
+            groups.setdefault((p.name, p.host), []).append(p)
+        docs = []
+        for (name, host), group in groups.items():
+            for i in range(0, len(group), METRIC_CHUNK):
+                chunk = group[i:i + METRIC_CHUNK]
+                docs.append({"name": name, "host": host, "t0": min(p.at for p in chunk),
+                             "t1": max(p.at for p in chunk), "n": len(chunk),
+                             "points": json.dumps([p.to_dict() for p in chunk],
+                                                  allow_nan=False)})
+        collection = self._run_ref(run).collection(METRICS)
+        for i in range(0, len(docs), 500):  # a batched write holds at most 500 writes
+            batch = self.client.batch()
+            for doc in docs[i:i + 500]:
+                batch.set(collection.document(), doc)
+            batch.commit()
+
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
+        # Newest first on `t1` alone, which its automatic single-field index serves; the name
+        # is matched here, since an equality on it next to that order would need a composite
+        # index. Documents stream in pages, so a `limit` stops the reading early.
+        docs = self._run_ref(run).collection(METRICS).order_by(
+            "t1", direction=firestore.Query.DESCENDING).stream()
+        chunks = ((snap.get("t1"), json.loads(snap.get("points")))
+                  for snap in itertools.takewhile(lambda d: d.get("t1") > since, docs)
+                  if name is None or snap.get("name") == name)
+        return newest_points(chunks, since, limit)

@@ -18,9 +18,11 @@ from typing import Any
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 from mldiag.model import (
     HostRecord,
+    MetricPoint,
     RunRecord,
     SessionRecord,
     TargetRecord,
+    newest_points,
     usable_targets,
 )
 
@@ -39,6 +41,10 @@ CREATE TABLE IF NOT EXISTS claims (
 CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
+CREATE TABLE IF NOT EXISTS metrics (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, name TEXT NOT NULL,
+    t0 REAL NOT NULL, t1 REAL NOT NULL, points TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics (run, name, t1);
 CREATE TABLE IF NOT EXISTS failures (key TEXT PRIMARY KEY, count INTEGER NOT NULL,
     at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -323,6 +329,29 @@ class SqliteStateStore:
             "ORDER BY id", (since,)).fetchall()
         keys = ("id", "topic", "payload", "reason", "attempts", "at")
         return [dict(zip(keys, r, strict=True)) for r in rows]
+
+    # Metrics
+
+    def record_metrics(self, run: str, points: Sequence[MetricPoint]) -> None:
+        # One row per metric of the batch, its points a JSON array: a batch of a thousand
+        # points is a few rows and one commit.
+        groups: dict[str, list[MetricPoint]] = {}
+        for p in points:
+            groups.setdefault(p.name, []).append(p)
+        rows = [(run, name, min(p.at for p in group), max(p.at for p in group),
+                 json.dumps([p.to_dict() for p in group], allow_nan=False))
+                for name, group in groups.items()]
+        with self._tx() as db:
+            db.executemany("INSERT INTO metrics (run, name, t0, t1, points) "
+                           "VALUES (?, ?, ?, ?, ?)", rows)
+
+    def list_metrics(self, run: str, name: str | None = None, since: float = 0.0,
+                     limit: int | None = None) -> list[MetricPoint]:
+        sql, args = "SELECT t1, points FROM metrics WHERE run = ? AND t1 > ?", [run, since]
+        if name is not None:
+            sql, args = sql + " AND name = ?", [*args, name]
+        rows = self.connection().execute(sql + " ORDER BY t1 DESC, id DESC", args)
+        return newest_points(((t1, json.loads(data)) for t1, data in rows), since, limit)
 
 
 def session_summary(s: SessionRecord) -> dict[str, Any]:
