@@ -1,5 +1,7 @@
-"""google-cloud-mldiagnostics 1.0.10's own examples (its README and docstrings, vendored as
-text in data/upstream_examples.txt) run against mldiag.sdk with only the import changed.
+"""google-cloud-mldiagnostics 1.0.10's own examples (every ```python block of its README, the
+wheel's METADATA, and the Example sections of three docstrings) run against mldiag.sdk with
+only the import changed. They are read from the real wheel, which scripts/test downloads into
+.venv/upstream/ (PyPI, no dependencies): nothing of upstream's is copied into this repository.
 
 What a user types into a template is filled in (`<run_name>` and friends, and the elided
 arguments `# ...` / `...` of a `machinelearning_run(...)` call, which stand for the name),
@@ -11,10 +13,13 @@ error upstream raises on it. Examples that call no SDK function are skipped, wit
 
 from __future__ import annotations
 
+import ast
 import re
 import socket
 import sys
+import textwrap
 import types
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +31,22 @@ from mldiag.sdk.custom_types.exceptions import MLRunConfigurationError
 from mldiag.sdk.metrics import flush_to
 from mldiag.sdk.run import current_run
 
-DATA = Path(__file__).with_name("data") / "upstream_examples.txt"
+REPO = Path(__file__).resolve().parents[2]
+WHEEL = REPO / ".venv" / "upstream" / "google_cloud_mldiagnostics-1.0.10-py3-none-any.whl"
+# The README's python blocks, in order, by what each shows.
+README_EXAMPLES = (
+    "readme-cloud-logging-setup", "readme-cloud-logging-debug", "readme-metrics-exporter-config",
+    "readme-full-example", "readme-environment", "readme-configs-from-yaml",
+    "readme-record-one", "readme-record-metrics-loop", "readme-record-custom",
+    "readme-record-metrics-custom", "readme-xprof-three-ways", "readme-xprof-all-hosts",
+    "readme-xprof-session-id", "readme-xprof-process-index-list", "readme-jax-distributed-env",
+    "readme-jax-distributed-jobset", "readme-on-demand", "readme-gce-shell")
+# The docstrings with an Example section: (module in the wheel, function).
+DOCSTRING_EXAMPLES = {
+    "docstring-machinelearning-run": ("api/mlrun.py", "machinelearning_run"),
+    "docstring-metrics-record": ("api/metrics.py", "record"),
+    "docstring-metrics-record-metrics": ("api/metrics.py", "record_metrics"),
+}
 IMPORT_CHANGE = ("google_cloud_mldiagnostics", "mldiag.sdk")
 PLACEHOLDERS = {"<run_name>": "readme-run", "<run_group>": "readme-group",
                 "<some_project>": "readme-project", "<some_zone>": "us-central1",
@@ -51,9 +71,25 @@ SKIPPED = {
 
 
 def load() -> dict[str, str]:
-    text = DATA.read_text()
-    parts = re.split(r"^=== (\S+)\n", text, flags=re.M)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+    """The examples, read from the real wheel."""
+    if not WHEEL.is_file():
+        raise FileNotFoundError(
+            f"{WHEEL} is missing: scripts/test downloads it (`python -m pip download --no-deps "
+            "-d .venv/upstream google-cloud-mldiagnostics==1.0.10`)")
+    with zipfile.ZipFile(WHEEL) as wheel:
+        meta = wheel.read("google_cloud_mldiagnostics-1.0.10.dist-info/METADATA").decode()
+        blocks = [m.group(1) for m in re.finditer(
+            r"^[ \t]*```python[ \t]*\n(.*?)^[ \t]*```", meta, re.M | re.S)]
+        assert len(blocks) == len(README_EXAMPLES), f"{len(blocks)} python blocks in README"
+        examples = dict(zip(README_EXAMPLES, blocks, strict=True))
+        for name, (module, function) in DOCSTRING_EXAMPLES.items():
+            tree = ast.parse(wheel.read(f"google_cloud_mldiagnostics/{module}").decode())
+            node = next(n for n in ast.walk(tree)
+                        if isinstance(n, ast.FunctionDef) and n.name == function)
+            doc = ast.get_docstring(node, clean=False) or ""
+            section = doc.split("Example:\n", 1)[1]
+            examples[name] = textwrap.dedent(section).strip("\n") + "\n"
+    return examples
 
 
 EXAMPLES = load()
@@ -135,7 +171,7 @@ def cloud_logging(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def test_the_vendored_examples_are_all_accounted_for() -> None:
+def test_upstreams_examples_are_all_accounted_for() -> None:
     assert len(EXAMPLES) == 21
     covered = {n for n, *_ in CASES} | set(SKIPPED)
     assert covered == set(EXAMPLES)
