@@ -312,3 +312,38 @@ def test_the_sdk_on_gcp_goes_through_the_function_when_configured(
                     lambda: plane.state.transition("r", "s", "REPORTED", now=0.0)):
         with pytest.raises(WorkloadRefused, match="through the registration function"):
             attempt()
+
+
+def test_the_sdk_registers_heartbeats_and_uploads_through_the_function(
+        function: dict[str, Any], emu: Emulators, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`machinelearning_run` in a workload whose identity is Alice's, end to end."""
+    import mldiag.adapters.gcp.registrar as registrar
+    from mldiag.sdk import machinelearning_run
+
+    key = function["keys"]["key"]
+    # The metadata server's part: an ID token of the workload's service account.
+    monkeypatch.setattr(registrar, "_fetch_id_token",
+                        lambda audience: id_token(key, ALICE, audience))
+    monkeypatch.setenv("MLDIAG_TARGET_ADDRESS", "127.0.0.1")
+    settings = Settings(backend="gcp", project=emu.project, bucket=BUCKET,
+                        topic_prefix="tenancy-", registration_url=function["url"])
+    run = machinelearning_run("sdk-run", gcs_path=f"gs://{BUCKET}/team", settings=settings,
+                              host_name="worker0", monitor=False, heartbeat_s=0.2)
+    try:
+        state = function["state"]
+        assert state.get_run("sdk-run").storage_prefix == "team"  # type: ignore[union-attr]
+        first = state.list_targets("sdk-run")[0].last_heartbeat
+        name = run.upload("s1", b"a programmatic capture").result(timeout=60)
+        assert name == "team/sdk-run/plugins/profile/s1/worker0.xplane.pb"
+        assert _download(function, name) == b"a programmatic capture"
+        deadline = time.time() + 10
+        while state.list_targets("sdk-run")[0].last_heartbeat == first:
+            assert time.time() < deadline, "no heartbeat reached the state store"
+            time.sleep(0.1)
+    finally:
+        run.close()
+    assert state.list_targets("sdk-run")[0].last_heartbeat == 0.0  # marked stopped
+    # Another workload cannot take the run over by registering it again.
+    bob, _ = workload(function, BOB)
+    with pytest.raises(RegistrationRefused):
+        bob.register_run(RunRecord(name="sdk-run"))
