@@ -28,6 +28,10 @@ class InvalidToken(ValueError):
     """A JWT that is malformed, expired, for another audience or not signed by the issuer."""
 
 
+class KeysUnavailable(RuntimeError):
+    """The issuer's public keys could not be fetched: nothing can be verified (transient)."""
+
+
 def jwk_set(url: str) -> Any:
     """The JWK set served at `url` (a `jwt.PyJWKSet`), fetched once an hour, not per call."""
     import jwt
@@ -36,8 +40,11 @@ def jwk_set(url: str) -> Any:
         cached = _jwks.get(url)
         if cached is not None and time.monotonic() - cached[0] < JWKS_TTL_S:
             return cached[1]
-        with urllib.request.urlopen(url, timeout=10) as f:  # noqa: S310 - a configured URL
-            keys = jwt.PyJWKSet.from_dict(json.loads(f.read()))
+        try:
+            with urllib.request.urlopen(url, timeout=10) as f:  # noqa: S310 - configured URL
+                keys = jwt.PyJWKSet.from_dict(json.loads(f.read()))
+        except (OSError, ValueError, jwt.PyJWTError) as e:
+            raise KeysUnavailable(f"cannot fetch the signing keys at {url}: {e}") from e
         _jwks[url] = (time.monotonic(), keys)
         return keys
 
@@ -47,6 +54,7 @@ def verify_jwt(token: str, *, certs_url: str, audience: str, issuers: Collection
     """The claims of `token` once its signature, expiry, issuer and audience hold.
 
     InvalidToken (with the reason) otherwise; an empty `audience` refuses every token.
+    KeysUnavailable when the issuer's keys cannot be fetched.
     """
     import jwt
 
@@ -62,10 +70,6 @@ def verify_jwt(token: str, *, certs_url: str, audience: str, issuers: Collection
             options={"require": ["exp", "iat", "aud", "iss"]})
     except jwt.PyJWTError as e:
         raise InvalidToken(str(e)) from e
-    except (OSError, ValueError) as e:
-        if isinstance(e, InvalidToken):
-            raise
-        raise InvalidToken(f"cannot check the token: {e}") from e
     if claims.get("iss") not in issuers:
         raise InvalidToken(f"token issued by {claims.get('iss')!r}")
     return claims

@@ -75,7 +75,8 @@ class Registrar:
 
 def authenticate(authorization: str, settings: Settings) -> str:
     """The service-account email of a `Bearer <Google ID token>` header minted for this
-    function (MLDIAG_REGISTRATION_URL is its audience); NotAuthenticated otherwise."""
+    function (MLDIAG_REGISTRATION_URL is its audience); NotAuthenticated otherwise.
+    KeysUnavailable (Google's keys cannot be fetched) propagates: a transient error."""
     from mldiag.identity import InvalidToken, verify_google_id_token
 
     scheme, _, token = authorization.partition(" ")

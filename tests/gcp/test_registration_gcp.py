@@ -347,3 +347,18 @@ def test_the_sdk_registers_heartbeats_and_uploads_through_the_function(
     bob, _ = workload(function, BOB)
     with pytest.raises(RegistrationRefused):
         bob.register_run(RunRecord(name="sdk-run"))
+
+
+def test_unreachable_google_keys_are_a_transient_error_not_a_refusal(
+        function: dict[str, Any]) -> None:
+    """The function answers 500 (the SDK retries), never 401, when it cannot check tokens."""
+    from dataclasses import replace
+
+    from mldiag.identity import KeysUnavailable
+
+    services = entrypoints.registrar()
+    broken = replace(services, settings=replace(
+        services.settings, id_token_certs_url="http://127.0.0.1:9/certs"))
+    token = id_token(function["keys"]["key"], ALICE, function["url"])
+    with pytest.raises(KeysUnavailable, match="cannot fetch the signing keys"):
+        entrypoints.register(f"Bearer {token}", b'{"op": "list_targets", "run": "x"}', broken)

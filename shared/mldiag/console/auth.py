@@ -25,7 +25,7 @@ from fastapi import HTTPException, Request
 
 from mldiag.access import ALL_RUNS, ANONYMOUS, Principal, hash_secret
 from mldiag.console.context import Console
-from mldiag.identity import InvalidToken, verify_jwt
+from mldiag.identity import InvalidToken, KeysUnavailable, verify_jwt
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def verify_iap(console: Console, assertion: str) -> str | None:
         claims = verify_jwt(assertion, certs_url=settings.iap_certs_url,
                             audience=settings.iap_audience, issuers=(IAP_ISSUER,),
                             algorithms=["ES256"])
-    except InvalidToken as e:
+    except (InvalidToken, KeysUnavailable) as e:
         log.info("IAP assertion refused: %s", e)
         return None
     email = claims.get("email")
