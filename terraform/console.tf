@@ -97,6 +97,8 @@ resource "google_cloud_run_v2_service" "console" {
   depends_on = [
     google_project_service.apis,
     google_secret_manager_secret_iam_member.console_reads_key,
+    # The deployer's actAs on the console's identity (var.deployer) must have propagated.
+    time_sleep.iam_propagation,
   ]
 }
 

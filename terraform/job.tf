@@ -51,7 +51,8 @@ resource "google_cloud_run_v2_job" "collect" {
     }
   }
 
-  depends_on = [google_project_service.apis]
+  # The deployer's actAs on the job's identity (var.deployer) must have propagated.
+  depends_on = [google_project_service.apis, time_sleep.iam_propagation]
 }
 
 # The job reads and writes the session's state and artifacts, and publishes what collect does.

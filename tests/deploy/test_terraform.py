@@ -784,5 +784,8 @@ def test_the_deployer_acts_only_as_the_accounts_terraform_creates(tf: Terraform)
     assert "roles/iam.serviceAccountUser" not in project_roles
     for name, key, body in instances(tf, "google_cloudfunctions2_function"):
         assert "time_sleep.iam_propagation" in _depends(body), (name, key)
+    for kind, name in (("google_cloud_run_v2_service", "console"),
+                       ("google_cloud_run_v2_job", "collect")):
+        assert "time_sleep.iam_propagation" in _depends(tf.resource(kind, name)), name
     assert "google_service_account_iam_member.deployer_acts_as" in _depends(
         tf.resource("time_sleep", "iam_propagation"))
