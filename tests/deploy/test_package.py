@@ -99,7 +99,7 @@ def test_unknown_function_is_refused(tmp_path: Path) -> None:
     assert result.returncode != 0 and "no function 'nope'" in result.stderr
 
 
-def test_every_function_imports_without_jax() -> None:
+def test_every_function_imports_without_jax(tmp_path: Path) -> None:
     """Each functions/<name>/main.py loads, and builds its services, where jax, jaxlib and
     scipy cannot be imported (as in the function images)."""
     probe = f"""
@@ -123,7 +123,7 @@ entrypoints.services()
 assert not {{m.split(".")[0] for m in sys.modules}} & {set(SDK_ONLY)!r}
 print("ok")
 """
-    env = {**os.environ, "MLDIAG_HOME": "/nonexistent-home-for-probe",
+    env = {**os.environ, "MLDIAG_HOME": str(tmp_path / "home"),
            "PYTHONPATH": f"{REPO / 'shared'}:{REPO}"}
     result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env,
                             capture_output=True, text=True, timeout=120)
