@@ -131,6 +131,9 @@ def _owned(services: Registrar, run: str, caller: str) -> RunRecord:
 def _register_run(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
     run = _record(RunRecord, body.get("run"), "run")
     _name("run", run.name)
+    # The prefix comes before the run in every object name the function signs.
+    for segment in run.storage_prefix.split("/") if run.storage_prefix else ():
+        _name("storage prefix segment", segment)
     owner = services.owners.bind(run.name, caller, services.clock())
     if owner != caller:
         raise NotYourRun(f"run {run.name!r} is not registered by {caller}")

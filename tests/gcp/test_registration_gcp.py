@@ -289,6 +289,9 @@ def test_bad_requests_get_a_clear_400(function: dict[str, Any]) -> None:
         "a field a workload may not change": (
             {"op": "update_target", "run": "bad-run", "host": "host0", "port": 9999,
              "fields": {"address": "169.254.169.254"}}, "may not change address"),
+        "a prefix that leaves the layout": (
+            {"op": "register_run", "run": {"name": "bad-run", "storage_prefix": "a/../b"}},
+            "bad storage prefix segment name '..'"),
         "a session the pipeline owns": (
             {"op": "create_session", "session": {"run": "bad-run", "session": "s1",
                                                  "state": "REPORTED"}},
