@@ -82,10 +82,10 @@ resource "google_firestore_field" "unindexed" {
   index_config {}
 }
 
-# Claims and dead letters carry a `purge_at` timestamp (mldiag.adapters.gcp.state.TTL_FIELDS):
+# Claims, dead letters and failure counters carry a `purge_at` timestamp (mldiag.adapters.gcp.state.TTL_FIELDS):
 # Firestore deletes them after it, so these collections do not grow for ever.
 resource "google_firestore_field" "ttl" {
-  for_each   = toset(["claims", "dead_letters"])
+  for_each   = toset(["claims", "dead_letters", "failures"])
   project    = var.project
   database   = google_firestore_database.main.name
   collection = each.value

@@ -70,10 +70,11 @@ locals {
       publishes    = []
     }
     # Settles quiet sessions (analysis-requests) and re-queues stuck ones (analysis- and
-    # investigation-requests). One instance: ticks never overlap.
+    # investigation-requests). One instance: ticks never overlap. Once an hour it lists the
+    # bucket (objectViewer) for profiles whose finalize event was lost (stages.rescan).
     sweep = {
-      memory = "512Mi", cpu = "1", timeout = 120, max_instances = 1
-      storage   = []
+      memory = "512Mi", cpu = "1", timeout = 300, max_instances = 1
+      storage   = ["roles/storage.objectViewer"]
       publishes = ["analysis-requests", "investigation-requests"]
     }
     dead_letters = {
@@ -125,7 +126,7 @@ locals {
     MLDIAG_LOCATION            = local.vertex_location
     MLDIAG_TOPIC_PREFIX        = var.prefix
     MLDIAG_FIRESTORE_DATABASE  = google_firestore_database.main.name
-    MLDIAG_MAX_ATTEMPTS        = tostring(local.max_delivery_attempts)
+    MLDIAG_MAX_ATTEMPTS        = tostring(local.max_function_attempts)
     # Hosts of one dropped multi-host session upload seconds apart: wait longer than locally
     # before analysing a session that expects no particular hosts.
     MLDIAG_SETTLE_S            = tostring(var.settle_seconds)

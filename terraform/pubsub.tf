@@ -5,9 +5,14 @@
 # (hashicorp/terraform-provider-google#9748): a message that keeps failing would be retried
 # until its retention runs out and then dropped without a trace. So each topic gets a push
 # subscription managed here, the "direct Pub/Sub trigger" of the Cloud Run docs, with
-#   - a dead-letter policy: after 5 delivery attempts the message goes to `<topic>-dead-letter`,
-#     whose own subscription pushes it to the dead_letters function (the session is marked
-#     FAILED with the reason);
+#   - a dead-letter policy: after 100 delivery attempts (about 16 h of backoff) the message
+#     goes to `<topic>-dead-letter`, whose own subscription pushes it to the dead_letters
+#     function (the session is marked FAILED with the reason). Attempts that Cloud Run
+#     refuses while it scales (429, throttling at max instances) count as delivery attempts
+#     without running the function, so this is sized for a burst, not for the function's
+#     own failures: those are counted in Firestore by event id, and after
+#     MLDIAG_MAX_ATTEMPTS (max_function_attempts) of them the function records the dead
+#     letter and fails the session itself (mldiag.entrypoints.dead_letters);
 #   - an exponential retry backoff (10 s doubling to 600 s) instead of immediate redelivery;
 #   - an OIDC token of the trigger service account, the only identity allowed to invoke the
 #     functions (functions.tf).
@@ -24,7 +29,10 @@ locals {
   # Long enough for the slowest function (540 s): a push delivery is acknowledged by the
   # function's HTTP response within the ack deadline, or redelivered.
   ack_deadline_seconds = 600
-  max_delivery_attempts = 5
+  # Pub/Sub's maximum: throttled pushes are retried, not dead-lettered (see above).
+  max_delivery_attempts = 100
+  # The function's own failures before it gives up on a message (MLDIAG_MAX_ATTEMPTS).
+  max_function_attempts = 5
 }
 
 resource "google_pubsub_topic" "topic" {

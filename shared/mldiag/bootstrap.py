@@ -31,7 +31,7 @@ from mldiag.messages import (
     ProfileObjectFinalized,
     RenderReport,
 )
-from mldiag.model import SessionRecord
+from mldiag.model import XPLANE_SUFFIXES, SessionRecord
 from mldiag.ports import Bus, Investigator, ObjectInfo, StateStore, Storage
 from mldiag.registration import Registrar
 from mldiag.settings import Settings
@@ -298,8 +298,10 @@ def bootstrap(
 
     def finalized(info: ObjectInfo) -> None:
         # Through services.bus, so a bus swapped in later (a test's, Pub/Sub) gets the events.
-        services.bus.publish(ProfileObjectFinalized(bucket=storage.bucket, name=info.name,
-                                                    generation=info.generation, size=info.size))
+        services.bus.publish(ProfileObjectFinalized(
+            bucket=storage.bucket, name=info.name, generation=info.generation, size=info.size,
+            content_hash=storage.content_hash(info) if info.name.endswith(XPLANE_SUFFIXES)
+            else ""))
 
     storage.on_finalize = finalized
     services.investigator = investigator or make_investigator(settings)

@@ -91,8 +91,12 @@ def profile_object_finalized(event: CloudEventLike) -> ProfileObjectFinalized:
         values[key] = value
     if not values["size"].isdigit():
         raise PoisonMessage(f"storage object event: size {values['size']!r} is not a byte count")
+    # Composite objects have no md5Hash; every object has a crc32c.
+    digest = next((f"{k}:{data[key]}" for k, key in (("md5", "md5Hash"), ("crc32c", "crc32c"))
+                   if isinstance(data.get(key), str) and data[key]), "")
     return ProfileObjectFinalized(bucket=values["bucket"], name=values["name"],
-                                  generation=values["generation"], size=int(values["size"]))
+                                  generation=values["generation"], size=int(values["size"]),
+                                  content_hash=digest)
 
 
 def foreign_bucket(msg: ProfileObjectFinalized, settings: Settings) -> bool:
@@ -271,7 +275,14 @@ def _dead_letter_view(event: CloudEventLike, topic_prefix: str) -> tuple[str, st
 def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
     """Record a PoisonMessage raised inside as a dead letter and acknowledge the event.
 
-    Every other exception propagates: the function fails and the platform redelivers.
+    Every other exception propagates (the function fails and the platform redelivers) until
+    this event has failed `MLDIAG_MAX_ATTEMPTS` times here: then it is recorded as a dead
+    letter, its session FAILED with the last error, and the event acknowledged.
+
+    The count is kept in the state store by event id, not taken from the platform's delivery
+    attempts: a push that Cloud Run refuses while it scales (429) counts as a Pub/Sub delivery
+    attempt without ever running the function, so Pub/Sub's own dead-lettering (set far
+    higher, terraform's pubsub.tf) is only the last resort for work that never got to run.
     """
     try:
         yield
@@ -280,6 +291,22 @@ def dead_letters(event: CloudEventLike, services: Services) -> Iterator[None]:
         reason = f"poison message: {e}"
         log.warning("dead-lettered event %s from %s: %s", event.get("id"), topic, reason)
         services.state.record_dead_letter(topic, payload, reason, 1, services.clock())
+    except Exception as e:
+        event_id = str(event.get("id") or "")
+        if not event_id:
+            raise
+        try:
+            failures = services.state.count_failure(f"event:{event_id}", services.clock())
+        except Exception:  # noqa: BLE001 - the store is down too: let the platform retry
+            log.exception("could not count the failure of event %s", event_id)
+            raise e from None
+        if failures < services.settings.max_attempts:
+            raise
+        topic, payload = _dead_letter_view(event, services.settings.topic_prefix)
+        reason = f"failed {failures} times, last error: {type(e).__name__}: {e}"
+        log.exception("gave up on event %s from %s: %s", event_id, topic, reason)
+        services.state.record_dead_letter(topic, payload, reason, failures, services.clock())
+        dead_lettered(services, topic, payload, reason)
 
 
 def record_dead_letter(event: CloudEventLike, services: Services) -> None:

@@ -33,6 +33,8 @@ class ProfileObjectFinalized(Message):
     name: str
     generation: str
     size: int = 0
+    # "md5:<base64>" (GCS's md5Hash, or computed locally) or "crc32c:<base64>"; "" unknown.
+    content_hash: str = ""
 
     @property
     def event_key(self) -> str:

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from mldiag.limits import check_capture_duration
+
+log = logging.getLogger(__name__)
 
 REQUESTED, CAPTURING, CAPTURED = "REQUESTED", "CAPTURING", "CAPTURED"
 ANALYZING, INVESTIGATING, REPORTED, FAILED = "ANALYZING", "INVESTIGATING", "REPORTED", "FAILED"
@@ -61,9 +66,8 @@ class AutoCapturePolicy:
         if self.kind not in CAPTURE_KINDS:
             raise ValueError(f"auto-capture kind must be one of {', '.join(CAPTURE_KINDS)}, "
                              f"not {self.kind!r}")
-        if not 0 < self.duration_s <= 3600:
-            raise ValueError(f"auto-capture duration must be in (0, 3600] s, not "
-                             f"{self.duration_s}")
+        # The capture an alert starts is a capture: the same limit, the same message.
+        check_capture_duration(self.duration_s)
         if self.cooldown_s < 0 or self.max_per_hour < 1:
             raise ValueError("auto-capture cooldown must be >= 0 s and max per hour >= 1")
 
@@ -99,10 +103,26 @@ class TargetRecord:
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
     pid: int = 0
     registered_at: float = 0.0
+    # The SDK's heartbeat interval: a target whose heartbeat is late by half of it is down.
+    heartbeat_s: float = 0.0
     # Why the last control action (continuous start/stop) on this target failed, if it did,
     # and which request that action was (so a CLI waiting on it knows it was handled).
     last_error: str = ""
     last_request: str = ""
+
+    def problem(self) -> str:
+        """Why this record cannot be a target ("" when it can): its host names a file in the
+        session's directory, so it must be one safe path segment, and its ports real ports.
+        Stores refuse such records on write and skip them on read."""
+        try:
+            check_name("run", self.run)
+            check_name("host", self.host)
+        except ValueError as e:
+            return str(e)
+        for what, port, low in (("port", self.port, 1), ("control_port", self.control_port, 0)):
+            if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= 65535:
+                return f"bad {what} {port!r} for target {self.host!r}"
+        return ""
 
     @property
     def service_addr(self) -> str:
@@ -138,6 +158,7 @@ class HostRecord:
     arrived_at: float
     status: str = "ARRIVED"  # ARRIVED | FAILED
     reason: str = ""
+    content_hash: str = ""  # as ProfileObjectFinalized carries it; "" when unknown
 
 
 @dataclass
@@ -185,6 +206,9 @@ class SessionRecord:
     def add_host(self, host: str, record: HostRecord, now: float) -> bool:
         """Register a host's object; False when this generation is already registered.
 
+        A new generation of the bytes already registered (same content hash) only updates
+        the generation.
+
         A host arriving after the analysis started (or after the report) starts the next
         version: the current version's hosts are fixed, and the old version's messages stop
         at their version check. Every state store applies this inside its transaction.
@@ -192,6 +216,12 @@ class SessionRecord:
         existing = self.hosts.get(host)
         if existing is not None and existing.generation == record.generation:
             return False
+        if (existing is not None and existing.status == record.status == "ARRIVED"
+                and existing.content_hash and existing.content_hash == record.content_hash):
+            # The same bytes again (a `touch`, a re-upload): no new version, nothing to
+            # analyse; reads now pin the newest generation of those bytes.
+            existing.generation = record.generation
+            return True
         self.hosts[host] = record
         self.last_arrival_at = now
         if self.state == REQUESTED:
@@ -255,6 +285,19 @@ class ProfileObjectName:
     @property
     def analysis_dir(self) -> str:
         return f"{self.session_dir}/analysis"
+
+
+def usable_targets(records: Iterable[TargetRecord]) -> list[TargetRecord]:
+    """The records that can be targets; the others (written around the store's check) are
+    skipped with a warning rather than failing every capture of their run."""
+    out = []
+    for t in records:
+        why = t.problem()
+        if why:
+            log.warning("ignoring target record of run %r: %s", t.run, why)
+        else:
+            out.append(t)
+    return out
 
 
 def check_name(kind: str, value: str) -> str:

@@ -102,6 +102,13 @@ class StateStore(Protocol):
         again, so a redelivered alert whose first publish failed still gets its capture."""
         ...
 
+    def release_capture(self, run: str, key: str) -> None:
+        """Give back the reservation recorded under `key` (its capture failed): it no longer
+        counts for the hourly cap, nor as `key`'s reservation. The cooldown still runs from it,
+        so a storm against a failing target makes one attempt per cooldown. Nothing happens
+        for an unknown key."""
+        ...
+
     def upsert_target(self, target: TargetRecord) -> None: ...
 
     def update_target(self, run: str, host: str, port: int,
@@ -164,6 +171,12 @@ class StateStore(Protocol):
 
     def complete(self, key: str, owner: str) -> None:
         """Mark a claim done: later deliveries of the same key are duplicates."""
+        ...
+
+    def count_failure(self, key: str, now: float) -> int:
+        """Count one more failed attempt at the work `key` (a delivery's event id) and
+        return how many there have been. Lets a function tell its own failures from the
+        platform's throttling, which redelivers without running it."""
         ...
 
     def record_dead_letter(

@@ -15,9 +15,11 @@ class Settings:
     """Everything the bootstrap needs to build the services.
 
     Environment variables (all optional): MLDIAG_HOME, MLDIAG_SETTLE_S, MLDIAG_STABILITY_S,
-    MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S, MLDIAG_STUCK_AFTER_S,
-    MLDIAG_LEASE_S, MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND, MLDIAG_PROJECT, MLDIAG_BUCKET,
-    MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX, MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
+    MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_SESSION_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S,
+    MLDIAG_STUCK_AFTER_S, MLDIAG_RESCAN_INTERVAL_S, MLDIAG_RESCAN_WINDOW_S, MLDIAG_LEASE_S,
+    MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND,
+    MLDIAG_PROJECT, MLDIAG_BUCKET, MLDIAG_LOCATION, MLDIAG_TOPIC_PREFIX,
+    MLDIAG_FIRESTORE_DATABASE, MLDIAG_INVESTIGATOR,
     MLDIAG_GEMINI_MODEL, MLDIAG_GEMINI_TIMEOUT_S, MLDIAG_TARGET_STALE_S, MLDIAG_MEMORY_BUDGET,
     MLDIAG_TOOL_TIMEOUT_S, MLDIAG_FANOUT_MIN_HOSTS, MLDIAG_FANOUT_MIN_BYTES,
     MLDIAG_FUNCTION_MAX_HOST_BYTES, MLDIAG_FUNCTION_MAX_HOSTS, MLDIAG_IN_JOB, MLDIAG_COLLECT_JOB,
@@ -35,11 +37,17 @@ class Settings:
     # writer that pauses longer gets a FAILED first version, and its finished file (a new
     # generation) a second version, so the window trades latency, not correctness.
     stability_s: float = 0.2
+    # Per host and per session; mldiag.limits caps both (settings may lower them only).
     max_host_bytes: int = 2 * GIB
+    max_session_bytes: int = 64 * GIB
     max_attempts: int = 5
     retry_backoff_s: float = 0.5
     # A session in a working state for longer than this is re-queued by the sweeper.
     stuck_after_s: float = 600.0
+    # How often the sweeper lists the bucket for profiles no finalize event registered, and
+    # how far back it looks (Eventarc retries an event for 24 h); 0 turns the rescan off.
+    rescan_interval_s: float = 3600.0
+    rescan_window_s: float = 2 * 86400.0
     # How long a stage's claim holds before another delivery may take over.
     lease_s: float = 300.0
     workers: int = 2
@@ -59,6 +67,8 @@ class Settings:
     gemini_timeout_s: float = 60.0
     # A target whose heartbeat is older than this is reported as down.
     target_stale_s: float = 60.0
+    # How long a capture waits for a target's profiler that another session holds.
+    capture_wait_s: float = 120.0
     # Collection's memory budget (bytes, or "6G"/"512M"); empty: what the cgroup or host
     # allows. Jobs that would exceed it wait, are skipped, or are stopped (see workers.py).
     memory_budget: str = ""
@@ -163,6 +173,13 @@ class Settings:
         if "home" in values:
             values["home"] = Path(values["home"])
         settings = replace(cls(), **values)
+        from mldiag import limits
+
+        for name, top in (("max_host_bytes", limits.MAX_HOST_BYTES),
+                          ("max_session_bytes", limits.MAX_SESSION_BYTES)):
+            if not 0 < getattr(settings, name) <= top:
+                raise ValueError(f"MLDIAG_{name.upper()}={getattr(settings, name)}: must be "
+                                 f"in (0, {top}] bytes (mldiag.limits)")
         try:
             settings.memory_budget_bytes  # noqa: B018 - a bad size fails here, with its name
         except ValueError as e:

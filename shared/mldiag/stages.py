@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+from mldiag import limits
 from mldiag.analysis.collect import SessionTooLarge
 from mldiag.analysis.collect import collect as collect_snapshot
 from mldiag.analysis.collect import collect_host as collect_host_parts
@@ -38,12 +39,14 @@ from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
-from mldiag.capture.remote import CaptureFailed
+from mldiag.capture.remote import CaptureFailed, ProfilerBusy
 from mldiag.capture.targets import capture as capture_target
-from mldiag.capture.targets import set_continuous
+from mldiag.capture.targets import liveness, set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
+    TOPIC_OF,
     AnalyzeSession,
     CaptureProfile,
     CollectHost,
@@ -64,6 +67,7 @@ from mldiag.model import (
     FAILED,
     INVESTIGATING,
     REPORTED,
+    XPLANE_SUFFIXES,
     HostRecord,
     SessionRecord,
     TargetRecord,
@@ -77,9 +81,8 @@ from mldiag.settings import Settings
 
 log = logging.getLogger(__name__)
 
-# The longest capture or window: a capture runs inside one Cloud Functions invocation (540 s).
-MAX_CAPTURE_S = 300.0
-
+# A capture runs inside one Cloud Functions invocation: waits for a busy target fit in it.
+INVOCATION_S = 540.0
 
 @dataclass
 class Services:
@@ -136,6 +139,11 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         _reject_object(services, msg, str(e))
         return
     if name is None:
+        if msg.name.endswith(XPLANE_SUFFIXES):
+            # A profile in the wrong place would vanish without a word: say where it belongs.
+            _reject_object(services, msg, (
+                f"{msg.name} is not in a session directory: a profile is analysed at "
+                "<run>/plugins/profile/<session>/<host>.xplane.pb (move it there)"))
         return  # not a profile: artifacts, notes, anything else in the bucket
     existing = services.state.get_session(name.run, name.session)
     if existing is not None and existing.hosts:
@@ -156,9 +164,10 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         if msg.size == 0:
             status, reason = "FAILED", f"{name.host}: empty file (0 bytes)"
         elif msg.size > services.settings.max_host_bytes:
-            status, reason = "FAILED", (
-                f"{name.host}: {msg.size / 1024**3:.2f} GiB exceeds the per-host cap of "
-                f"{services.settings.max_host_bytes / 1024**3:.2f} GiB")
+            try:
+                limits.check_host_bytes(name.host, msg.size, services.settings.max_host_bytes)
+            except ValueError as e:
+                status, reason = "FAILED", str(e)
         elif name.suffix == ".xplane.riegeli":
             status, reason = "FAILED", (
                 f"{name.host}: cannot analyse .xplane.riegeli (continuous-profiling snapshot): "
@@ -166,7 +175,8 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
                 "empty profile rather than an error for input they cannot read, so no result "
                 "would be trustworthy; save the snapshot as .xplane.pb")
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
-                            arrived_at=now, status=status, reason=reason)
+                            arrived_at=now, status=status, reason=reason,
+                            content_hash=msg.content_hash)
         # The run's registered profiler targets are the hosts a new session waits for.
         expected = sorted({t.host for t in live_targets(services, name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
@@ -292,6 +302,13 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         return
     settings = services.settings
     sizes = [r.size for r in arrived.values()]
+    try:
+        # Checked before anything is downloaded: /tmp is memory on a Cloud Function.
+        limits.check_session_bytes({h: r.size for h, r in arrived.items()},
+                                   settings.max_session_bytes)
+    except ValueError as e:
+        _fail(services, msg.run, msg.session, str(e), msg.version)
+        return
     over = _over_function_limits(settings, sizes)
     if over and not settings.in_job:
         _hand_to_job(services, msg, s, over)
@@ -533,7 +550,9 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
         snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
         result = triage(snapshot)
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        with services.storage.local_files(names) as local:
+        # The follow-ups read the generations collect analysed, each under the per-host cap.
+        with services.storage.local_files(names, generations=_generations(s),
+                                          max_bytes=services.settings.max_host_bytes) as local:
             investigation = run_investigator(snapshot, result, services.investigator,
                                              session=_profile_session(s, local))
         _write_json(services, s, "investigation.json",
@@ -609,11 +628,11 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
 
 
 def live_targets(services: Services, run: str, hosts: Sequence[str] = ()) -> list[TargetRecord]:
-    """The run's targets (those named in `hosts`, when given) with a fresh heartbeat."""
+    """The run's targets (those named in `hosts`, when given) that look alive: a fresh
+    heartbeat, and (locally) a process that still exists (see capture.targets.liveness)."""
     now = services.clock()
     return [t for t in services.state.list_targets(run)
-            if (not hosts or t.host in hosts)
-            and now - t.last_heartbeat <= services.settings.target_stale_s]
+            if (not hosts or t.host in hosts) and not liveness(t, services.settings, now)]
 
 
 def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
@@ -672,14 +691,17 @@ def _select_targets(services: Services, run: str, hosts: Sequence[str]) -> list[
                             f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
     if not hosts:
         now = services.clock()
-        targets = [t for t in targets
-                   if now - t.last_heartbeat <= services.settings.target_stale_s]
+        targets = [t for t in targets if not liveness(t, services.settings, now)]
     # One file per host name: a host re-registered on another port is its newest record.
     newest: dict[str, TargetRecord] = {}
     for t in targets:
         if (not hosts or t.host in hosts) and (
                 t.host not in newest or t.last_heartbeat > newest[t.host].last_heartbeat):
             newest[t.host] = t
+    try:
+        limits.check_hosts(len(newest))
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
     return [newest[h] for h in sorted(newest)]
 
 
@@ -690,10 +712,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         return
     if msg.capture not in ("on_demand", "snapshot"):
         raise PoisonMessage(f"capture must be on_demand or snapshot, not {msg.capture!r}")
-    if not 0 < msg.duration_s <= MAX_CAPTURE_S:
-        raise PoisonMessage(f"capture duration must be in (0, {MAX_CAPTURE_S:g}] s, not "
-                            f"{msg.duration_s}")
     try:
+        limits.check_capture_duration(msg.duration_s)
         check_name("session", msg.session)
     except ValueError as e:
         raise PoisonMessage(str(e)) from e
@@ -714,6 +734,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
             f"within {services.settings.target_stale_s:g} s): start the workload with "
             "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
         services.state.create_session(record)
+        _give_back_reservation(services, msg)
         return
     stored, created = services.state.create_session(record)
     if not created and stored.request_id != request_id:
@@ -722,7 +743,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     if stored.state != CAPTURING:
         return
     key = f"capture:{run.name}/{msg.session}"
-    lease = max(services.settings.lease_s, msg.duration_s + 180.0)
+    lease = max(services.settings.lease_s, msg.duration_s + _turn_wait_s(services, msg) + 180.0)
     with claimed(services, key, lease_s=lease) as mine:
         if not mine:
             return
@@ -753,7 +774,10 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     cap = services.settings.max_host_bytes
 
     def one(target: TargetRecord) -> str:
-        data = capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        # One bound for both waits: for our own earlier capture, then for anyone else's.
+        deadline = time.monotonic() + _turn_wait_s(services, msg)
+        with _profiler_turn(services, target, msg, deadline):
+            data = _capture_when_free(target, msg, start_at, egress, cap, deadline)
         _check_xspace(data, target.host)
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
@@ -783,16 +807,79 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     if not any(h.status == "ARRIVED" for h in s.hosts.values()):
         _fail(services, msg.run, msg.session, "every target failed: " + short_reason(
             *(h.reason for h in s.hosts.values())), s.version)
+        _give_back_reservation(services, msg)
     else:
         complete_session(services, s)
+
+
+def _give_back_reservation(services: Services, msg: CaptureProfile) -> None:
+    """A failed automatic capture does not count for its run's cooldown or hourly cap: an
+    alert storm against a busy or dead target must not use up the quota."""
+    if msg.trigger == "alert" and msg.request_id:
+        services.state.release_capture(msg.run, msg.request_id)
+
+
+def _uses_profiler(msg: CaptureProfile, target: TargetRecord) -> bool:
+    """Whether this capture runs a trace on the target's profiler server, which serves one
+    session at a time (snapshots and the ring read what is already recorded)."""
+    return msg.capture == "on_demand" and target.continuous == "OFF"
+
+
+def _turn_wait_s(services: Services, msg: CaptureProfile) -> float:
+    """How long a capture may wait for a busy profiler: `capture_wait_s`, within what one
+    function invocation leaves after the capture itself and its upload."""
+    return min(services.settings.capture_wait_s,
+               max(0.0, INVOCATION_S - 60.0 - msg.duration_s))
+
+
+@contextmanager
+def _profiler_turn(services: Services, target: TargetRecord, msg: CaptureProfile,
+                   deadline: float) -> Iterator[None]:
+    """Hold the target's profiler for this capture (a claim in the state store, so across
+    processes and function instances too). A second capture waits its turn until
+    `deadline` (monotonic), then fails with the reason."""
+    if not _uses_profiler(msg, target):
+        yield
+        return
+    key = f"profiler:{target.address}:{target.port}"
+    owner = f"{services.owner}:{msg.run}/{msg.session}"
+    waited = time.monotonic()
+    while not services.state.claim(key, owner, msg.duration_s + 60.0, services.clock()):
+        if time.monotonic() >= deadline:
+            raise ProfilerBusy(f"another profiling session is active on {target.host}: an "
+                               f"earlier mldiag capture still held its profiler after "
+                               f"{time.monotonic() - waited:.0f} s")
+        time.sleep(0.2)
+    try:
+        yield
+    finally:
+        services.state.release(key, owner)
+
+
+def _capture_when_free(target: TargetRecord, msg: CaptureProfile, start_at: float,
+                       egress: EgressPolicy, cap: int, deadline: float) -> bytes:
+    """Capture; while the profiler answers that another session (not ours: a programmatic
+    capture in the workload, another tool) holds it, try again until `deadline`."""
+    waited = time.monotonic()
+    while True:
+        try:
+            return capture_target(target, msg, start_at, egress=egress, max_bytes=cap)
+        except ProfilerBusy as e:
+            if time.monotonic() + 1.0 >= deadline:
+                raise ProfilerBusy(f"{e}; still busy after "
+                                   f"{time.monotonic() - waited:.0f} s") from e
+            time.sleep(1.0)
 
 
 def continuous(msg: ContinuousProfiling, services: Services) -> None:
     """Start or stop continuous profiling (snapshot mode) on the selected targets."""
     if msg.action not in ("start", "stop"):
         raise PoisonMessage(f"continuous action must be start or stop, not {msg.action!r}")
-    if not 0.1 <= msg.window_s <= MAX_CAPTURE_S or msg.max_bytes < 1024**2:
-        raise PoisonMessage("continuous window must be in [0.1, 600] s and max_bytes >= 1 MiB")
+    try:
+        limits.check_window(msg.window_s)
+        limits.check_ring_bytes(msg.max_bytes)
+    except ValueError as e:
+        raise PoisonMessage(str(e)) from e
     run = services.state.get_run(msg.run)
     if run is None:
         raise PoisonMessage(f"continuous {msg.action}: unknown run {msg.run!r}")
@@ -865,9 +952,18 @@ def handle(message: Message, services: Services) -> None:
 
 
 def dispatch(services: Services) -> Callable[[str, str, Mapping[str, str]], None]:
-    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it."""
+    """The bus callback: parse the payload (PoisonMessage on bad input) and handle it.
+
+    `degradation-alerts` takes every documented alert shape (workload monitoring, Cloud
+    Monitoring, ours) through the one alert parser, as the Cloud Function does.
+    """
 
     def deliver(topic: str, payload: str, attributes: Mapping[str, str]) -> None:
+        if topic == TOPIC_OF[DegradationDetected]:
+            alert = parse_alert(payload, attributes)
+            if alert is not None:  # None: a resolved incident, nothing detected
+                handle(alert, services)
+            return
         handle(parse(payload, topic), services)
 
     return deliver
@@ -880,7 +976,7 @@ def sweep(services: Services) -> dict[str, int]:
     """Complete settled sessions and re-queue stuck ones. Safe to run at any rate."""
     now = services.clock()
     settings = services.settings
-    done = {"settled": 0, "requeued": 0, "failed": 0}
+    done = {"settled": 0, "requeued": 0, "failed": 0, "rescanned": 0}
     for s in services.state.list_sessions(state=CAPTURING):
         arrived = [h for h, r in s.hosts.items() if r.status == "ARRIVED"]
         last_moved = max(s.last_arrival_at, s.created_at, s.updated_at)
@@ -910,7 +1006,53 @@ def sweep(services: Services) -> dict[str, int]:
         if current is not None and complete_session(services, current):
             done["settled"] += 1
     done["requeued"] = requeue_stuck(services, settings.stuck_after_s)
+    interval = settings.rescan_interval_s
+    # One rescan per interval across every sweeper instance: the claim of its time slot.
+    if interval > 0 and services.state.claim(f"rescan:{int(now // interval)}",
+                                             services.owner, interval, now):
+        done["rescanned"] = rescan(services, window_s=settings.rescan_window_s, now=now)
     return done
+
+
+# How old an object must be before the rescan registers it.
+RESCAN_MIN_AGE_S = 300.0
+
+
+def rescan(services: Services, *, window_s: float, now: float) -> int:
+    """Register the profile objects written in the last `window_s` that no finalize event
+    registered; returns how many it handed to on_profile_object.
+
+    Eventarc gives up on a finalize event after 24 h of retries, and a notification can be
+    lost, so a dropped-in profile would never be analysed. An object counts as registered
+    when its session holds its host at that generation; anything else goes through
+    on_profile_object as its event would have (claims make a late real event a no-op, and an
+    unsafe name is dead-lettered once per generation).
+    """
+    handed = 0
+    for info in services.storage.list(""):
+        age = now - info.updated
+        # A younger object's event may still be on its way (or, in a local directory, the
+        # file still being written): the next rescan looks again.
+        if not RESCAN_MIN_AGE_S <= age <= window_s or "/plugins/profile/" not in f"/{info.name}":
+            continue
+        try:
+            name = parse_object_name(info.name)
+        except ValueError:
+            name = None
+        else:
+            if name is None:
+                continue
+        if name is not None:
+            s = services.state.get_session(name.run, name.session)
+            host = s.hosts.get(name.host) if s is not None else None
+            if host is not None and host.generation == info.generation:
+                continue
+        log.warning("rescan: %s (generation %s) was never registered; registering it now",
+                    info.name, info.generation)
+        handle(ProfileObjectFinalized(bucket=services.storage.bucket, name=info.name,
+                                      generation=info.generation, size=info.size), services)
+        handed += 1
+    return handed
 
 
 def requeue_stuck(services: Services, stuck_after_s: float) -> int:

@@ -99,3 +99,15 @@ def test_only_an_admin_may_create_a_link_anyone_can_open(site: Site) -> None:
     r = site.client.post(f"/api/v1{S1}/share", json={"anyone": True},
                          headers=site.auth("admin"))
     assert r.status_code == 201 and r.json()["anyone"] is True
+
+
+def test_the_api_refuses_out_of_limit_values_with_the_shared_message(site: Site) -> None:
+    editor = site.auth("editor")
+    r = site.client.post("/api/v1/runs/tpu/captures", headers=editor,
+                         json={**CAPTURE, "duration_s": 301})
+    assert r.status_code == 400
+    assert r.json()["detail"] == "capture duration must be in (0, 300] s, not 301 s"
+    r = site.client.post("/api/v1/runs/tpu/continuous", headers=editor,
+                         json={"action": "start", "max_bytes": 10**18})
+    assert r.status_code == 400 and r.json()["detail"].startswith(
+        "continuous max_bytes must be in [1.0 MiB, 64.00 GiB]")

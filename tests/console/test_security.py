@@ -6,6 +6,8 @@ import json
 import re
 import time
 
+import pytest
+
 from mldiag.console.auth import COOKIE
 from mldiag.console.context import ensure_local_admin
 from mldiag.model import RunRecord, TargetRecord
@@ -56,9 +58,13 @@ def test_hostile_names_configs_hosts_and_findings_show_as_text(site: Site) -> No
     state.register_run(RunRecord(name="other", configs={x: x for x in XSS},
                                  run_group=XSS[1], created_at=run.created_at))
     for i, x in enumerate(XSS):
-        state.upsert_target(TargetRecord(run="other", host=x, port=9000 + i,
+        # Host names are one safe path segment (the stores refuse others); every other
+        # field a workload writes may hold anything.
+        with pytest.raises(ValueError, match="bad host name"):
+            state.upsert_target(TargetRecord(run="other", host=x, port=9000 + i))
+        state.upsert_target(TargetRecord(run="other", host=f"h{i}", port=9000 + i,
                                          last_heartbeat=time.time(), address=x,
-                                         last_error=x))
+                                         framework=x, last_error=x))
     s = state.get_session("other", "o1")
     assert s is not None
     name = f"{session_dir(s)}/analysis/analysis.json"
@@ -80,7 +86,7 @@ def test_hostile_names_configs_hosts_and_findings_show_as_text(site: Site) -> No
         assert pages[2].count("&lt;/textarea&gt;&lt;svg onload=alert(1)&gt;") >= 2
         assert "49" not in re.findall(r"<td>([^<]*)</td>", pages[2])  # no template injection
         api = site.client.get("/api/v1/runs/other", headers=admin).json()
-        assert {t["host"] for t in api["targets"]} == set(XSS)
+        assert {t["address"] for t in api["targets"]} == set(XSS)
     finally:
         site.runtime.storage.write_bytes(name, json.dumps(real).encode())
         state.register_run(RunRecord(name="other", created_at=run.created_at))

@@ -155,6 +155,22 @@ def test_a_redelivered_alert_keeps_its_reservation(state: Subject) -> None:
     assert s.reserve_capture("other", 1010.0, cooldown_s=300, max_per_hour=1, key="alert-1")
 
 
+def test_a_released_reservation_leaves_the_hourly_cap_but_not_the_cooldown(
+        state: Subject) -> None:
+    s = state.adapter
+    assert s.reserve_capture("r", 1000.0, cooldown_s=0, max_per_hour=1, key="alert-1")
+    assert not s.reserve_capture("r", 1010.0, cooldown_s=0, max_per_hour=1, key="alert-2")
+    s.release_capture("r", "alert-1")  # its capture failed
+    s.release_capture("r", "alert-unknown")
+    assert s.reserve_capture("r", 1020.0, cooldown_s=0, max_per_hour=1, key="alert-2")
+    s.release_capture("r", "alert-2")
+    # The cooldown still runs from the failed attempt.
+    assert not s.reserve_capture("r", 1030.0, cooldown_s=300, max_per_hour=5, key="alert-3")
+    assert s.reserve_capture("r", 1321.0, cooldown_s=300, max_per_hour=5, key="alert-3")
+    # A released key is no longer a standing reservation.
+    assert not s.reserve_capture("r", 1322.0, cooldown_s=300, max_per_hour=5, key="alert-2")
+
+
 def test_an_alert_storm_reserves_one_capture(state: Subject) -> None:
     stores = (state.adapter, state.twin)
     won = contend(8, lambda i: stores[i % 2].reserve_capture("r", 1000.0 + i / 100,
@@ -180,6 +196,16 @@ def test_targets_upsert_list_and_update(state: Subject) -> None:
     assert s.update_target("r", "h7", 9999, last_heartbeat=1.0) is None
     s.upsert_target(TargetRecord(run="r", host="h1", port=9999, process_index=5))
     assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
+
+
+@pytest.mark.parametrize("bad", [{"host": "x/y"}, {"host": ".."}, {"host": ""},
+                                 {"port": 0}, {"port": 70000}, {"control_port": -1}])
+def test_a_target_that_would_write_outside_the_layout_is_refused(
+        state: Subject, bad: dict[str, Any]) -> None:
+    s = state.adapter
+    with pytest.raises(ValueError, match="bad (host name|port|control_port)"):
+        s.upsert_target(TargetRecord(**{"run": "r", "host": "h0", **bad}))
+    assert s.list_targets("r") == []
 
 
 # Sessions
@@ -346,7 +372,16 @@ def test_eight_threads_taking_over_an_expired_claim_give_one_winner(state: Subje
     assert sum(won) == 1
 
 
-# Dead letters
+# Failure counters and dead letters
+
+
+def test_failures_are_counted_per_key_and_concurrently(state: Subject) -> None:
+    s = state.adapter
+    assert [s.count_failure("event:1", 10.0) for _ in range(3)] == [1, 2, 3]
+    assert s.count_failure("event:2", 11.0) == 1
+    stores = (state.adapter, state.twin)
+    counts = contend(8, lambda i: stores[i % 2].count_failure("event:3", 12.0))
+    assert sorted(counts) == list(range(1, 9)), "no increment is lost"
 
 
 def test_dead_letters_are_kept_in_order_with_their_reason(state: Subject) -> None:

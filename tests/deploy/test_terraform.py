@@ -232,8 +232,13 @@ def test_pubsub_functions_are_pushed_from_their_topic_with_retry_and_dead_letter
 
     dead = one(push["dead_letter_policy"])
     assert dead["dead_letter_topic"] == "${google_pubsub_topic.dead_letter[each.key].id}"
-    assert tf.locals["max_delivery_attempts"] == 5
+    # Throttled pushes (429 while Cloud Run scales) count as delivery attempts: Pub/Sub's
+    # own limit is its maximum, and the functions count their real failures themselves.
+    assert tf.locals["max_delivery_attempts"] == 100
     assert dead["max_delivery_attempts"] == "${local.max_delivery_attempts}"
+    assert 1 < tf.locals["max_function_attempts"] < tf.locals["max_delivery_attempts"]
+    assert re.search(r"MLDIAG_MAX_ATTEMPTS\s*=\s*tostring\(local\.max_function_attempts\)",
+                     (TERRAFORM / "functions.tf").read_text())
     retry = one(push["retry_policy"])
     assert retry["minimum_backoff"] != retry["maximum_backoff"]  # exponential, not fixed
 

@@ -1,10 +1,12 @@
 """A JAX job that uses mldiag.sdk, for the capture tests (run as a subprocess).
 
-    python sdk_workload.py --run R [--port P] [--programmatic SESSION] [--seconds S]
+    python sdk_workload.py --run R [--port P] [--programmatic SESSION] [--seconds S] [--busy S]
 
 It registers the run (host name from $MLDIAG_HOST_NAME), serves on-demand captures on
 `--port`, and trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
-`--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`.
+`--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`. With
+`--busy S` its own `jax.profiler.start_trace` holds the profiler for the first S seconds (what
+a user's `jax.profiler.trace` does), so remote captures meet a busy profiler.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+import tempfile
 import time
 
 import jax
@@ -28,6 +31,7 @@ def main() -> int:
     parser.add_argument("--programmatic", default="")
     parser.add_argument("--process-index-list", default="")
     parser.add_argument("--seconds", type=float, default=120.0)
+    parser.add_argument("--busy", type=float, default=0.0)
     parser.add_argument("--wait-targets", type=int, default=1,
                         help="start the programmatic capture once this many targets are live "
                         "(what jax.distributed's start-up barrier gives a real multi-host job)")
@@ -35,6 +39,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run = machinelearning_run(name=args.run, on_demand_xprof=True, port=args.port,
                               heartbeat_s=1.0)
+    busy_until = 0.0
+    if args.busy:
+        jax.profiler.start_trace(tempfile.mkdtemp(prefix="busy-"))
+        busy_until = time.monotonic() + args.busy
     step = jax.jit(lambda w, x: w - 1e-3 * (x.T @ jnp.tanh(x @ w)))
     w = jnp.ones((256, 256)) / 256
     x = jnp.ones((64, 256))
@@ -63,6 +71,9 @@ def main() -> int:
         metrics.record(MetricType.STEP_TIME, time.perf_counter() - t0)
         time.sleep(0.005)
         i += 1
+        if busy_until and time.monotonic() > busy_until:
+            jax.profiler.stop_trace()
+            busy_until = 0.0
     return 0
 
 

@@ -81,7 +81,6 @@ def test_the_published_messages_drive_the_session_to_its_report(pipeline: Pipeli
     "run1/notes.txt",
     "run1/plugins/profile/s1/analysis/summary.html",
     "run1/plugins/profile/s1/host0.trace.json.gz",
-    "host0.xplane.pb",
 ])
 def test_a_finalize_for_a_non_profile_object_is_ignored(pipeline: Pipeline, name: str):
     response = pipeline.post("on_profile_object", storage_event(name, size=1234))
@@ -91,6 +90,17 @@ def test_a_finalize_for_a_non_profile_object_is_ignored(pipeline: Pipeline, name
     assert pipeline.services.state.list_sessions() == []
     assert pipeline.services.state.list_dead_letters() == []
     assert pipeline.pubsub.published == []
+
+
+@pytest.mark.parametrize("name", ["host0.xplane.pb", "run1/host0.xplane.pb",
+                                  "run1/plugins/profile/s1/sub/host0.xplane.pb"])
+def test_a_profile_outside_a_session_directory_is_a_dead_letter(pipeline: Pipeline, name: str):
+    response = pipeline.post("on_profile_object", storage_event(name, size=1234))
+
+    assert response.status_code == 200
+    assert pipeline.services.state.list_sessions() == []
+    (dead,) = pipeline.services.state.list_dead_letters()
+    assert name in dead["reason"] and "not in a session directory" in dead["reason"]
 
 
 def test_fifty_duplicate_finalize_events_give_one_session_and_one_analysis(pipeline: Pipeline):
@@ -234,6 +244,32 @@ def test_a_transient_failure_answers_5xx_and_the_redelivery_succeeds(pipeline: P
     assert session is not None and session.state == REPORTED
     assert (pipeline.bucket / ANALYSIS / "summary.html").is_file()
     assert pipeline.services.state.list_dead_letters() == []
+
+
+def test_a_delivery_that_keeps_failing_is_given_up_after_max_attempts(pipeline: Pipeline):
+    """The function counts its own failures by event id: after MLDIAG_MAX_ATTEMPTS it records
+    the dead letter, fails the session and acknowledges, whatever Pub/Sub's own (much higher,
+    throttling-sized) delivery limit is."""
+    size = pipeline.drop_xplane()
+    pipeline.post("on_profile_object", storage_event(XPLANE_NAME, size=size))
+    pipeline.sweep()
+    pipeline.services.storage = FlakyStorage(pipeline.services.storage, failures=100)
+    [analyze] = list(pipeline.pubsub.queue)
+    event = pubsub_event(analyze.payload, analyze.topic, message_id=analyze.message_id)
+    attempts = pipeline.services.settings.max_attempts
+
+    codes = [pipeline.post("collect", event).status_code for _ in range(attempts)]
+
+    assert codes == [500] * (attempts - 1) + [200]
+    [dead] = pipeline.services.state.list_dead_letters()
+    assert dead["topic"] == "analysis-requests" and dead["attempts"] == attempts
+    assert dead["reason"] == (f"failed {attempts} times, last error: ConnectionResetError: "
+                              "[Errno 104] Connection reset by peer")
+    session = pipeline.services.state.get_session("run1", "s1")
+    assert session is not None and session.state == FAILED and session.reason == dead["reason"]
+    # Another message's failures are its own.
+    other = pubsub_event(analyze.payload, analyze.topic)
+    assert pipeline.post("collect", other).status_code == 200  # the session is FAILED: no-op
 
 
 def test_an_empty_profile_fails_its_session_with_the_reason(pipeline: Pipeline):

@@ -98,6 +98,9 @@ def test_gpu_fixture_completes_with_an_honest_verdict(gpu_logdir: Path, tmp_path
         "findings"][0]["title"]
     assert "tf.data" in a["findings"][0]["fix"] and "jax.jit" not in a["findings"][0]["fix"]
     assert any(f["tool"] == "get_kernel_stats" and f["status"] == "DATA" for f in a["follow_ups"])
+    # The top kernels are named, with their share of kernel time (Philox RNG is 26.6%).
+    assert ("`tensorflow::functor::FillPhiloxRandomKernelLaunch` (26.6% of kernel time, 194 "
+            "launches)") in a["findings"][0]["what"]
 
 
 def test_cli_prints_verdict_findings_and_report_path(tpu_logdir: Path, tmp_path: Path, capsys):

@@ -147,10 +147,24 @@ def test_the_hourly_cap_limits_captures_even_without_a_cooldown(
     rt = make_runtime()
     _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=0,
                      max_per_hour=3)
-    rt.start()
+    # The bus is not started: the captures asked for have not run (nor failed) yet.
     for i in range(10):
+        stages.on_degradation_alert(DegradationDetected(alert_id=f"a{i}", run=RUN),
+                                    rt.services)
+    assert len(bus_messages(rt.state, "capture-requests")) == 3
+
+
+def test_failed_automatic_captures_give_their_quota_back(make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5, cooldown_s=0,
+                     max_per_hour=1)
+    rt.start()
+    for i in range(3):  # one at a time: each capture fails (nobody listens) before the next
         rt.services.bus.publish(DegradationDetected(alert_id=f"a{i}", run=RUN))
-    assert rt.wait_idle(timeout=60)
+        assert rt.wait_idle(timeout=60)
+    sessions = rt.state.list_sessions(run=RUN)
+    assert len(sessions) == 3 and all(s.state == FAILED for s in sessions)
+    # Without the give-back, the hourly cap of 1 would have stopped the second.
     assert len(bus_messages(rt.state, "capture-requests")) == 3
 
 
@@ -165,6 +179,39 @@ def test_a_disabled_policy_captures_nothing_and_an_unknown_run_is_dead_lettered(
     assert bus_messages(rt.state, "capture-requests") == []
     (dead,) = rt.state.list_dead_letters()
     assert "unknown run 'ghost'" in dead["reason"]
+
+
+@pytest.mark.parametrize("payload, alert_id", [
+    (MONITORED_EVENT, "monitored-event:e-42"),
+    (INCIDENT, "incident:0.nxk2p9q"),
+    ({"kind": "DegradationDetected", "alert_id": "ours-1", "run": RUN}, "ours-1"),
+    # Published by another tool without `kind`: the topic says what it is.
+    ({"alert_id": "bare-1", "run": RUN}, "bare-1"),
+])
+def test_every_alert_format_starts_a_capture_on_the_local_alerts_topic(
+        make_runtime: MakeRuntime, payload: dict[str, object], alert_id: str) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5)
+    rt.start()
+    rt.bus.publish_raw("degradation-alerts", json.dumps(payload))
+    assert rt.wait_idle(timeout=30)
+    assert rt.state.list_dead_letters() == []
+    (capture,) = bus_messages(rt.state, "capture-requests")
+    assert capture["body"]["request_id"] == f"alert:{alert_id}"
+
+
+def test_alerts_that_ask_for_nothing_or_name_nothing_on_the_local_topic(
+        make_runtime: MakeRuntime) -> None:
+    rt = make_runtime()
+    _run_with_target(rt, enabled=True, kind="on_demand", duration_s=0.5)
+    rt.start()
+    closed = {"incident": {**INCIDENT["incident"], "state": "closed"}, "version": "1.2"}
+    rt.bus.publish_raw("degradation-alerts", json.dumps(closed))
+    rt.bus.publish_raw("degradation-alerts", json.dumps({"hello": "world"}))
+    assert rt.wait_idle(timeout=30)
+    assert bus_messages(rt.state, "capture-requests") == []
+    (dead,) = rt.state.list_dead_letters()
+    assert "unrecognised alert" in dead["reason"]
 
 
 def test_auto_kind_snapshots_when_continuous_profiling_is_on(make_runtime: MakeRuntime) -> None:

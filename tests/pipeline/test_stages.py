@@ -8,6 +8,7 @@ artifacts in `analysis/`, the bus's durable queue and its dead letters.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from collections.abc import Mapping
@@ -21,7 +22,13 @@ from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.triage import Triage, triage
 from mldiag.bootstrap import LocalRuntime
-from mldiag.messages import AnalyzeSession, Message, ProfileObjectFinalized
+from mldiag.messages import (
+    AnalyzeSession,
+    CaptureProfile,
+    ContinuousProfiling,
+    Message,
+    ProfileObjectFinalized,
+)
 from mldiag.model import (
     ANALYZING,
     CAPTURED,
@@ -292,6 +299,12 @@ def test_poison_messages_are_dead_lettered_with_their_reason(
             "poison message: RenderReport: missing field(s) version",
         ("profile-objects", unsafe.to_json()):
             "poison message: unsafe object name 'x/../run/plugins/profile/s/h.xplane.pb'",
+        # The shared limits (mldiag.limits), with the message the CLI and the API give.
+        ("capture-requests", CaptureProfile(run="r", session="s", duration_s=301).to_json()):
+            "poison message: capture duration must be in (0, 300] s, not 301 s",
+        ("capture-requests", ContinuousProfiling(run="r", action="start",
+                                                 max_bytes=10**18).to_json()):
+            "poison message: continuous max_bytes must be in [1.0 MiB, 64.00 GiB]",
     }
     for topic, payload in sent:
         rt.bus.publish_raw(topic, payload)
@@ -336,7 +349,7 @@ def test_a_stage_that_keeps_failing_is_dead_lettered_and_fails_its_session(
     assert s.reason == dead["reason"]
     # No crash loop: past the sweeper's deadline nothing is re-queued.
     clock.advance(120)
-    assert sweep(rt.services) == {"settled": 0, "requeued": 0, "failed": 0}
+    assert sweep(rt.services) == {"settled": 0, "requeued": 0, "failed": 0, "rescanned": 0}
     assert rt.wait_idle(30)
     assert investigator.calls == 3 and len(rt.state.list_dead_letters()) == 1
 
@@ -354,13 +367,17 @@ def _truncated(data: bytes) -> bytes:
      "h0.xplane.pb: not a readable XSpace"),
     ("h0.xplane.pb", _truncated, {}, "h0.xplane.pb: not a readable XSpace (truncated or corrupt"),
     ("h0.xplane.pb", lambda d: d, {"max_host_bytes": 100_000},
-     "h0: 0.00 GiB exceeds the per-host cap of 0.00 GiB"),
+     "h0: 0.8 MiB exceeds the per-host cap of 0.1 MiB"),
+    ("h0.xplane.pb", lambda d: d, {"max_session_bytes": 100_000},
+     "the session's 1 host profile(s) hold 0.8 MiB, over the per-session cap of 0.1 MiB "
+     "(MLDIAG_MAX_SESSION_BYTES)"),
     ("h0.xplane.riegeli", lambda d: d, {},
      "h0: cannot analyse .xplane.riegeli (continuous-profiling snapshot)"),
     ("h0.xplane.pb", lambda d: d, {"memory_budget": "64M"},
      "session of 0.8 MB (1 host(s)) needs about 0.34 GiB for xprof's op_stats build, over "
      "the memory budget of 0.06 GiB (MLDIAG_MEMORY_BUDGET)"),
-], ids=["empty", "corrupt", "truncated", "oversized", "riegeli", "over-budget"])
+], ids=["empty", "corrupt", "truncated", "oversized", "session-oversized", "riegeli",
+        "over-budget"])
 def test_a_bad_profile_fails_its_session_with_a_reason_and_no_retries(
         make_runtime: MakeRuntime, xplane_bytes: bytes, host: str, make: Any,
         settings: dict[str, Any], reason: str) -> None:
@@ -563,6 +580,31 @@ def test_a_new_version_forgets_the_old_report_path(
     rt.storage.write_bytes(object_name("h0"), b"\x00" * 5000)  # rewritten, now corrupt
     s = wait_state(rt, FAILED, version=2)
     assert s.report_path == "" and "not a readable XSpace" in s.reason
+
+
+def test_a_profile_whose_finalize_event_was_lost_is_found_by_the_rescan(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    clock = SkewedClock()
+    rt = make_runtime(clock=clock, rescan_interval_s=3600, rescan_window_s=86400)
+    emit, rt.storage.on_finalize = rt.storage.on_finalize, None  # these events are lost
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    rt.storage.write_bytes(object_name("old", session="s0"), xplane_bytes)
+    old = rt.services.settings.bucket_dir / object_name("old", session="s0")
+    os.utime(old, (clock() - 2 * 86400, clock() - 2 * 86400))  # outside the window
+    rt.storage.write_bytes(f"{RUN}/plugins/profile/{SESSION}/notes.txt", b"not a profile")
+    rt.storage.on_finalize = emit
+    assert rt.state.list_sessions() == []
+    assert sweep(rt.services)["rescanned"] == 0, "too young: its event may be on its way"
+    clock.advance(3600)
+
+    assert sweep(rt.services)["rescanned"] == 1
+    s = session_of(rt)
+    assert s.state == CAPTURING and list(s.hosts) == ["h0"]  # settles like any drop
+    assert sweep(rt.services)["rescanned"] == 0, "one rescan per interval"
+    clock.advance(3600)
+    assert sweep(rt.services)["rescanned"] == 0, "registered objects are not handed again"
+    rt.start()
+    wait_state(rt, REPORTED)
 
 
 def test_a_stage_that_never_finishes_is_failed_after_max_attempts(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from mldiag import limits
 from mldiag.sdk.continuous import (
     CollectTimeout,
     ContinuousError,
@@ -53,7 +54,10 @@ def test_ring_records_back_to_back_windows_while_a_loop_runs(ring: RingBuffer) -
         assert 0 <= b.start - a.end < 1.0
 
 
-def test_byte_cap_evicts_the_oldest_and_keeps_the_newest(ring: RingBuffer, tmp_path: Path) -> None:
+def test_byte_cap_evicts_the_oldest_and_keeps_the_newest(
+        ring: RingBuffer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cap below one window keeps exactly the newest (the shared limit is 1 MiB and up).
+    monkeypatch.setattr(limits, "MIN_RING_BYTES", 1)
     with jit_loop():
         ring.start(window_s=WINDOW_S, max_bytes=1)
         _wait_windows(ring, 3)
@@ -72,7 +76,7 @@ def test_snapshot_merges_the_newest_windows_with_the_loops_steps(ring: RingBuffe
         ring.start(window_s=WINDOW_S)
         _wait_windows(ring, 4)
         newest = ring.windows()[-3:]
-        capture = ring.snapshot_capture(duration_s=time.time() - newest[0].start + 0.01)
+        capture = ring.snapshot_capture(duration_s=newest[-1].end - newest[0].start)
         steps_so_far = progress["steps"]
 
     assert capture.windows >= 3
@@ -84,6 +88,21 @@ def test_snapshot_merges_the_newest_windows_with_the_loops_steps(ring: RingBuffe
     ops = {md.name for p in parse_xspace(capture.data).planes
            for md in p.event_metadata.values()}
     assert any("fusion" in name or "dot" in name for name in ops), sorted(ops)[:50]
+
+
+def test_snapshot_spans_the_requested_duration_and_less_than_one_window_more(
+        ring: RingBuffer) -> None:
+    with jit_loop():
+        ring.start(window_s=WINDOW_S)
+        _wait_windows(ring, 6)
+        captures = {n: ring.snapshot_capture(duration_s=n * WINDOW_S) for n in (2, 3)}
+        longer = ring.snapshot_capture(duration_s=2.5 * WINDOW_S)
+
+    for n, capture in captures.items():
+        assert capture.windows == n
+        # Back-to-back windows: the span is n windows and the small gaps between them.
+        assert n * WINDOW_S <= capture.end - capture.start < (n + 1) * WINDOW_S
+    assert longer.windows == 3 and longer.end - longer.start >= 2.5 * WINDOW_S
 
 
 def test_snapshot_is_at_least_the_newest_window(ring: RingBuffer) -> None:

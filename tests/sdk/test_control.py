@@ -143,12 +143,12 @@ def test_snapshot_before_the_first_window_is_a_conflict(client: TargetClient) ->
 @pytest.mark.parametrize("path, body, message", [
     ("/snapshot", b"{not json", "body is not JSON"),
     ("/snapshot", b"[1, 2]", "body must be a JSON object"),
-    ("/snapshot", b'{"duration_s": -1}', "duration_s must be"),
-    ("/snapshot", b'{"duration_s": "5"}', "duration_s must be"),
-    ("/capture", b"{}", "duration_s must be"),
-    ("/capture", b'{"duration_s": 1e9}', "duration_s must be"),
+    ("/snapshot", b'{"duration_s": -1}', "capture duration must be"),
+    ("/snapshot", b'{"duration_s": "5"}', "capture duration must be"),
+    ("/capture", b"{}", "capture duration must be"),
+    ("/capture", b'{"duration_s": 1e9}', "capture duration must be"),
     ("/continuous/start", b'{"window": 2}', "unknown option(s) ['window']"),
-    ("/continuous/start", b'{"window_s": -2}', "window_s must be"),
+    ("/continuous/start", b'{"window_s": -2}', "continuous window must be"),
     ("/continuous/start", b'{"host_tracer_level": 9}', "host_tracer_level must be"),
 ])
 def test_bad_requests_say_what_is_wrong(server: tuple[ControlServer, list[str]], path: str,
@@ -225,3 +225,55 @@ def test_an_empty_capture_is_a_target_error() -> None:
 def test_a_server_needs_a_token() -> None:
     with pytest.raises(ValueError, match="non-empty token"):
         ControlServer(RingBuffer(), "")
+
+
+def test_half_open_connections_are_capped_and_time_out(
+        server: tuple[ControlServer, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """100 clients that connect and send nothing hold at most MAX_CONNECTIONS threads, and
+    their slots come back after the header timeout, so a real request is served again."""
+    import mldiag.sdk.control as control_module
+
+    control, _ = server
+    before = threading.active_count()
+    idle = [socket.create_connection(("127.0.0.1", control.port)) for _ in range(100)]
+    try:
+        time.sleep(0.5)
+        grown = threading.active_count() - before
+        assert grown <= control_module.MAX_CONNECTIONS
+        # (The kernel's accept queue holds some; those past the cap are closed on accept.)
+        assert control._server is not None and control._server.refused >= 50
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.time() + control_module.HEADER_TIMEOUT_S + 5
+    while time.time() < deadline:
+        status, body = _raw(control.port, "GET", "/health")
+        if status == 200:
+            break
+        time.sleep(0.2)
+    assert status == 200 and body["continuous"] == "OFF"
+
+
+def test_unauthenticated_client_is_cut_off_after_the_header_timeout(
+        server: tuple[ControlServer, list[str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    import mldiag.sdk.control as control_module
+
+    monkeypatch.setattr(control_module._Handler, "timeout", 0.5)
+    control, _ = server
+    with socket.create_connection(("127.0.0.1", control.port)) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\n")  # and never the rest of the headers
+        s.settimeout(5)
+        started = time.time()
+        assert s.recv(1024) == b""  # closed by the server
+        assert time.time() - started < 3
+
+
+def test_limits_are_the_shared_ones(server: tuple[ControlServer, list[str]]) -> None:
+    control, _ = server
+    status, body = _raw(control.port, "POST", "/capture", json.dumps(
+        {"duration_s": 301}).encode())
+    assert status == 400 and body["error"] == "capture duration must be in (0, 300] s, not 301 s"
+    status, body = _raw(control.port, "POST", "/continuous/start", json.dumps(
+        {"window_s": 0.3, "max_bytes": 10**18}).encode())
+    assert status == 400 and "continuous max_bytes must be in [1.0 MiB, 64.00 GiB]" in body[
+        "error"]

@@ -31,6 +31,8 @@ FOLLOW_UP_TOOLS = (
     "llo_query",
 )
 LLO_DATA_ABSENT = "LLO_DATA_ABSENT"
+# What a TPU capture needs for LLO detail (xprof's collect_profile reference).
+LLO_RECAPTURE = 'LIBTPU_INIT_ARGS="--xla_xprof_register_llo_debug_info=true"'
 
 
 class FollowUpRefused(Exception):
@@ -182,9 +184,13 @@ class FollowUpRunner:
                     planes.append(plane.name)
                     if any(line.name in _LLO_LINE_NAMES for line in plane.lines):
                         return
+        tpu = any(p.startswith("/device:TPU") for p in planes)
+        how = (f"; re-capture with {LLO_RECAPTURE} exported before JAX is imported (add "
+               "--xla_xprof_enable_custom_call_tracing=true for per-bundle runtime detail of "
+               "Pallas/Mosaic kernels, 6-12x the trace size)") if tpu else (
+            "; LLO data exists only in TPU captures")
         raise NoData(f"{LLO_DATA_ABSENT}: no LLO instruction lines in the trace "
-                     f"(planes: {', '.join(planes[:6])}); LLO data exists only in TPU "
-                     "captures with LLO tracing")
+                     f"(planes: {', '.join(planes[:6])}){how}")
 
     def load_events_store(self) -> dict[str, Any]:
         """Load every trace event into xprof's DuckDB events store (a Parquet file)."""

@@ -707,6 +707,12 @@ def _render_roofline(snapshot: Mapping[str, Any], device_type: str) -> str:
         point = _op_point(op)
         if point is not None:
             plotted.append((rank, _str(op.get("name")), point[0], point[1]))
+        # Headroom: the self time it would save at its roofline (time x (1 - efficiency)).
+        eff_value = _measured(op.get("roofline_efficiency_percent"))
+        self_ms = _measured(op.get("total_self_time_ms"))
+        headroom = (_fmt_ms(self_ms * max(0.0, 1.0 - eff_value / 100.0))
+                    if point and eff_value is not None and self_ms is not None
+                    else _na("zero FLOPs: its cost is the bytes it moves"))
         table_rows.append(
             (
                 _e(rank),
@@ -719,6 +725,7 @@ def _render_roofline(snapshot: Mapping[str, Any], device_type: str) -> str:
                 _fmt_pct(op.get("roofline_efficiency_percent"))
                 if point
                 else _na("not plottable: zero FLOPs or implausible efficiency"),
+                headroom,
                 _e(op.get("bound_by")),
             )
         )
@@ -772,6 +779,7 @@ def _render_roofline(snapshot: Mapping[str, Any], device_type: str) -> str:
             ("Bottleneck OI (FLOP/B)", "num"),
             ("Achieved GFLOP/s", "num"),
             ("Roofline eff.", "num"),
+            ("Headroom at roofline", "num"),
             ("Bound by", ""),
         ],
         table_rows,

@@ -468,8 +468,18 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     scope = "each step" if h.impact.get("unit") == "% of step" else "the profiled device time"
     what = (f"No device op runs for {h.impact.get('value')}% of {scope}: the device waits on "
             "the host (input pipeline, Python dispatch, synchronisation) or on other workers.")
-    names = " ".join(str(k.get("kernel_name", "")) for k in (
-        kernels.get("kernels", []) if isinstance(kernels, Mapping) else []))
+    rows = [k for k in (kernels.get("kernels", []) if isinstance(kernels, Mapping) else [])
+            if isinstance(k, Mapping)]
+    names = " ".join(str(k.get("kernel_name", "")) for k in rows)
+    total_us = ev.number(kernels.get("total_kernel_time_us")) if isinstance(
+        kernels, Mapping) else None
+    if rows and total_us:
+        # Name what the device does run: the top kernels, by their short names.
+        named = [f"`{_kernel_short_name(str(k.get('kernel_name', '')))}` "
+                 f"({100.0 * (ev.number(k.get('total_duration_us')) or 0.0) / total_us:.1f}% "
+                 f"of kernel time, {int(ev.number(k.get('occurrences')) or 0)} launches)"
+                 for k in rows[:2]]
+        what += " When it runs, its top kernels are " + " and ".join(named) + "."
     if "tensorflow::" in names:
         # Kernel names give the framework away; JAX advice would not apply to this trace.
         what += " The kernels are TensorFlow's (tensorflow:: kernels), so this is a TF program."
@@ -485,12 +495,50 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     return _finding(h, what, fix, extra)
 
 
+def _kernel_short_name(name: str) -> str:
+    """`void ns::Kernel<T...>(args)` → `ns::Kernel`: a GPU kernel's name without its
+    return type, template arguments and parameters."""
+    name = name.removeprefix("void ").strip()
+    for stop in ("<", "("):
+        name = name.split(stop, 1)[0]
+    return name or "unnamed kernel"
+
+
 def _communication(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
-    what = f"Collectives ({', '.join(h.details.get('categories', []))}) take a large share of time."
-    fix = ("Overlap collectives with compute (enable XLA's async collectives / latency-hiding "
-           "scheduler), reduce bytes exchanged (bf16 gradients, `reduce_scatter` + sharded "
-           "optimizer state instead of full all-reduce), and check the mesh maps the collective "
-           "axis onto the fastest interconnect.")
+    kinds = [str(k) for k in h.details.get("categories", [])]
+    if h.details.get("source") == "timeline":
+        op = h.details.get("top_op")
+        ms = h.details.get("ms_per_step")
+        n = h.details.get("executors")
+        what = (f"Each device spends {ms:.1f} ms of every step in collectives, mostly "
+                f"`{op}`" + (f" (on all {n} devices)" if n else "") + "; the compute between "
+                "them is short, so the exchange sets the step time.") if ms is not None else (
+            f"Collectives ({', '.join(kinds)}) take a large share of each step.")
+    else:
+        what = f"Collectives ({', '.join(kinds)}) take a large share of time."
+    fixes = {
+        "all-gather": (
+            "Do not gather what each device only partly uses: compute on the local shard "
+            "inside `shard_map` and exchange only the (smaller) result: a reduction of a "
+            "gathered array, `jnp.sum(jax.lax.all_gather(x, axis), 0)`, is "
+            "`jax.lax.psum(jnp.sum(x, 0), axis)`; if every device needs the whole array, "
+            "shard its consumer too (`NamedSharding(mesh, P(axis))` on the output) so XLA "
+            "can overlap the gather with compute."),
+        "all-reduce": (
+            "Reduce fewer bytes, less often: `jax.lax.psum_scatter` (reduce-scatter) with "
+            "sharded optimizer state instead of a full all-reduce, bf16 gradients, and "
+            "gradient accumulation over micro-batches before one reduction; enable XLA's "
+            "async collectives so the reduction overlaps the backward pass."),
+        "reduce-scatter": (
+            "Overlap the reduce-scatter with compute (XLA's latency-hiding scheduler) and "
+            "reduce its bytes (bf16); check that the scattered axis maps onto the fastest "
+            "interconnect of the mesh."),
+    }
+    fix = next((fixes[k] for k in kinds if k in fixes), (
+        "Overlap collectives with compute (enable XLA's async collectives / latency-hiding "
+        "scheduler), reduce bytes exchanged (bf16 gradients, `reduce_scatter` + sharded "
+        "optimizer state instead of full all-reduce), and check the mesh maps the collective "
+        "axis onto the fastest interconnect."))
     return _finding(h, what, fix)
 
 

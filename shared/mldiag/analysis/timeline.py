@@ -7,6 +7,7 @@ for each annotated step, how much of the wall time had device (or XLA:CPU) work 
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,9 @@ class HostTimeline:
     # Keyed by (program_id, HLO op name); program_id is "" when the event does not carry one.
     op_time_ns: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     op_count: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
+    # How many execution lines (a device's XLA Ops line, or an XLA:CPU executor thread) ran
+    # the op: its time summed over them, divided by this, is one executor's.
+    op_lines: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     active_span_ns: float = 0.0
     busy_in_span_ns: float = 0.0
     events_scanned: int = 0
@@ -58,7 +62,7 @@ class HostTimeline:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
         return {"host": self.host, "source": self.source, "steps": self.steps.tolist(),
                 "busy_per_step_ns": self.busy_per_step_ns.tolist(),
-                "ops": [[p, n, t, self.op_count[(p, n)]]
+                "ops": [[p, n, t, self.op_count[(p, n)], self.op_lines[(p, n)]]
                         for (p, n), t in sorted(self.op_time_ns.items())],
                 "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
                 "events_scanned": self.events_scanned,
@@ -73,9 +77,10 @@ class HostTimeline:
                 busy_in_span_ns=float(d["busy_in_span_ns"]),
                 events_scanned=int(d.get("events_scanned", 0)),
                 devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])])
-        for program, name, t, count in d["ops"]:
+        for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
+            h.op_lines[(program, name)] = int(lines[0]) if lines else 1
         return h
 
 
@@ -228,6 +233,7 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
             key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
             result.op_time_ns[key] += t
             result.op_count[key] += c
+            result.op_lines[key] += 1
     if source == "device":
         result.devices = _per_device(scan, lines)
     if starts:
@@ -275,6 +281,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     all_busy_ms: list[float] = []
     op_time: dict[tuple[str, str], float] = defaultdict(float)
     op_count: dict[tuple[str, str], int] = defaultdict(int)
+    op_lines: dict[tuple[str, str], int] = defaultdict(int)
     for h in hosts:
         steps_ms = ((h.steps[:, 1] - h.steps[:, 0]) / 1e6).tolist()
         busy_ms = (h.busy_per_step_ns / 1e6).tolist()
@@ -283,6 +290,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         for k, v in h.op_time_ns.items():
             op_time[k] += v
             op_count[k] += h.op_count[k]
+            op_lines[k] += h.op_lines.get(k, 1)
         host_step = sum(steps_ms) / len(steps_ms) if steps_ms else None
         host_busy = sum(busy_ms) / len(busy_ms) if busy_ms else None
         host_wait = (100.0 * (host_step - host_busy) / host_step
@@ -327,6 +335,15 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     # Per-step op time, so the detectors can state a share of step time without an op profile.
     denom = n_steps if n_steps else 1
     top_ops = sorted(op_time.items(), key=lambda kv: (-kv[1], kv[0]))[:top_n]
+    # One host's steps: what one executor's time is a share of (hosts run their steps side
+    # by side, and each executor belongs to one host).
+    stepped_hosts = sum(1 for h in hosts if len(h.steps)) or 1
+    host_step_ns = total_step * 1e6 / stepped_hosts
+
+    def per_executor(key: tuple[str, str]) -> float | None:
+        if not host_step_ns:
+            return None
+        return _round(100.0 * op_time[key] / max(op_lines[key], 1) / host_step_ns, 2)
     return {
         "method": (
             "mldiag: per annotated step, wall time vs the union of execution events on "
@@ -351,11 +368,53 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
                 "program_id": program,
                 "ms_per_step": _round(t / 1e6 / denom, 4),
                 "count": op_count[(program, name)],
+                # Summed over every device or executor thread that ran it (8 devices each
+                # busy 80% of the step give 640): percent_of_step_per_executor is one's.
                 "percent_of_step": _round(100.0 * t / 1e6 / total_step, 2) if total_step else None,
+                "executors": op_lines[(program, name)],
+                "percent_of_step_per_executor": per_executor((program, name)),
             }
             for (program, name), t in top_ops
         ],
         "op_time_ms_by_program": _by_program(op_time, denom),
+        "collectives": _collectives(op_time, op_lines, op_count, denom / stepped_hosts,
+                                    host_step_ns),
+    }
+
+
+_COLLECTIVE = re.compile(
+    r"^(all[-_]gather|all[-_]reduce|reduce[-_]scatter|all[-_]to[-_]all|collective[-_]permute"
+    r"|collective[-_]broadcast|ragged[-_]all[-_]to[-_]all)([-_](start|done))?(\.\d+)?$")
+
+
+def is_collective(op: str) -> bool:
+    """Whether an HLO op name is a collective (`all-gather.3`, `all_gather.3` on XLA:CPU,
+    `all-reduce-start.1`)."""
+    return bool(_COLLECTIVE.match(op))
+
+
+def _collectives(op_time: dict[tuple[str, str], float], op_lines: dict[tuple[str, str], int],
+                 op_count: dict[tuple[str, str], int], host_steps: float,
+                 host_step_ns: float) -> dict[str, Any] | None:
+    """The collectives' time on the timeline, per executor: what each device spends in them
+    per step, and that as a share of the step (None without steps or collectives)."""
+    keys = [k for k in op_time if is_collective(k[1])]
+    if not keys or not host_step_ns:
+        return None
+    per_exec = {k: op_time[k] / max(op_lines[k], 1) for k in keys}
+    ops = sorted(keys, key=lambda k: (-per_exec[k], k))
+    total = sum(per_exec.values())
+    return {
+        "method": "mldiag: collective ops on the timeline (device XLA Ops lines or XLA:CPU "
+                  "executor threads), each op's time divided by the executors that ran it",
+        "ms_per_step_per_executor": _round(total / 1e6 / max(host_steps, 1.0), 4),
+        "percent_of_step": _round(100.0 * total / host_step_ns, 2),
+        "ops": [{"op": k[1], "program_id": k[0], "executors": op_lines[k],
+                 "count": op_count[k],
+                 "ms_per_step_per_executor": _round(per_exec[k] / 1e6 / max(host_steps, 1.0),
+                                                    4),
+                 "percent_of_step": _round(100.0 * per_exec[k] / host_step_ns, 2)}
+                for k in ops[:10]],
     }
 
 

@@ -424,6 +424,8 @@ def _op_categories(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     ):
         rows = _category_fraction(snapshot, names)
         if not rows:
+            if category == "communication":
+                out.extend(_timeline_collectives(snapshot))
             continue
         total = 100.0 * sum(float(r.get("fraction_of_total_time") or 0.0) for r in rows)
         if total < OP_CATEGORY_P1_PERCENT:
@@ -450,6 +452,53 @@ def _op_categories(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
                      "categories": [r["category"] for r in rows]},
         ))
     return out
+
+
+def timeline_collective_percent(snapshot: Mapping[str, Any]) -> float | None:
+    """One device's (or XLA:CPU executor's) share of the step in collectives, from our
+    timeline pass: the communication figure where the op profile has no collective rows."""
+    return ev.percent(ev.get(snapshot, "get_step_trace",
+                             "host_bound_analysis.collectives.percent_of_step"))
+
+
+def _timeline_collectives(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    share = timeline_collective_percent(snapshot)
+    if share is None or share < OP_CATEGORY_P1_PERCENT:
+        return []
+    block = ev.get(snapshot, "get_step_trace", "host_bound_analysis.collectives", {}) or {}
+    top = (block.get("ops") or [{}])[0]
+    base = "host_bound_analysis.collectives"
+    proof = [
+        ev.cite(snapshot, "get_step_trace", f"{base}.percent_of_step"),
+        ev.cite(snapshot, "get_step_trace", f"{base}.ms_per_step_per_executor"),
+        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].op"),
+        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].executors"),
+        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].percent_of_step"),
+        ev.cite(snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed"),
+    ]
+    op = str(top.get("op") or "collectives")
+    executors = top.get("executors")
+    return [Hypothesis(
+        category="communication",
+        priority=_priority(share, OP_CATEGORY_P0_PERCENT, OP_CATEGORY_P1_PERCENT),
+        title=(f"Collective communication ({op}) takes {share:.1f}% of each step per device"
+               + (f" ({executors} devices)" if executors else "")),
+        evidence=proof,
+        impact=_impact(share, "% of step",
+                       f"each device spends {share:.1f}% of its step in collectives "
+                       f"({ev.number(block.get('ms_per_step_per_executor')) or 0:.1f} ms "
+                       "per step; timeline, normalised per device)"),
+        details={"op_category": "collective", "top_op": op, "source": "timeline",
+                 "categories": sorted({_collective_kind(str(o.get("op") or ""))
+                                       for o in block.get("ops") or []}),
+                 "executors": executors,
+                 "ms_per_step": ev.number(block.get("ms_per_step_per_executor"))},
+    )]
+
+
+def _collective_kind(op: str) -> str:
+    """`all_gather.3` → `all-gather`: the collective without its instance number."""
+    return re.sub(r"([-_](start|done))?(\.\d+)?$", "", op).replace("_", "-")
 
 
 ROOFLINE_IDLE_LIMIT_PERCENT = 50.0
@@ -706,6 +755,11 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             util = 100.0 - wait
+            collectives = timeline_collective_percent(snapshot)
+            if collectives:
+                # Waiting in a collective is not computing, as on devices (below).
+                util = round(max(0.0, util - collectives), 2)
+                util_source = ("XLA:CPU busy share of step outside collectives (timeline)")
     else:
         # A busy device is not a computing one: time in copies, collectives and IDLE does not
         # count (a duty cycle of 86% is mostly copy-done on the TPU fixture).
@@ -733,12 +787,17 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
 
     overhead: float | None = None
     idle = metrics.get("device_idle_percent")
-    comm = 100.0 * sum(float(r.get("fraction_of_total_time") or 0.0)
-                       for r in _category_fraction(snapshot, _COLLECTIVE_CATEGORIES))
+    comm_rows = _category_fraction(snapshot, _COLLECTIVE_CATEGORIES)
+    comm = 100.0 * sum(float(r.get("fraction_of_total_time") or 0.0) for r in comm_rows)
+    comm_source = "collective % of device time"
+    if not comm_rows and timeline_collective_percent(snapshot) is not None:
+        # No op profile rows (XLA:CPU): the timeline's per-device share of the step.
+        comm = float(timeline_collective_percent(snapshot) or 0.0)
+        comm_source = "collective % of each device's step (timeline)"
     if idle is not None:
         overhead = float(idle) + comm
     checks.append(_check("idle + communication overhead is low", overhead,
-                         "device idle % + collective % of device time",
+                         f"device idle % + {comm_source}",
                          None if overhead is None else overhead <= LOW_OVERHEAD_PERCENT,
                          f"<= {LOW_OVERHEAD_PERCENT:g}%"))
 

@@ -7,7 +7,11 @@ Three shapes arrive:
   (`projects/P/locations/L/machineLearningRuns/RUN/monitoredEvents/ID`) or in `labels`;
 - a Cloud Monitoring incident notification (`{"incident": {...}, "version": "1.2"}`), the run
   in a metric, resource or policy user label named `run` / `machine_learning_run`;
-- mldiag's own `DegradationDetected` (the SDK's step-time monitor), with `kind`.
+- mldiag's own `DegradationDetected` (the SDK's step-time monitor), with `kind`, or without it
+  when another tool publishes one (`alert_id` and `run`).
+
+The Cloud Function and the local bus's `degradation-alerts` topic both parse with
+`parse_alert`, so every shape is accepted on every path.
 
 Anything else is a PoisonMessage with the reason. Alerts that say nothing is wrong (no analyzer
 DETECTED, a closed incident) parse to None: they are acknowledged and ignored.
@@ -127,8 +131,9 @@ def parse_alert(payload: bytes | str | Mapping[str, Any],
     """Normalise any alert payload; None for an alert that asks for nothing."""
     data = _object(payload)
     attributes = attributes or {}
-    if "kind" in data:
-        message = parse(data)
+    if "kind" in data or "alert_id" in data:
+        # Ours; a tool publishing it on the alerts topic may leave out `kind`.
+        message = parse(data, "degradation-alerts")
         if not isinstance(message, DegradationDetected):
             raise PoisonMessage(f"{message.kind} is not an alert")
         return message
@@ -138,4 +143,4 @@ def parse_alert(payload: bytes | str | Mapping[str, Any],
         return _monitored_event(data, attributes)
     raise PoisonMessage("unrecognised alert: expected a workload-monitoring event "
                         "(type, analyzerReports), a Cloud Monitoring incident (incident), or a "
-                        "DegradationDetected message (kind)")
+                        "DegradationDetected message (kind, or alert_id and run)")

@@ -4,10 +4,14 @@ Both talk gRPC to the profiler server that `jax.profiler.start_server(port)` (th
 `on_demand_xprof=True`) runs inside the workload. The native continuous-profiling API works
 on TPU only: on CPU it answers OK and records nothing, so the capture stage uses it only for
 TPU targets and the SDK's ring buffer everywhere else.
+
+A busy profiler (another session holds it) and a dead one raise the same error in xprof's
+client; a server that still accepts connections is the busy one (`ProfilerBusy`).
 """
 
 from __future__ import annotations
 
+import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +25,25 @@ class CaptureFailed(MldiagError):
 
 class ProfilerUnreachable(CaptureFailed):
     """The target's profiler server did not answer."""
+
+
+class ProfilerBusy(CaptureFailed):
+    """The profiler server is up but already profiling (its ALREADY_EXISTS answer)."""
+
+
+# What xprof's client raises both when nobody listens and when the server refused the session
+# with ALREADY_EXISTS ("Another profiling session active", in the workload's log only).
+_NO_TRACE = "No trace event was collected"
+
+
+def accepts_connections(service_addr: str) -> bool:
+    """Whether `host:port` accepts a TCP connection within a second."""
+    host, _, port = service_addr.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _plugin() -> Any:
@@ -43,6 +66,11 @@ def _read_single_xplane(logdir: Path, what: str) -> bytes:
 
 def _classify(service_addr: str, e: RuntimeError) -> CaptureFailed:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    if "ALREADY_EXISTS" in text or (_NO_TRACE in text and accepts_connections(service_addr)):
+        # A server that is up and answers no trace has refused the session: another one (a
+        # programmatic xprof(), jax.profiler.trace, another tool) holds the profiler.
+        return ProfilerBusy(f"another profiling session is active on {service_addr} (its "
+                            "profiler server is up and refused the trace: ALREADY_EXISTS)")
     if "UNAVAILABLE" in text or "failed to connect" in text or "DEADLINE_EXCEEDED" in text:
         return ProfilerUnreachable(f"profiler server {service_addr} unreachable: {text}")
     return CaptureFailed(f"remote trace of {service_addr} failed: {text}")

@@ -8,16 +8,16 @@ MldiagError with one line when nothing can be captured.
 from __future__ import annotations
 
 import socket
-import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from mldiag import limits
 from mldiag.bootstrap import ControlPlane
+from mldiag.capture.targets import liveness
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import RunRecord, TargetRecord, check_name
-from mldiag.stages import MAX_CAPTURE_S
 
 
 def get_run(plane: ControlPlane, name: str) -> RunRecord:
@@ -52,11 +52,9 @@ def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[
 
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
     """'' when the target looks alive, else a one-line reason."""
-    age = time.time() - t.last_heartbeat
-    if not t.last_heartbeat:
-        return f"target down: {t.host} ({t.address}:{t.port}) stopped (no heartbeat)"
-    if age > plane.settings.target_stale_s:
-        return f"target down: {t.host} ({t.address}:{t.port}) last heartbeat {age:.0f} s ago"
+    why = liveness(t, plane.settings)
+    if why:
+        return f"target down: {t.host} ({t.address}:{t.port}) {why}"
     why = reachable(t.address, port or t.port)
     if why:
         return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"
@@ -77,14 +75,14 @@ def capture_request(plane: ControlPlane, run: str, session: str, *, kind: str = 
     kind = kind.replace("-", "_")
     if kind not in ("on_demand", "snapshot"):
         raise MldiagError(f"capture kind must be on-demand or snapshot, not {kind!r}")
-    if not 0 < duration_s <= MAX_CAPTURE_S:
-        raise MldiagError(f"duration must be in (0, {MAX_CAPTURE_S:g}] s, not {duration_s:g} s")
+    limits.check_capture_duration(duration_s)
     for name, level, top in (("host", host_tracer_level, 3), ("device", device_tracer_level, 2),
                              ("python", python_tracer_level, 1)):
         if not 0 <= level <= top:
             raise MldiagError(f"{name} tracer level must be 0-{top}, not {level}")
     run_record = get_run(plane, run)
     targets = select_targets(plane, run_record.name, hosts)
+    limits.check_hosts(len({t.host for t in targets}))
     down = []
     for t in targets:
         if kind == "snapshot" and t.continuous == "OFF":
@@ -114,6 +112,11 @@ def continuous_request(plane: ControlPlane, run: str, action: str, *,
     `last_request` will carry its request id once each has answered."""
     if action not in ("start", "stop"):
         raise MldiagError(f"continuous action must be start or stop, not {action!r}")
+    if action == "start" and options:
+        if options.get("window_s") is not None:
+            limits.check_window(options["window_s"])
+        if options.get("max_bytes") is not None:
+            limits.check_ring_bytes(options["max_bytes"])
     run_record = get_run(plane, run)
     targets = select_targets(plane, run_record.name, hosts)
     down = [r for r in (target_down(plane, t, port=t.control_port or t.port)

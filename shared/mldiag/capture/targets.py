@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -21,6 +22,40 @@ from mldiag.model import TargetRecord
 
 if TYPE_CHECKING:
     from mldiag.capture.client import TargetClient
+    from mldiag.settings import Settings
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def heartbeat_deadline(target: TargetRecord, stale_s: float) -> float:
+    """How old a heartbeat may be before the target counts as down: one and a half of its own
+    heartbeat intervals (plus a second) when it registered one, else `stale_s`."""
+    if target.heartbeat_s > 0:
+        return min(stale_s, 1.5 * target.heartbeat_s + 1.0)
+    return stale_s
+
+
+def liveness(target: TargetRecord, settings: Settings, now: float | None = None) -> str:
+    """'' while the target looks alive, else why not: stopped, a late heartbeat, or (a
+    target on this machine under the embedded runtime) its process is gone, which a `kill -9`
+    shows at once, before any heartbeat is missed."""
+    now = time.time() if now is None else now
+    if not target.last_heartbeat:
+        return "stopped (no heartbeat)"
+    age = now - target.last_heartbeat
+    if age > heartbeat_deadline(target, settings.target_stale_s):
+        return f"last heartbeat {age:.0f} s ago"
+    if settings.backend == "local" and target.pid > 0 and target.address in LOOPBACK:
+        try:
+            os.kill(target.pid, 0)
+        except ProcessLookupError:
+            # No such process here; its profiler port tells a dead one from one in another
+            # pid namespace (a container sharing this network).
+            if not remote.accepts_connections(target.service_addr):
+                return f"its process {target.pid} is gone"
+        except PermissionError:
+            pass  # alive, another user's
+    return ""
 
 
 def _client(target: TargetRecord, timeout_s: float, egress: EgressPolicy | None,

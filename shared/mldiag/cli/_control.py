@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import re
 
@@ -33,9 +34,16 @@ def size(text: str) -> int:
     return int(float(match.group(1)) * scale)
 
 
-def connect(home: str | None, *, need_runtime: bool) -> ControlPlane:
+def settings_of(args: argparse.Namespace) -> Settings:
+    """Settings from the environment and the command's `--home`, `--project`, `--location`."""
+    return Settings.from_env(home=getattr(args, "home", None),
+                             project=getattr(args, "project", None),
+                             location=getattr(args, "location", None))
+
+
+def connect(home: str | None | Settings, *, need_runtime: bool) -> ControlPlane:
     """The control plane; locally, optionally check that `mldiag up` runs on the home."""
-    settings = Settings.from_env(home=home)
+    settings = home if isinstance(home, Settings) else Settings.from_env(home=home)
     if settings.backend == "local":
         if not settings.state_db.is_file():
             raise MldiagError(f"no mldiag state in {settings.home} (start `mldiag up` there, or "
@@ -69,4 +77,4 @@ from mldiag.capture.requests import (  # noqa: E402
 )
 
 __all__ = ["connect", "duration", "get_run", "reachable", "runtime_running", "select_targets",
-           "size", "target_down"]
+           "settings_of", "size", "target_down"]

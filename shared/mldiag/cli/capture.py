@@ -1,4 +1,5 @@
-"""`mldiag capture NAME --run R`: capture a profile session now, on-demand or as a snapshot."""
+"""`mldiag capture NAME --run R` (gcloud: `profiler-session capture NAME
+--machine-learning-run R`): capture a profile session now, on-demand or as a snapshot."""
 
 from __future__ import annotations
 
@@ -9,33 +10,48 @@ import time
 from typing import Any
 
 from mldiag.capture.requests import capture_request
-from mldiag.cli import _control
+from mldiag.cli import _control, _gcloud
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
 from mldiag.model import FAILED, REPORTED
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("capture", help="capture a profile session of a run's targets now",
-                       description="Publish a capture request (on-demand remote trace, or a "
-                       "snapshot of the continuous-profiling ring) and follow the session "
-                       "until its report.")
-    p.add_argument("name", help="session name")
-    p.add_argument("--run", required=True)
+    p = sub.add_parser("capture", help="capture a profile session of a run's targets now "
+                       "(also: profiler-session capture)", description=DESCRIPTION)
+    add_arguments(p)
+
+
+DESCRIPTION = ("Publish a capture request (on-demand remote trace, or a snapshot of the "
+               "continuous-profiling ring) and follow the session until its report.")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `capture` and `profiler-session capture` (gcloud's names and values)."""
+    p.add_argument("name", help="session name, or its full resource name (which names the "
+                   "run too)")
+    _gcloud.add_run(p, required=False)
     p.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
-    p.add_argument("--kind", choices=("on-demand", "snapshot"), default="on-demand")
+    p.add_argument("--kind", choices=("on-demand", "on_demand", "snapshot"),
+                   default="on-demand")
     p.add_argument("--duration", default="2s", type=_control.duration,
-                   help="trace length, or how far back a snapshot reaches (default 2s)")
-    p.add_argument("--host-tracer-level", type=int, default=2, choices=range(0, 4))
-    p.add_argument("--device-tracer-level", type=int, default=1, choices=range(0, 3))
-    p.add_argument("--python-tracer-level", type=int, default=0, choices=range(0, 2))
-    p.add_argument("--no-wait", action="store_true", help="return once the request is queued")
+                   help="trace length, or how far back a snapshot reaches (2s, 5000ms; "
+                   "default 2s)")
+    _gcloud.add_tracer_levels(p)
+    _gcloud.add_async(p)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report")
+    _gcloud.add_format(p)
+    _gcloud.add_scope(p)
     p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
 
 
 def run(args: argparse.Namespace) -> int:
-    plane = _control.connect(args.home, need_runtime=True)
+    if not args.run:
+        raise MldiagError("which run? pass --machine-learning-run RUN (or --run), or the "
+                          "session's full resource name")
+    plane = _control.connect(_control.settings_of(args), need_runtime=True)
+    # With --format, stdout carries the session record alone; progress goes to stderr.
+    out = sys.stderr if args.format else sys.stdout
     message, down = capture_request(
         plane, args.run, args.name, kind=args.kind,
         hosts=[h for h in args.targets.split(",") if h], duration_s=args.duration,
@@ -46,9 +62,11 @@ def run(args: argparse.Namespace) -> int:
     plane.bus.publish(message)
     run_record = _control.get_run(plane, message.run)
     targets = message.targets
-    print(f"capture {run_record.name}/{args.name}: {args.kind} of {len(targets)} target(s), "
-          f"{args.duration:g} s", flush=True)
+    print(f"capture {run_record.name}/{args.name}: {message.capture.replace('_', '-')} of "
+          f"{len(targets)} target(s), {args.duration:g} s", file=out, flush=True)
     if args.no_wait:
+        if args.format:
+            _gcloud.emit(json.loads(message.to_json()), args.format)
         return 0
     deadline = time.monotonic() + args.duration + args.timeout
     last = ""
@@ -65,13 +83,15 @@ def run(args: argparse.Namespace) -> int:
         else:
             line = describe_transition(s)
             if s.state != last:
-                print("  " + line, flush=True)
+                print("  " + line, file=out, flush=True)
                 last = s.state
             if s.state in (REPORTED, FAILED):
                 for host, h in sorted(s.hosts.items()):
                     if h.status == "FAILED":
-                        print(f"  host {host} failed: {h.reason}")
-                if s.state == REPORTED:
+                        print(f"  host {host} failed: {h.reason}", file=out)
+                if args.format:
+                    _gcloud.emit({"name": s.session, **s.to_dict()}, args.format)
+                elif s.state == REPORTED:
                     _print_findings(plane, s)
                 return 0 if s.state == REPORTED else 1
         time.sleep(0.1)

@@ -8,37 +8,43 @@ import time
 from typing import Any
 
 from mldiag.capture.requests import continuous_request
-from mldiag.cli import _control
+from mldiag.cli import _control, _gcloud
 from mldiag.errors import MldiagError
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("continuous", help="start or stop continuous profiling of a run",
-                       description="Continuous profiling keeps the newest capture windows of "
-                       "each target in a ring (xprof's own on TPU, the SDK's elsewhere), so "
-                       "`mldiag capture --kind snapshot` and alerts can save the time just "
-                       "before a problem.")
+    p = sub.add_parser("continuous", help="start or stop continuous profiling of a run (also: "
+                       "machine-learning-run start|stop-continuous-profiling)",
+                       description=DESCRIPTION)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     for verb in ("start", "stop"):
-        v = verbs.add_parser(verb, help=f"{verb} continuous profiling")
-        v.add_argument("--run", required=True)
-        v.add_argument("--targets", default="", help="comma-separated target hosts (default: "
-                       "all)")
-        v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
-        v.add_argument("--timeout", type=float, default=60.0)
-        if verb == "start":
-            v.add_argument("--window", type=_control.duration, default=2.0,
-                           help="length of one capture window (default 2s)")
-            v.add_argument("--max-bytes", type=_control.size, default=2 * 1024**3,
-                           help="ring size cap per target; oldest windows go first (default "
-                           "2GiB)")
-            v.add_argument("--device-tracer-level", type=int, default=1, choices=range(0, 3))
-            v.add_argument("--host-tracer-level", type=int, default=2, choices=range(0, 4))
-            v.add_argument("--python-tracer-level", type=int, default=0, choices=range(0, 2))
+        add_arguments(verbs.add_parser(verb, help=f"{verb} continuous profiling"), verb)
+
+
+DESCRIPTION = ("Continuous profiling keeps the newest capture windows of each target in a ring "
+               "(xprof's own on TPU, the SDK's elsewhere), so `mldiag capture --kind snapshot` "
+               "and alerts can save the time just before a problem.")
+
+
+def add_arguments(v: argparse.ArgumentParser, verb: str) -> None:
+    """The flags of `continuous start|stop` and `machine-learning-run
+    start|stop-continuous-profiling`."""
+    _gcloud.add_run(v)
+    v.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
+    v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    v.add_argument("--timeout", type=float, default=60.0)
+    _gcloud.add_async(v)
+    _gcloud.add_scope(v)
+    if verb == "start":
+        v.add_argument("--window", type=_control.duration, default=2.0,
+                       help="length of one capture window (default 2s)")
+        v.add_argument("--max-bytes", type=_control.size, default=2 * 1024**3,
+                       help="ring size cap per target; oldest windows go first (default 2GiB)")
+        _gcloud.add_tracer_levels(v)
 
 
 def run(args: argparse.Namespace) -> int:
-    plane = _control.connect(args.home, need_runtime=True)
+    plane = _control.connect(_control.settings_of(args), need_runtime=True)
     options: dict[str, Any] = {}
     if args.verb == "start":
         options = {"window_s": args.window, "max_bytes": args.max_bytes,
@@ -54,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     started = time.time()
     plane.bus.publish(message)
     run_record = _control.get_run(plane, message.run)
+    if args.no_wait:
+        print(f"continuous {args.verb} requested on {len(wanted)} target(s) of run "
+              f"{run_record.name} (request {request_id})")
+        return 0
     deadline = time.monotonic() + args.timeout
     while time.monotonic() < deadline:
         now = {(t.host, t.port): t for t in plane.state.list_targets(run_record.name)}

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 import mldiag
 from mldiag.cli import (
+    _gcloud,
     analyze,
     autocapture,
     capture,
     console,
     continuous,
+    dead_letters,
     demo,
+    machine_learning_run,
+    profiler_session,
+    profiler_target,
     roles,
     runs,
     sessions,
@@ -32,7 +38,12 @@ COMMANDS = {
     "capture": capture,
     "console": console,
     "continuous": continuous,
+    "dead-letters": dead_letters,
     "demo": demo,
+    # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
+    "machine-learning-run": machine_learning_run,
+    "profiler-session": profiler_session,
+    "profiler-target": profiler_target,
     "roles": roles,
     "runs": runs,
     "sessions": sessions,
@@ -57,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
-    args = build_parser().parse_args(argv)
+    args = _gcloud.normalise(build_parser().parse_args(argv))
     # xprof logs recoverable conditions as root warnings; mldiag records them in tool results.
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
@@ -65,7 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     logging.getLogger("mldiag").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
     try:
-        return int(COMMANDS[args.command].run(args))
+        code = int(COMMANDS[args.command].run(args))
+        sys.stdout.flush()  # here, where a reader that has gone is handled below
+        return code
     except ProfileUnreadable as e:
         # A session too large for the memory budget is not unreadable: say which it is.
         kind = "too large" if type(e).__name__ == "SessionTooLarge" else "unreadable profile"
@@ -77,6 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("mldiag: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # `mldiag ... | head`: the reader has gone. Nothing more to say, and the exit flush
+        # of stdout must not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

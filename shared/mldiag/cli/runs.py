@@ -1,13 +1,14 @@
-"""`mldiag runs create|list|describe`: the runs the state store knows."""
+"""`mldiag runs create|list|describe` (gcloud: `machine-learning-run list|describe`): the
+runs the state store knows."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
 from mldiag.bootstrap import control_plane, open_state
+from mldiag.cli import _control, _gcloud
 from mldiag.errors import MldiagError
 from mldiag.model import RunRecord, check_name
 from mldiag.settings import Settings
@@ -26,13 +27,23 @@ def register(sub: Any) -> None:
     c.add_argument("--gcs-path", help="gs://BUCKET/PREFIX where its profiles go (GCP)")
     c.add_argument("--on-demand", action="store_true", help="its targets serve on-demand "
                    "captures")
-    ls = verbs.add_parser("list", help="list runs")
+    add_list_arguments(verbs.add_parser("list", help="list runs"))
+    add_describe_arguments(verbs.add_parser("describe", help="one run and its sessions"))
+
+
+def add_list_arguments(ls: argparse.ArgumentParser) -> None:
+    """The flags of `runs list` and `machine-learning-run list`."""
     ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    ls.add_argument("--json", action="store_true")
-    d = verbs.add_parser("describe", help="one run and its sessions")
+    _gcloud.add_format(ls)
+    _gcloud.add_scope(ls)
+
+
+def add_describe_arguments(d: argparse.ArgumentParser) -> None:
+    """The flags of `runs describe` and `machine-learning-run describe`."""
     d.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    d.add_argument("name")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("name", help="the run's name, or its full resource name")
+    _gcloud.add_format(d)
+    _gcloud.add_scope(d)
 
 
 def _create(args: argparse.Namespace) -> int:
@@ -64,11 +75,11 @@ def _create(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.verb == "create":
         return _create(args)
-    state = open_state(Settings.from_env(home=args.home))
+    state = open_state(_control.settings_of(args))
     if args.verb == "list":
         runs = state.list_runs()
-        if args.json:
-            print(json.dumps([r.to_dict() for r in runs], indent=2))
+        if args.format:
+            _gcloud.emit([r.to_dict() for r in runs], args.format)
             return 0
         print(f"{'RUN':<32} {'SESSIONS':>8}  ORIGIN")
         for r in runs:
@@ -79,9 +90,9 @@ def run(args: argparse.Namespace) -> int:
     if found is None:
         raise MldiagError(f"unknown run {args.name!r}")
     sessions = state.list_sessions(run=args.name)
-    if args.json:
-        print(json.dumps({**found.to_dict(), "sessions": [s.session for s in sessions]},
-                         indent=2))
+    if args.format:
+        _gcloud.emit({**found.to_dict(), "sessions": [s.session for s in sessions]},
+                     args.format)
         return 0
     print(f"run: {found.name}" + ("  (discovered in bucket)" if found.discovered else ""))
     if found.run_group:

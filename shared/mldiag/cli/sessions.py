@@ -1,32 +1,49 @@
-"""`mldiag sessions list|describe`: profile sessions, their states, hosts and reports."""
+"""`mldiag sessions list|describe` (gcloud: `profiler-session list|describe`): profile
+sessions, their states, hosts and reports."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from typing import Any
 
 from mldiag.bootstrap import open_state
+from mldiag.cli import _control, _gcloud
 from mldiag.errors import MldiagError
-from mldiag.model import STATES
-from mldiag.settings import Settings
+from mldiag.model import STATES, SessionRecord
 
 
 def register(sub: Any) -> None:
-    p = sub.add_parser("sessions", help="list and describe profile sessions")
+    p = sub.add_parser("sessions", help="list and describe profile sessions (also: "
+                       "profiler-session list|describe)")
     p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
-    ls = verbs.add_parser("list", help="list sessions")
+    add_list_arguments(verbs.add_parser("list", help="list sessions"), run_required=False)
+    add_describe_arguments(verbs.add_parser(
+        "describe", help="states, hosts, timings, verdict and report path"))
+
+
+def add_list_arguments(ls: argparse.ArgumentParser, *, run_required: bool) -> None:
+    """The flags of `sessions list` and `profiler-session list`."""
     ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    ls.add_argument("--run", help="only this run")
+    _gcloud.add_run(ls, required=run_required)
     ls.add_argument("--state", choices=STATES, help="only sessions in this state")
-    ls.add_argument("--json", action="store_true")
-    d = verbs.add_parser("describe", help="states, hosts, timings, verdict and report path")
+    _gcloud.add_format(ls)
+    _gcloud.add_scope(ls)
+
+
+def add_describe_arguments(d: argparse.ArgumentParser) -> None:
+    """The flags of `sessions describe` and `profiler-session describe`."""
     d.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
-    d.add_argument("session", help="SESSION or RUN/SESSION")
-    d.add_argument("--run", help="the run, when SESSION alone is ambiguous")
-    d.add_argument("--json", action="store_true")
+    d.add_argument("session", help="SESSION, RUN/SESSION or its full resource name")
+    _gcloud.add_run(d, required=False)
+    _gcloud.add_format(d)
+    _gcloud.add_scope(d)
+
+
+def record(s: SessionRecord) -> dict[str, Any]:
+    """A session as --format shows it: its fields, `name` being the session's."""
+    return {"name": s.session, **s.to_dict()}
 
 
 def _stamp(t: float) -> str:
@@ -34,11 +51,11 @@ def _stamp(t: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    state = open_state(Settings.from_env(home=args.home))
+    state = open_state(_control.settings_of(args))
     if args.verb == "list":
         sessions = state.list_sessions(run=args.run, state=args.state)
-        if args.json:
-            print(json.dumps([s.to_dict() for s in sessions], indent=2))
+        if args.format:
+            _gcloud.emit([record(s) for s in sessions], args.format)
             return 0
         print(f"{'RUN/SESSION':<48} {'VER':>3} {'STATE':<14} {'HOSTS':>5} {'VERDICT':<16} UPDATED")
         for s in sessions:
@@ -54,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
         raise MldiagError(f"session {session!r} exists in several runs "
                           f"({', '.join(s.run for s in candidates)}): pass RUN/SESSION")
     s = candidates[0]
-    if args.json:
-        print(json.dumps(s.to_dict(), indent=2))
+    if args.format:
+        _gcloud.emit(record(s), args.format)
         return 0
     print(f"session:  {s.key}  (version {s.version}, kind {s.kind}, trigger {s.trigger})")
     if s.note:

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Depends, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from mldiag import limits
 from mldiag.access import (
     ADMIN,
     ALL_RUNS,
@@ -40,7 +41,7 @@ class CaptureBody(BaseModel):
     kind: Literal["on_demand", "on-demand", "snapshot"] = "on_demand"
     targets: list[str] = Field(default_factory=list, max_length=1024,
                                description="target hosts (default: all)")
-    duration_s: float = Field(2.0, gt=0, le=300)
+    duration_s: float = Field(2.0, description=f"seconds, in (0, {limits.MAX_CAPTURE_S:g}]")
     host_tracer_level: int = Field(2, ge=0, le=3)
     device_tracer_level: int = Field(1, ge=0, le=2)
     python_tracer_level: int = Field(0, ge=0, le=1)
@@ -49,8 +50,10 @@ class CaptureBody(BaseModel):
 class ContinuousBody(BaseModel):
     action: Literal["start", "stop"]
     targets: list[str] = Field(default_factory=list, max_length=1024)
-    window_s: float = Field(2.0, ge=0.1, le=300)
-    max_bytes: int = Field(2 * 1024**3, ge=1024**2, le=1024**4)
+    window_s: float = Field(2.0, description=f"seconds, in [{limits.MIN_WINDOW_S:g}, "
+                            f"{limits.MAX_WINDOW_S:g}]")
+    max_bytes: int = Field(2 * 1024**3, description=f"bytes, in [{limits.MIN_RING_BYTES}, "
+                           f"{limits.MAX_RING_BYTES}]")
     device_tracer_level: int = Field(1, ge=0, le=2)
     host_tracer_level: int = Field(2, ge=0, le=3)
     python_tracer_level: int = Field(0, ge=0, le=1)
@@ -138,6 +141,8 @@ def post_capture(run: str, body: CaptureBody, request: Request,
             duration_s=body.duration_s, host_tracer_level=body.host_tracer_level,
             device_tracer_level=body.device_tracer_level,
             python_tracer_level=body.python_tracer_level)
+    except limits.LimitExceeded as e:
+        raise HTTPException(400, str(e)) from e
     except MldiagError as e:
         raise HTTPException(409, str(e)) from e
     console.plane.bus.publish(message)
@@ -156,6 +161,8 @@ def post_continuous(run: str, body: ContinuousBody, request: Request,
     try:
         message, warnings, _ = continuous_request(console.plane, run, body.action,
                                                   hosts=body.targets, options=options)
+    except limits.LimitExceeded as e:
+        raise HTTPException(400, str(e)) from e
     except MldiagError as e:
         raise HTTPException(409, str(e)) from e
     console.plane.bus.publish(message)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mldiag import limits
 from mldiag.sdk.xspace import merge_xspaces
 
 log = logging.getLogger(__name__)
@@ -199,12 +200,8 @@ class RingBuffer:
         Idempotent while already active (the running options are kept). Raises ValueError
         on bad options.
         """
-        if isinstance(window_s, bool) or not isinstance(window_s, int | float) or not (
-                0.05 <= window_s <= 3600):
-            raise ValueError(f"window_s must be a number of seconds from 0.05 to 3600, "
-                             f"got {window_s!r}")
-        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes <= 0:
-            raise ValueError(f"max_bytes must be a positive integer, got {max_bytes!r}")
+        limits.check_window(window_s)
+        limits.check_ring_bytes(max_bytes)
         opts = _Options(float(window_s), max_bytes,
                         _level("host_tracer_level", host_tracer_level, 3),
                         _level("device_tracer_level", device_tracer_level, 1),
@@ -268,9 +265,11 @@ class RingBuffer:
             return list(self._windows)
 
     def snapshot(self, duration_s: float | None = None) -> bytes:
-        """The newest complete windows reaching at most `duration_s` back from now, merged.
+        """The fewest newest complete windows that together span at least `duration_s`
+        (so less than one window more), merged.
 
-        At least one window; all held windows when `duration_s` is None. Never waits: raises
+        At least one window; all held windows when `duration_s` is None (or when they span
+        less than `duration_s`). Never waits: raises
         NoWindows when no window is complete yet, ContinuousError when the ring is off.
         """
         return self.snapshot_capture(duration_s).data
@@ -286,8 +285,12 @@ class RingBuffer:
                 raise NoWindows(self._no_window_reason())
             chosen = list(self._windows)
             if duration_s is not None:
-                since = time.time() - duration_s
-                chosen = [w for w in chosen if w.start >= since] or chosen[-1:]
+                # From the newest window's end back (the current window is not complete):
+                # the first window that makes the span reach `duration_s` is included.
+                first = len(chosen) - 1
+                while first > 0 and chosen[-1].end - chosen[first].start < duration_s:
+                    first -= 1
+                chosen = chosen[first:]
             blobs = self._read(chosen)
         return Capture(merge_xspaces(blobs), chosen[0].start, chosen[-1].end, len(chosen))
 

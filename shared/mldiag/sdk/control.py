@@ -29,6 +29,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from mldiag import limits
 from mldiag.sdk.continuous import (
     CollectTimeout,
     ContinuousError,
@@ -38,7 +39,6 @@ from mldiag.sdk.continuous import (
 log = logging.getLogger(__name__)
 
 MAX_JSON_BYTES = 1024 * 1024
-MAX_CAPTURE_S = 3600.0
 RING, OFF = "RING", "OFF"
 _START_OPTIONS = frozenset(
     {"window_s", "max_bytes", "host_tracer_level", "device_tracer_level", "python_tracer_level"})
@@ -54,12 +54,10 @@ def _duration(body: dict[str, Any], required: bool) -> float | None:
     value = body.get("duration_s")
     if value is None and not required:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not (
-            0 < value <= MAX_CAPTURE_S):
-        raise _HttpError(HTTPStatus.BAD_REQUEST,
-                         f"duration_s must be a number of seconds in (0, {MAX_CAPTURE_S:g}]"
-                         f"{'' if required else ' or null'}, got {value!r}")
-    return float(value)
+    try:
+        return limits.check_capture_duration(value)
+    except ValueError as e:
+        raise _HttpError(HTTPStatus.BAD_REQUEST, str(e)) from e
 
 
 class ControlServer:
@@ -90,8 +88,7 @@ class ControlServer:
         """Bind and serve in a daemon thread; returns the bound port. Idempotent."""
         if self._server is not None:
             return self.port
-        server = ThreadingHTTPServer((self.host, self._port), _Handler)
-        server.daemon_threads = True
+        server = _BoundedServer((self.host, self._port), _Handler)
         server.control = self  # type: ignore[attr-defined]
         self._server = server
         self._thread = threading.Thread(target=server.serve_forever, name="mldiag-control",
@@ -182,10 +179,48 @@ def _window_headers(start: float, end: float, windows: int) -> dict[str, str]:
             "X-Mldiag-Windows": str(windows)}
 
 
+# Connections served at once; more are closed on accept, before any thread starts.
+MAX_CONNECTIONS = 16
+# An unauthenticated client has this long to send its request line and headers.
+HEADER_TIMEOUT_S = 5.0
+# An authenticated one this long for each read or write after that.
+BODY_TIMEOUT_S = 30.0
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading server that holds at most MAX_CONNECTIONS threads: connections past the
+    cap are closed at once, so a flood of half-open connections costs no thread each."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler]) -> None:
+        super().__init__(address, handler)
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
+        self.refused = 0
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.refused += 1
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_version = "mldiag-control/1"
-    # A client that opens a connection and sends nothing must not hold a thread for ever.
-    timeout = 30
+    # A client that opens a connection and sends nothing must not hold a thread for long.
+    timeout = HEADER_TIMEOUT_S
 
     @property
     def control(self) -> ControlServer:
@@ -211,6 +246,7 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if not self.control.authorized(self.headers.get("Authorization")):
                 raise _HttpError(HTTPStatus.UNAUTHORIZED, "missing or wrong bearer token")
+            self.connection.settimeout(BODY_TIMEOUT_S)
             self._route(method, self.path.split("?", 1)[0])
         except _HttpError as e:
             self._json(e.status, {"error": str(e)})

@@ -323,7 +323,7 @@ def machinelearning_run(
         run=name, host=host, port=port, process_index=jax.process_index(), framework="jax",
         framework_version=jax.__version__, last_heartbeat=now, address=address,
         control_port=control_port, control_token=token, platform=jax.devices()[0].platform,
-        pid=os.getpid(), registered_at=now)
+        pid=os.getpid(), registered_at=now, heartbeat_s=heartbeat_s)
     plane.state.upsert_target(target)
 
     run = MLRun(name=name, run_group=run_group, configs=dict(configs or {}), gcs_path=gcs_path,

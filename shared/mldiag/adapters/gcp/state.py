@@ -39,17 +39,21 @@ from mldiag.model import (
     RunRecord,
     SessionRecord,
     TargetRecord,
+    usable_targets,
 )
 
 T = TypeVar("T")
 
 RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
 CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
+FAILURES = "failures"
 # How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
 CLAIM_RETENTION_S = 30 * 86400.0
 DEAD_LETTER_RETENTION_S = 90 * 86400.0
 # (collection, field) pairs with a TTL policy: terraform's firestore.tf mirrors this.
-TTL_FIELDS = ((CLAIMS, "purge_at"), (DEAD_LETTERS, "purge_at"))
+TTL_FIELDS = ((CLAIMS, "purge_at"), (DEAD_LETTERS, "purge_at"), (FAILURES, "purge_at"))
+# Longer than Pub/Sub retains a message (7 days): no redelivery outlives its counter.
+FAILURE_RETENTION_S = 8 * 86400.0
 
 
 def _purge_at(now: float, keep_s: float) -> datetime:
@@ -278,9 +282,11 @@ class FirestoreStateStore:
             # Keys of recent reservations (an alert redelivered within a week finds its own).
             keys = {k: float(v) for k, v in
                     ((snap.get("keys") if snap.exists else None) or {}).items()}
+            # Given back by failed captures: the cooldown counts them, the hourly cap does not.
+            released = [float(t) for t in (snap.get("released") if snap.exists else None) or []]
             if digest and digest in keys:
                 return True, None  # the same alert again: its reservation stands
-            if times and now - max(times) < cooldown_s:
+            if (times or released) and now - max(times + released) < cooldown_s:
                 return False, None
             if sum(t > now - 3600.0 for t in times) >= max_per_hour:
                 return False, None
@@ -289,10 +295,30 @@ class FirestoreStateStore:
             keys = {k: v for k, v in keys.items() if v > now - _RESERVATION_KEY_S}
             if digest:
                 keys[digest] = now
-            return True, {"run": run, "times": sorted({*kept, now}), "keys": keys}
+            return True, {"run": run, "times": sorted({*kept, now}), "keys": keys,
+                          "released": [max(released)] if released else []}
 
         # Conditional on the document as read: a storm's racers cannot both reserve.
         return self._swap(ref, change, f"captures of run {run}")
+
+    def release_capture(self, run: str, key: str) -> None:
+        if not key:
+            return
+        ref = self.client.collection(CAPTURES).document(doc_id(run))
+        digest = claim_id(key)
+
+        def change(snap: Any) -> tuple[None, dict[str, Any] | None]:
+            keys = {k: float(v) for k, v in
+                    ((snap.get("keys") if snap.exists else None) or {}).items()}
+            if digest not in keys:
+                return None, None
+            at = keys.pop(digest)
+            times = [float(t) for t in snap.get("times") or [] if float(t) != at]
+            released = [float(t) for t in snap.get("released") or []]
+            return None, {"run": run, "times": times, "keys": keys,
+                          "released": [max([*released, at])]}
+
+        self._swap(ref, change, f"captures of run {run}")
 
     # Targets
 
@@ -301,6 +327,8 @@ class FirestoreStateStore:
         return {"run": t.run, "host": t.host, "port": t.port, "data": _dumps(t.to_dict())}
 
     def upsert_target(self, target: TargetRecord) -> None:
+        if target.problem():
+            raise ValueError(target.problem())
         self._target_ref(target.run, target.host, target.port).set(self._target_doc(target))
 
     def update_target(self, run: str, host: str, port: int,
@@ -319,7 +347,7 @@ class FirestoreStateStore:
 
     def list_targets(self, run: str) -> list[TargetRecord]:
         docs = self._run_ref(run).collection(TARGETS).stream()
-        targets = [TargetRecord(**json.loads(d.get("data"))) for d in docs]
+        targets = usable_targets(TargetRecord(**json.loads(d.get("data"))) for d in docs)
         return sorted(targets, key=lambda t: (t.host, t.port))
 
     # Sessions
@@ -490,6 +518,18 @@ class FirestoreStateStore:
         self._tx(ref, tx)
 
     # Dead letters
+
+    def count_failure(self, key: str, now: float) -> int:
+        ref = self.client.collection(FAILURES).document(claim_id(key))
+
+        def tx(transaction: Any) -> int:
+            snap = ref.get(transaction=transaction)
+            count = (snap.get("count") if snap.exists else 0) + 1
+            transaction.set(ref, {"key": key, "count": count, "at": now,
+                                  "purge_at": _purge_at(now, FAILURE_RETENTION_S)})
+            return int(count)
+
+        return self._tx(ref, tx)
 
     def record_dead_letter(
         self, topic: str, payload: str, reason: str, attempts: int, now: float

@@ -21,6 +21,7 @@ from mldiag.model import (
     RunRecord,
     SessionRecord,
     TargetRecord,
+    usable_targets,
 )
 
 _SCHEMA = """
@@ -38,10 +39,16 @@ CREATE TABLE IF NOT EXISTS claims (
 CREATE TABLE IF NOT EXISTS captures (run TEXT NOT NULL, at REAL NOT NULL,
     key TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS captures_by_run ON captures (run, at);
+CREATE TABLE IF NOT EXISTS failures (key TEXT PRIMARY KEY, count INTEGER NOT NULL,
+    at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY AUTOINCREMENT, topic TEXT NOT NULL, payload TEXT NOT NULL,
     reason TEXT NOT NULL, attempts INTEGER NOT NULL, at REAL NOT NULL);
 """
+
+
+# How long a failure counter is kept: longer than Pub/Sub retains a message (7 days).
+FAILURE_RETENTION_S = 8 * 86400.0
 
 
 class SqliteStateStore:
@@ -136,12 +143,21 @@ class SqliteStateStore:
             last = db.execute("SELECT MAX(at) FROM captures WHERE run = ?", (run,)).fetchone()[0]
             if last is not None and now - last < cooldown_s:
                 return False
-            (recent,) = db.execute("SELECT COUNT(*) FROM captures WHERE run = ? AND at > ?",
+            (recent,) = db.execute("SELECT COUNT(*) FROM captures WHERE run = ? AND at > ? "
+                                   "AND key NOT LIKE 'released:%'",
                                    (run, now - 3600.0)).fetchone()
             if recent >= max_per_hour:
                 return False
             db.execute("INSERT INTO captures (run, at, key) VALUES (?, ?, ?)", (run, now, key))
             return True
+
+    def release_capture(self, run: str, key: str) -> None:
+        if not key:
+            return
+        with self._tx() as db:
+            # Kept for the cooldown; out of the hourly count and no longer the key's.
+            db.execute("UPDATE captures SET key = 'released:' || key WHERE run = ? AND key = ?",
+                       (run, key))
 
     # Targets
 
@@ -158,6 +174,8 @@ class SqliteStateStore:
             return target
 
     def upsert_target(self, target: TargetRecord) -> None:
+        if target.problem():
+            raise ValueError(target.problem())
         with self._tx() as db:
             db.execute(
                 "INSERT INTO targets (run, host, port, data) VALUES (?, ?, ?, ?) "
@@ -167,7 +185,7 @@ class SqliteStateStore:
     def list_targets(self, run: str) -> list[TargetRecord]:
         rows = self.connection().execute(
             "SELECT data FROM targets WHERE run = ? ORDER BY host, port", (run,)).fetchall()
-        return [TargetRecord(**json.loads(r[0])) for r in rows]
+        return usable_targets(TargetRecord(**json.loads(r[0])) for r in rows)
 
     # Sessions
 
@@ -278,6 +296,16 @@ class SqliteStateStore:
         whoever held them died with the previous process."""
         with self._tx() as db:
             return db.execute("DELETE FROM claims WHERE done = 0").rowcount
+
+    def count_failure(self, key: str, now: float) -> int:
+        with self._tx() as db:
+            # Counters of work that settled long ago are dropped as new ones come.
+            db.execute("DELETE FROM failures WHERE at < ?", (now - FAILURE_RETENTION_S,))
+            row = db.execute(
+                "INSERT INTO failures (key, count, at) VALUES (?, 1, ?) ON CONFLICT (key) "
+                "DO UPDATE SET count = count + 1, at = excluded.at RETURNING count",
+                (key, now)).fetchone()
+            return int(row[0])
 
     # Dead letters
 

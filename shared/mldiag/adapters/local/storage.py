@@ -8,6 +8,8 @@ is never analysed half-written.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import threading
@@ -22,6 +24,12 @@ from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
 
 FinalizeFn = Callable[[ObjectInfo], None]
+
+
+class OutsideBucket(ProfileUnreadable):
+    """An object whose path leads out of the bucket through a symlink: never read or written.
+
+    Permanent: the session that names it fails with this reason."""
 
 
 def _generation(st: os.stat_result) -> str:
@@ -50,9 +58,17 @@ class LocalDirStorage:
             raise ValueError(f"unsafe object name {name!r}")
         if any(ord(c) < 32 or ord(c) == 127 for c in name):
             raise ValueError(f"unsafe object name {name!r}: control characters")
-        # Segments were checked above, so the path stays inside the bucket lexically; files
-        # in it may still be symlinks to elsewhere (a user's way of handing a profile over).
-        return self.root / name
+        # Segments were checked above, so the path stays inside the bucket lexically; a
+        # symlink (of the file or of a directory on the way) must not lead out of it either.
+        path = self.root / name
+        try:
+            real = path.resolve()
+        except (OSError, RuntimeError) as e:  # a symlink loop
+            raise OutsideBucket(f"{name}: cannot be resolved ({e})") from e
+        if not real.is_relative_to(self.root):
+            raise OutsideBucket(f"{name} is a symlink to {real}, outside the bucket "
+                                f"{self.root}: refused (copy the file in instead)")
+        return path
 
     def _info(self, name: str, st: os.stat_result) -> ObjectInfo:
         return ObjectInfo(name=name, size=st.st_size, generation=_generation(st),
@@ -111,6 +127,21 @@ class LocalDirStorage:
         info = self._info(name, dest.stat())
         self.emit(info)
         return info
+
+    def content_hash(self, info: ObjectInfo) -> str:
+        """`md5:<base64>` of the object's bytes, as GCS reports it; "" when the object changed
+        from `info`'s generation meanwhile (then its next event brings the right one)."""
+        digest = hashlib.md5(usedforsecurity=False)
+        try:
+            path = self._path(info.name)
+            with open(path, "rb") as f:
+                while chunk := f.read(8 * 1024**2):
+                    digest.update(chunk)
+            if _generation(path.stat()) != info.generation:
+                return ""
+        except (OSError, ProfileUnreadable):  # gone, unreadable, or out of the bucket
+            return ""
+        return "md5:" + base64.b64encode(digest.digest()).decode()
 
     def emit(self, info: ObjectInfo) -> None:
         """Report a finalized object once per generation."""

@@ -1,0 +1,78 @@
+"""Captures that meet a busy profiler, with a real JAX process: a second capture waits its
+turn, a profiler held by the workload itself is named as such, never "unreachable"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from mldiag.bootstrap import LocalRuntime, bootstrap
+from mldiag.messages import CaptureProfile
+from mldiag.model import FAILED, HostRecord
+from mldiag.settings import Settings
+from tests.e2e.test_capture_e2e import FAST, RUN, WORKLOAD, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
+    rt = bootstrap(Settings(home=tmp_path / "home", prebuild_viewer=False, capture_wait_s=1.0,
+                            **FAST))
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+@pytest.fixture
+def busy_workload(runtime: LocalRuntime) -> Iterator[subprocess.Popen[bytes]]:
+    """One target whose own trace holds its profiler for its first 8 seconds."""
+    env = {**os.environ, "MLDIAG_HOME": str(runtime.services.settings.home),
+           "MLDIAG_HOST_NAME": "w0", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--run", RUN, "--port",
+                             str(free_port()), "--busy", "8"], env=env, start_new_session=True)
+    wait_for("target w0", lambda: any(t.pid == proc.pid
+                                      for t in runtime.state.list_targets(RUN)))
+    yield proc
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def host_of(runtime: LocalRuntime, session: str) -> HostRecord:
+    return wait_for(f"{session}'s host", lambda: (
+        s.hosts.get("w0") if (s := runtime.state.get_session(RUN, session)) else None))
+
+
+def test_a_busy_profiler_is_named_and_captures_wait_their_turn(
+        runtime: LocalRuntime, busy_workload: subprocess.Popen[bytes]) -> None:
+    bus = runtime.services.bus
+    # The workload's own trace holds the profiler, and this capture waits 1 s at most.
+    bus.publish(CaptureProfile(run=RUN, session="busy", duration_s=0.5))
+    host = host_of(runtime, "busy")
+    assert host.status == "FAILED"
+    assert "another profiling session is active on" in host.reason
+    assert "ALREADY_EXISTS" in host.reason and "unreachable" not in host.reason
+    s = runtime.state.get_session(RUN, "busy")
+    assert s is not None and s.state == FAILED
+    # Waiting long enough, a capture gets the profiler once the workload lets it go.
+    runtime.services.settings = replace(runtime.services.settings, capture_wait_s=60.0)
+    started = time.monotonic()
+    bus.publish(CaptureProfile(run=RUN, session="waited", duration_s=0.5))
+    assert host_of(runtime, "waited").status == "ARRIVED"
+    # Two captures at once on one target: the second waits for the first, both arrive.
+    bus.publish(CaptureProfile(run=RUN, session="first", duration_s=1.0))
+    bus.publish(CaptureProfile(run=RUN, session="second", duration_s=1.0))
+    first, second = host_of(runtime, "first"), host_of(runtime, "second")
+    assert (first.status, second.status) == ("ARRIVED", "ARRIVED"), (first.reason,
+                                                                     second.reason)
+    assert abs(second.arrived_at - first.arrived_at) >= 0.9  # one after the other
+    assert time.monotonic() - started < 60
