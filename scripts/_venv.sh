@@ -1,5 +1,6 @@
 # Sourced by scripts/demo and scripts/test: create or reuse .venv with Python 3.12 and install.
-# Usage: . scripts/_venv.sh [extra]   (extra: "dev" installs the dev tools too)
+# Usage: . scripts/_venv.sh [extra]   (extra: "sdk", the default, adds JAX for the demo's
+# workloads; "dev" installs the dev tools and the SDK)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"
@@ -21,7 +22,7 @@ if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; assert sy
   "$PY" -m venv "$VENV"
 fi
 
-extra="${1:-}"
+extra="${1:-sdk}"
 spec="$ROOT"
 [ -n "$extra" ] && spec="$ROOT[$extra]"
 # Reinstall only when the project metadata changed since the last install.

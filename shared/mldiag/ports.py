@@ -228,5 +228,26 @@ class Investigator(Protocol):
     ) -> dict[str, Any]: ...
 
 
+
+class RunOwners(Protocol):
+    """Which workload identity a run belongs to (the registration function's tenancy)."""
+
+    def bind(self, run: str, owner: str, now: float) -> str:
+        """Make `owner` the run's owner unless it has one (a conditional create); returns the
+        run's owner, `owner` or whoever bound it first."""
+        ...
+
+    def owner(self, run: str) -> str | None: ...
+
+
+class UploadSigner(Protocol):
+    """Grants one upload of one object without any other access to the bucket."""
+
+    def upload_url(self, name: str, *, content_type: str, expires_s: float) -> str:
+        """A URL that accepts one `PUT` of object `name` with that Content-Type, and nothing
+        else, until it expires."""
+        ...
+
+
 Clock = Callable[[], float]
 Listener = Callable[[SessionRecord], None]
