@@ -115,11 +115,11 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
             _until("continuous profiling to start", 60.0, lambda: any(
                 t.continuous != "OFF" for t in runtime.state.list_targets(run_name)), proc)
             _say("continuous profiling on (1 s windows in the SDK's ring)")
-            policy = AutoCapturePolicy(enabled=True, kind="auto", duration_s=2.0,
-                                       cooldown_s=600.0, max_per_hour=4)
-            runtime.state.set_auto_capture(run_name, policy.to_dict())
-            _say("auto-capture policy: on degradation, snapshot 2 s of the ring (cooldown "
-                 "10 min)")
+            # The job registers its target before its first step compiles: wait for steps
+            # (their recorded step times, which the SDK persists) so the baseline is steady
+            # training, not compilation.
+            _until("the training loop's first steps", 120.0, lambda: len(
+                runtime.state.list_metrics(run_name, name="step_time", limit=20)) >= 20, proc)
             # A healthy reference first, on demand (served from the ring, which holds the
             # profiler); meanwhile the monitor learns its step-time baseline.
             runtime.services.bus.publish(CaptureProfile(run=run_name, session="baseline",
@@ -132,6 +132,14 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
             before = _analysis(baseline)
             _say(f"baseline (healthy): {_headline(before)}")
             time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
+            # Auto-capture is armed with the stall: an alert the monitor raises before it (a
+            # loaded machine slows healthy steps too) captures nothing, and cannot spend the
+            # cooldown that the stall's own alert needs.
+            policy = AutoCapturePolicy(enabled=True, kind="auto", duration_s=2.0,
+                                       cooldown_s=600.0, max_per_hour=4)
+            runtime.state.set_auto_capture(run_name, policy.to_dict())
+            _say("auto-capture policy: on degradation, snapshot 2 s of the ring (cooldown "
+                 "10 min)")
             flag.touch()
             _say("injecting an input-pipeline stall (the batch reader sleeps 80 ms a step); "
                  "waiting for the step-time monitor to raise an alert ...")
