@@ -340,7 +340,10 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
     elif peak is not None:
         mem_note = "capacity not measured"
     if from_allocations and peak is not None:
-        mem_note = f"largest compiled-program allocation (get_peak_allocations); {mem_note}"
+        program = _str(metrics.get("peak_memory_program"))
+        mem_note = (f"live buffers of {program}, the largest program run in the measured steps "
+                    f"(get_peak_allocations); {mem_note}" if program else
+                    f"largest compiled-program allocation (get_peak_allocations); {mem_note}")
 
     if cpu:
         idle_card = _metric_card(

@@ -636,8 +636,11 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
             amount = f"{peak * 1024:.1f} MiB"
         if m.get("peak_memory_source") == "get_peak_allocations":
             rule = " by the CPU rule" if m.get("oom_risk_rule") else ""
-            parts.append(f"largest compiled-program allocation {amount} (no device memory "
-                         f"profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}{rule})")
+            program = f" ({m['peak_memory_program']})" if m.get("peak_memory_program") else ""
+            which = "step program" if m.get("step_time_ms") is not None else "program"
+            parts.append(f"live buffers of the largest {which}{program} {amount} (no "
+                         f"device memory profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}"
+                         f"{rule})")
         else:
             parts.append(f"peak memory {amount} (OOM risk {m['oom_risk']})")
     if parts:

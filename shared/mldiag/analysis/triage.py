@@ -35,8 +35,9 @@ DETECTOR_P1_PERCENT = 3.0
 MATERIAL_DETECTOR_PERCENT = 1.0
 ROOFLINE_LOW_PERCENT = 50.0
 LARGE_MODULE_GIB = 0.5
-CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the largest compiled "
-                   f"program's live buffers are under {LARGE_MODULE_GIB:g} GiB")
+CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the live buffers of the "
+                   f"largest compiled program that ran in the measured steps (or, without "
+                   f"steps, in the capture) are under {LARGE_MODULE_GIB:g} GiB")
 
 _TRANSFER_CATEGORIES = ("copy-done", "copy-start", "host-to-device", "device-to-host", "infeed",
                         "outfeed", "send", "recv", "send-done", "recv-done", "memcpy")
@@ -115,12 +116,16 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
     capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
     source = "get_memory_profile" if peak is not None else None
+    program = None
     if peak is None:
         top_i, _ = stepped_module(snapshot)
         mib = ev.number(ev.get(snapshot, "get_peak_allocations",
                                f"summary.top_modules[{top_i}].total_hbm_mib"))
         peak = round(mib / 1024.0, 4) if mib is not None else None
         source = "get_peak_allocations" if peak is not None else None
+        if peak is not None:
+            program = ev.get(snapshot, "get_peak_allocations",
+                             f"summary.top_modules[{top_i}].module_name")
     if capacity is not None and capacity <= 0:
         capacity = None
     risk = oom_risk(peak, capacity)
@@ -139,6 +144,8 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "oom_risk": risk,
         "oom_risk_rule": rule,
         "peak_memory_source": source,
+        # The compiled program whose buffers peak_memory_gib is (get_peak_allocations only).
+        "peak_memory_program": program,
         # Where device idle came from, over what, and what every source said.
         "device_idle_source": chosen.label if chosen else None,
         "device_idle_window": chosen.window if chosen else None,
@@ -157,7 +164,10 @@ def stepped_module(snapshot: Mapping[str, Any]) -> tuple[int, int]:
     ran in the measured steps, so memory is judged on the training step and not on a setup
     program (weights init, RNG); (0, 0) when the timeline names no program."""
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
-    ran = {str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
+    # The programs with an op inside a measured step; without steps (or from an older
+    # snapshot), every program that ran while the profiler was on.
+    ran = {str(k) for k in hb.get("programs_in_steps") or ()} or {
+        str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
     top = ev.get(snapshot, "get_peak_allocations", "summary.top_modules", []) or []
     modules = ev.get(snapshot, "get_peak_allocations", "modules", []) or []
     if not ran:
@@ -201,19 +211,33 @@ class IdleSource:
 def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
     """Every measurement of device idle the profile has, the one to judge by first.
 
-    On CPU the timeline's host wait per step is the only one. Elsewhere: xprof's overview (per
+    On CPU: the timeline's host wait per step or, with no step markers, the busy share of
+    the active span (the capture window from the first op to the last). Elsewhere: xprof's overview (per
     step), the step trace when it has at least 3 steps, the op profile's IDLE row (over the
     profiled window; not when IDLE is its only row, i.e. it saw no op at all), our timeline
     (busy share of each host's active span), then a step trace of 1 or 2 steps.
     """
     out: list[IdleSource] = []
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hosts = [h for h in hb.get("per_host") or []
+             if ev.number(h.get("busy_in_active_span_percent")) is not None]
+    timeline = None
+    if hosts:
+        busy = sum(float(h["busy_in_active_span_percent"]) for h in hosts) / len(hosts)
+        timeline = IdleSource("timeline (busy share of the active span)", 100.0 - busy,
+                              "capture window", (
+                                  ("get_step_trace",
+                                   "host_bound_analysis.per_host[0].busy_in_active_span_percent"),
+                                  ("get_step_trace",
+                                   "host_bound_analysis.per_host[0].active_span_ms")))
     if _is_cpu(snapshot):
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             out.append(IdleSource("timeline host wait per step", wait, "steps", (
                 ("get_step_trace", "host_bound_analysis.host_wait_percent"),
                 ("get_step_trace", "host_bound_analysis.steps_analyzed"))))
+        elif timeline is not None:
+            out.append(timeline)
         return out
     path = "performance_summary.device_idle_time_percent"
     overview = ev.percent(ev.get(snapshot, "get_xprof_overview", path))
@@ -243,16 +267,8 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
                 ("get_hlo_op_profile", "category_summary[category=IDLE].fraction_of_total_time"),
                 ("get_hlo_op_profile", "category_summary[category=IDLE].total_self_time_ms"),
                 ("get_hlo_op_profile", "total_profile_time_ms"))))
-    hosts = [h for h in hb.get("per_host") or []
-             if ev.number(h.get("busy_in_active_span_percent")) is not None]
-    if hosts:
-        busy = sum(float(h["busy_in_active_span_percent"]) for h in hosts) / len(hosts)
-        out.append(IdleSource("timeline (busy share of the active span)", 100.0 - busy,
-                              "capture window", (
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].busy_in_active_span_percent"),
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].active_span_ms"))))
+    if timeline is not None:
+        out.append(timeline)
     if step_source is not None and steps < MIN_STEPS_FOR_STEP_IDLE:
         out.append(step_source)
     return out
@@ -365,8 +381,8 @@ def _host_bound(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
 
 
 def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
-    if _is_cpu(snapshot):
-        return []  # On CPU, the host-bound analysis covers idle time.
+    if _is_cpu(snapshot) and metrics.get("device_idle_window") == "steps":
+        return []  # On CPU with steps, the host-bound analysis covers idle time.
     idle = metrics.get("device_idle_percent")
     if idle is None or idle < IDLE_P1_PERCENT:
         return []
@@ -697,7 +713,10 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             if other_tool != tool:
                 proof.append(ev.cite(snapshot, other_tool, f"detections[{j}].instruction"))
         labels = list(dict.fromkeys(_DETECTOR_TITLES[c["category"]] for c in causes))
-        share = f"{pct:.1f}% of step" if pct is not None else "time not measured"
+        # Without steps the op's time is a share of the capture window, not of a step.
+        window = d.get("share_of") == "capture window"
+        unit = "% of device time" if window else "% of step"
+        share = (f"{pct:.1f}{unit}" if pct is not None else "time not measured")
         links = len(d.get("chain") or ())
         what = f"{links}-link chain from {d.get('instruction')}" if links > 1 else str(
             d.get("instruction"))
@@ -705,9 +724,10 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             category=category, priority=priority,
             title=f"{' and '.join(labels)}: {what} ({share})",
             evidence=proof,
-            impact=_impact(pct, "% of step",
-                           f"{d.get('time_ms')} ms ({share}) spent in {what}"
-                           if pct is not None else
+            impact=_impact(pct, unit,
+                           f"{d.get('time_ms')} ms ({share}"
+                           + (" over the capture window" if window else "")
+                           + f") spent in {what}" if pct is not None else
                            "not found on the timeline; impact not measured"),
             details={"detection": d, "tool": tool, "index": i, "causes": causes},
         ))
@@ -755,6 +775,11 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             util = 100.0 - wait
+        elif metrics.get("device_idle_window") == "capture window" and (
+                metrics.get("device_idle_percent") is not None):
+            # No step markers: judged over the capture window instead.
+            util = round(100.0 - float(metrics["device_idle_percent"]), 2)
+            util_source = "XLA:CPU busy share of the capture window (timeline, no step markers)"
     else:
         # A busy device is not a computing one: time in copies, collectives and IDLE does not
         # count (a duty cycle of 86% is mostly copy-done on the TPU fixture).
@@ -811,7 +836,10 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
                 and h.priority in ("P0", "P1")]
     checks.append(_check("no detector finding has a material impact", len(material),
                          "HLO detectors with a share of step time",
-                         None if not det_tools else not material, "0 findings >= 3% of step"))
+                         None if not det_tools else not material,
+                         f"0 findings >= {DETECTOR_P1_PERCENT:g}% of "
+                         + ("step" if metrics.get("step_time_ms") is not None else
+                            "device time (capture window)")))
     for c in checks:
         if c["passed"] is None:
             not_judged.append(f"{c['check']}: {c['why_unknown']}")
