@@ -499,12 +499,12 @@ def _communication(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
         what = f"Collectives ({', '.join(kinds)}) take a large share of time."
     fixes = {
         "all-gather": (
-            f"Do not gather what each device only partly uses: compute on the local shard "
-            f"inside `shard_map` and exchange only the (smaller) result: a reduction of a "
-            f"gathered array, `jnp.sum(jax.lax.all_gather(x, axis), 0)`, is "
-            f"`jax.lax.psum(jnp.sum(x, 0), axis)`; if every device needs the whole array, "
-            f"shard its consumer too (`NamedSharding(mesh, P(axis))` on the output) so XLA "
-            f"can overlap the gather with compute."),
+            "Do not gather what each device only partly uses: compute on the local shard "
+            "inside `shard_map` and exchange only the (smaller) result: a reduction of a "
+            "gathered array, `jnp.sum(jax.lax.all_gather(x, axis), 0)`, is "
+            "`jax.lax.psum(jnp.sum(x, 0), axis)`; if every device needs the whole array, "
+            "shard its consumer too (`NamedSharding(mesh, P(axis))` on the output) so XLA "
+            "can overlap the gather with compute."),
         "all-reduce": (
             "Reduce fewer bytes, less often: `jax.lax.psum_scatter` (reduce-scatter) with "
             "sharded optimizer state instead of a full all-reduce, bf16 gradients, and "
