@@ -213,9 +213,9 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
 
     On CPU: the timeline's host wait per step or, with no step markers, the busy share of
     the active span (the capture window from the first op to the last). Elsewhere: xprof's
-    overview (per step), the step trace when it has at least 3 steps, the op profile's IDLE row (over the
-    profiled window; not when IDLE is its only row, i.e. it saw no op at all), our timeline
-    (busy share of each host's active span), then a step trace of 1 or 2 steps.
+    overview (per step), the step trace when it has at least 3 steps, the op profile's IDLE
+    row (over the profiled window; not when IDLE is its only row, i.e. it saw no op at all),
+    our timeline (busy share of each host's active span), then a step trace of 1 or 2 steps.
     """
     out: list[IdleSource] = []
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
