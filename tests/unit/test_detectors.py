@@ -310,7 +310,7 @@ def test_to_dict_is_json_ready_with_every_field():
     assert set(out) == {
         "detector", "module", "instruction", "inner_instruction", "opcode", "input_shape",
         "output_shape", "input_layout", "output_layout", "bytes", "source", "description",
-        "chain"}
+        "chain", "fused_with"}
     assert out["bytes"] == d.bytes
     assert out["chain"] == []  # one kernel; a chain lists its costly links
 

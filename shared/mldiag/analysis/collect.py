@@ -288,6 +288,20 @@ class _Assembler:
                 c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
                                         if ms is not None and step_ms else None)
             extra["async_copies"] = copies
+            # Custom calls, found in the same pass over the HLO: XLA cannot fuse them and its
+            # cost model counts them as 0 FLOPs, so their share of time is worth stating.
+            calls = detectors.custom_calls(texts)
+            for c in calls:
+                if ".py:" not in c["source"]:
+                    where = sources.get(c["module"], {})
+                    c["source"] = where.get(c["instruction"]) or c["source"]
+                ms = op_ms(c["module"], c["instruction"])
+                c["time_ms"] = round(ms, 4) if ms is not None else None
+                c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
+                                        if ms is not None and step_ms else None)
+                c["share_of"] = share_of
+            calls.sort(key=lambda c: -(c["time_ms"] or 0.0))
+            extra["custom_calls"] = calls
         return {
             **extra,
             "detections": found,

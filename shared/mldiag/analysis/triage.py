@@ -310,6 +310,7 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
     out += _roofline(snapshot, metrics)
     out += _memory(snapshot, metrics)
     out += _detectors(snapshot)
+    out += _custom_calls(snapshot)
     out += _suggestions(snapshot)
     order = {"P0": 0, "P1": 1, "P2": 2}
     out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
@@ -328,8 +329,11 @@ def share_of_one_whole(found: list[Hypothesis]) -> None:
     first; upper-bound estimates (roofline headroom) last. An impact that would pass 100% is
     cut to what is left, and says it was (`impact.overlap_trimmed_from`)."""
     left = 100.0
-    measured = [h for h in found if h.category not in _ESTIMATES]
-    for h in measured + [h for h in found if h.category in _ESTIMATES]:
+
+    def estimate(h: Hypothesis) -> bool:
+        return h.category in _ESTIMATES or bool(h.details.get("estimate"))
+    measured = [h for h in found if not estimate(h)]
+    for h in measured + [h for h in found if estimate(h)]:
         value = h.impact.get("value")
         if h.impact.get("unit") not in ("% of step", "% of device time") or value is None:
             continue
@@ -428,7 +432,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
                        f"running (source: {metrics.get('device_idle_source')})"),
         details={"source": metrics.get("device_idle_source"), "window": window,
                  "sources": metrics.get("device_idle_sources"),
-                 "idle_devices": idle_devices},
+                 "idle_devices": idle_devices, "cpu": _is_cpu(snapshot)},
     )]
 
 
@@ -700,6 +704,8 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
                 continue
             priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
+            if d.get("fused_with") and priority == "P0":
+                priority = "P1"  # the fusion's whole time bounds the transpose's, above
         per_category[category] = rank + 1
         fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
                   "output_layout", "time_ms", "percent_of_step"]
@@ -713,6 +719,9 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             if other_tool != tool:
                 proof.append(ev.cite(snapshot, other_tool, f"detections[{j}].instruction"))
         labels = list(dict.fromkeys(_DETECTOR_TITLES[c["category"]] for c in causes))
+        fused = list(d.get("fused_with") or ())
+        if fused and tool == "detect_layout_mismatch_copies":
+            labels[0] = f"Transpose fused into the {'/'.join(fused[:3])} kernel"
         # Without steps the op's time is a share of the capture window, not of a step.
         window = d.get("share_of") == "capture window"
         unit = "% of device time" if window else "% of step"
@@ -727,11 +736,70 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             impact=_impact(pct, unit,
                            f"{d.get('time_ms')} ms ({share}"
                            + (" over the capture window" if window else "")
-                           + f") spent in {what}" if pct is not None else
+                           + f") spent in {what}"
+                           + (", the whole fusion's time: an upper bound on the transpose's"
+                              if fused else "") if pct is not None else
                            "not found on the timeline; impact not measured"),
-            details={"detection": d, "tool": tool, "index": i, "causes": causes},
+            details={"detection": d, "tool": tool, "index": i, "causes": causes,
+                     "estimate": bool(fused)},
         ))
     return out
+
+
+CUSTOM_CALL_P1_PERCENT = 50.0
+CUSTOM_CALL_REPORT_PERCENT = 10.0
+_OP_PATH_CALL = re.compile(r"jit\((\w+)\)")
+
+
+def custom_call_api(source: str, primitive: str) -> str:
+    """The JAX function a custom call came from: the first `jit(name)` under the step's own
+    jit in its op path (`jit(step)/jit(solve)/lu` → `solve`), else its primitive."""
+    op_path = source.partition(" (")[2].rstrip(")") if " (" in source else source
+    calls = [c for c in _OP_PATH_CALL.findall(op_path) if not c.startswith("_")]
+    return calls[1] if len(calls) > 1 else primitive or (op_path.rsplit("/", 1)[-1])
+
+
+def custom_call_share(snapshot: Mapping[str, Any]) -> tuple[float, list[int]] | None:
+    """The timed custom calls' summed share of step (or window) time, and their indices."""
+    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
+    timed = [i for i, c in enumerate(calls) if isinstance(c, Mapping)
+             and ev.number(c.get("percent_of_step")) is not None]
+    if not timed:
+        return None
+    return sum(float(calls[i]["percent_of_step"]) for i in timed), timed
+
+
+def _custom_calls(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    """Custom calls (LAPACK, cuSOLVER, FFI): what share of the time XLA cannot see into."""
+    found = custom_call_share(snapshot)
+    if found is None or found[0] < CUSTOM_CALL_REPORT_PERCENT:
+        return []
+    share, timed = found
+    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls")
+    tool = "detect_layout_mismatch_copies"
+    proof = []
+    for i in timed[:4]:
+        proof += [ev.cite(snapshot, tool, f"custom_calls[{i}].{f}")
+                  for f in ("instruction", "target", "time_ms", "percent_of_step", "source")
+                  if calls[i].get(f) not in (None, "")]
+    window = calls[timed[0]].get("share_of") == "capture window"
+    unit = "% of device time" if window else "% of step"
+    names = list(dict.fromkeys(
+        custom_call_api(str(calls[i].get("source") or ""), str(calls[i].get("linalg") or ""))
+        or str(calls[i].get("target")) for i in timed))
+    return [Hypothesis(
+        category="other",
+        # A large share of opaque calls is worth the user's attention, but it measures no
+        # waste: never P0, and its share is counted after the measured waste.
+        priority="P1" if share >= CUSTOM_CALL_P1_PERCENT else "P2",
+        title=(f"Custom calls ({', '.join(names[:4])}) take {share:.1f}"
+               f"{unit}; XLA cannot fuse them and counts them as 0 FLOPs"),
+        evidence=proof,
+        impact=_impact(share, unit, f"{share:.1f}{unit} runs in {len(timed)} custom call(s) "
+                       "whose efficiency this profile cannot judge (no FLOP count)"),
+        details={"kind": "custom_calls", "estimate": True, "indices": timed,
+                 "apis": names},
+    )]
 
 
 _DETECTOR_TITLES = {
@@ -852,6 +920,13 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
                           "time first)")
     for caveat in roofline_caveats(snapshot):
         not_judged.append(f"roofline FLOP rate: {caveat}")
+    calls = custom_call_share(snapshot)
+    if calls is not None and calls[0] >= CUSTOM_CALL_REPORT_PERCENT and not roofline_caveats(
+            snapshot):
+        not_judged.append(f"custom-call efficiency: custom calls run {calls[0]:.1f}% of the "
+                          f"{'step' if metrics.get('step_time_ms') is not None else 'window'} "
+                          "and XLA's cost model counts them as 0 FLOPs, so no FLOP rate or "
+                          "roofline bound is claimed for that time")
     if metrics.get("step_time_ms") is None:
         not_judged.append("step time: the trace has no step markers, so idle, utilization and "
                           "impacts are judged over the capture window (wrap each training step "
