@@ -1,7 +1,7 @@
 """Profile shape: a step dominated by LAPACK custom calls on XLA:CPU.
 
 Each step solves a linear system, takes an eigendecomposition and a singular value
-decomposition of 256x256 matrices (``jnp.linalg.solve``/``eigh``/``svd``). XLA:CPU runs
+decomposition of 192x192 matrices (``jnp.linalg.solve``/``eigh``/``svd``). XLA:CPU runs
 them as FFI custom calls into LAPACK (``lapack_*_ffi``): opaque to XLA, with no FLOP count
 in the HLO cost model, and most of the step's time.
 """
@@ -16,7 +16,7 @@ if __package__:
 else:
     from _common import main, run_profiled
 
-N = 256
+N = 192
 
 
 def step(a: jax.Array, b: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -16,7 +16,7 @@ if __package__:
 else:
     from _common import main, run_profiled
 
-ROWS = 2048
+ROWS = 1024
 COLS = 4096
 
 

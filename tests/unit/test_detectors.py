@@ -11,6 +11,7 @@ from mldiag.analysis import hlo
 from mldiag.analysis.detectors import (
     MIN_BYTES,
     Detection,
+    custom_calls,
     detect_layout_mismatch_copies,
     detect_unfused_reshapes,
     detect_unnecessary_convert_reduce,
@@ -375,3 +376,50 @@ def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
     ctx = _Context({"tools": {}}, None)  # type: ignore[arg-type]
     fix = _convert_reduce(h, ctx)["fix"]
     assert "jnp.max(x, axis=axis)" in fix and "sum-of-squares" not in fix
+
+
+_FUSED_TRANSPOSE = """HloModule jit_step, entry_computation_layout={(f32[512,512]{1,0}, f32[512,512]{1,0})->f32[512,512]{1,0}}
+
+%fused_computation (param_0.2: f32[512,512], param_1.2: f32[512,512]) -> f32[512,512] {
+  %param_1.2 = f32[512,512]{1,0} parameter(1)
+  %transpose.0 = f32[512,512]{0,1} transpose(%param_1.2), dimensions={1,0}, metadata={op_name="jit(step)/transpose" source_file="/src/train.py" source_line=41}
+  %copy.1 = f32[512,512]{1,0} copy(%transpose.0), metadata={op_name="jit(step)/transpose" source_file="/src/train.py" source_line=41}
+  %param_0.2 = f32[512,512]{1,0} parameter(0)
+  %add.0 = f32[512,512]{1,0} add(%copy.1, %param_0.2)
+  ROOT %tanh.0 = f32[512,512]{1,0} tanh(%add.0)
+}
+
+ENTRY %main.1 (x.1: f32[512,512], y.1: f32[512,512]) -> f32[512,512] {
+  %x.1 = f32[512,512]{1,0} parameter(0), metadata={op_name="x"}
+  %y.1 = f32[512,512]{1,0} parameter(1), metadata={op_name="y"}
+  ROOT %add_tanh_fusion = f32[512,512]{1,0} fusion(%y.1, %x.1), kind=kLoop, calls=%fused_computation
+}
+"""
+
+
+def test_a_transpose_fused_into_an_elementwise_consumer_is_a_layout_finding():
+    (d,) = detect_layout_mismatch_copies({"jit_step(1)": _FUSED_TRANSPOSE})
+    assert (d.instruction, d.inner_instruction) == ("add_tanh_fusion", "copy.1")
+    assert d.fused_with == ("add", "tanh")
+    assert d.source == "train.py:41 (jit(step)/transpose)"
+    assert "inside the fusion that also computes add, tanh" in d.description
+    # The same fusion without the transpose reorders nothing.
+    plain = _FUSED_TRANSPOSE.replace("transpose(%param_1.2), dimensions={1,0}",
+                                     "copy(%param_1.2)").replace("f32[512,512]{0,1} copy",
+                                                                 "f32[512,512]{1,0} copy")
+    assert detect_layout_mismatch_copies({"jit_step(1)": plain}) == []
+
+
+def test_custom_calls_name_their_target_and_linalg_primitive():
+    text = """HloModule jit_step, entry_computation_layout={(f32[256,256]{1,0})->f32[256]{0}}
+
+ENTRY %main.1 (a.1: f32[256,256]) -> f32[256] {
+  %a.1 = f32[256,256]{1,0} parameter(0)
+  %eigh.0 = (f32[256,256]{0,1}, f32[256]{0}, s32[]) custom-call(%a.1), custom_call_target="lapack_ssyevd_ffi", metadata={op_name="jit(step)/jit(eigh)/eigh" source_file="/src/train.py" source_line=9}
+  ROOT %gte.1 = f32[256]{0} get-tuple-element(%eigh.0), index=1
+}
+"""
+    (c,) = custom_calls({"jit_step(1)": text})
+    assert (c["instruction"], c["target"], c["linalg"]) == ("eigh.0", "lapack_ssyevd_ffi",
+                                                            "eigh")
+    assert c["source"] == "train.py:9 (jit(step)/jit(eigh)/eigh)"

@@ -260,3 +260,76 @@ def test_memory_is_judged_on_the_program_that_ran_in_the_steps() -> None:
     assert t.metrics["peak_memory_gib"] == pytest.approx(8.0 / 1024, abs=1e-4)
     assert t.status == OPTIMAL and not any(h.category == "memory_pressure"
                                            for h in t.hypotheses)
+
+
+def _cpu_without_steps(busy_percent: float) -> dict[str, Any]:
+    """An XLA:CPU capture with no step markers: only our timeline's active span."""
+    s = healthy_snapshot()
+    tools = s["tools"]
+    tools["get_xprof_overview"]["data"]["run_environment"] = {"device_type": "CPU"}
+    tools["get_xprof_overview"]["data"]["performance_summary"] = {}
+    for name in ("get_hlo_op_profile", "get_roofline_model", "get_memory_profile"):
+        tools[name] = {"status": "NO_DATA", "elapsed_ms": 1.0, "data": {"reason": "CPU"}}
+    tools["get_step_trace"] = _tool({"status": "NO_DATA", "host_bound_analysis": {
+        "steps_analyzed": 0, "step_time_ms_average": None, "host_wait_percent": None,
+        "per_host": [{"host": "h0", "steps": 0, "active_span_ms": 200.0,
+                      "busy_in_active_span_percent": busy_percent}],
+        "op_time_ms_by_program": {"7": {"fusion": 10.0}}, "programs_in_steps": []}})
+    return s
+
+
+def test_cpu_without_steps_is_judged_on_the_busy_share_of_the_window() -> None:
+    t = triage(_cpu_without_steps(6.0))
+    m = t.metrics
+    assert m["device_idle_percent"] == pytest.approx(94.0)
+    assert m["device_idle_window"] == "capture window" and m["step_time_ms"] is None
+    util = next(c for c in t.checks if c["check"].startswith("compute utilization"))
+    assert util["passed"] is False and util["value"] == pytest.approx(6.0)
+    assert "capture window" in util["source"]
+    idle = next(h for h in t.hypotheses if h.category == "idle")
+    assert idle.priority == "P0" and idle.title == "Device idle 94.0% of the capture window"
+    assert idle.impact["unit"] == "% of device time"
+    assert idle.evidence[0]["field"] == (
+        "host_bound_analysis.per_host[0].busy_in_active_span_percent")
+    busy = triage(_cpu_without_steps(97.0))
+    assert not [h for h in busy.hypotheses if h.category == "idle"]
+    assert next(c for c in busy.checks if c["check"].startswith("compute"))["passed"] is True
+
+
+def test_memory_is_judged_on_a_program_that_ran_in_the_steps() -> None:
+    s = _cpu_without_steps(97.0)
+    hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
+    hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
+    s["tools"]["get_peak_allocations"] = _tool({
+        "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 768.0},
+                                    {"module_name": "jit_step(7)", "total_hbm_mib": 2.0}]},
+        "modules": [{"module_name": "jit_init(3)"}, {"module_name": "jit_step(7)"}]})
+    # Both ran in the capture; without steps the largest of them is judged...
+    assert triage(s).metrics["peak_memory_program"] == "jit_init(3)"
+    # ...but with steps, only the programs the steps ran.
+    hb["programs_in_steps"] = ["7"]
+    t = triage(s)
+    assert t.metrics["peak_memory_program"] == "jit_step(7)"
+    assert t.metrics["oom_risk"] == "LOW"
+    assert not [h for h in t.hypotheses if h.category == "memory_pressure"]
+
+
+def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
+    s = _cpu_without_steps(97.0)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
+        {"module": "jit_step(7)", "instruction": "eigh.0", "target": "lapack_ssyevd_ffi",
+         "linalg": "eigh", "source": "train.py:9 (jit(step)/jit(eigh)/eigh)",
+         "time_ms": 120.0, "percent_of_step": 60.0, "share_of": "capture window"},
+        {"module": "jit_step(7)", "instruction": "lu.0", "target": "lapack_sgetrf_ffi",
+         "linalg": "lu", "source": "train.py:8 (jit(step)/jit(solve)/lu)",
+         "time_ms": 10.0, "percent_of_step": 5.0, "share_of": "capture window"}]
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
+    assert h.priority == "P1" and h.impact["value"] == pytest.approx(65.0)
+    assert h.title.startswith("Custom calls (eigh, solve) take 65.0% of device time")
+    assert {e["field"] for e in h.evidence} >= {"custom_calls[0].percent_of_step",
+                                                "custom_calls[0].target"}
+    assert any(n.startswith("custom-call efficiency") for n in t.not_judged)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
+        "percent_of_step"] = 4.0
+    assert not [h for h in triage(s).hypotheses if h.details.get("kind") == "custom_calls"]
