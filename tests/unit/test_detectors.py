@@ -378,23 +378,7 @@ def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
     assert "jnp.max(x, axis=axis)" in fix and "sum-of-squares" not in fix
 
 
-_FUSED_TRANSPOSE = """HloModule jit_step, entry_computation_layout={(f32[512,512]{1,0}, f32[512,512]{1,0})->f32[512,512]{1,0}}
-
-%fused_computation (param_0.2: f32[512,512], param_1.2: f32[512,512]) -> f32[512,512] {
-  %param_1.2 = f32[512,512]{1,0} parameter(1)
-  %transpose.0 = f32[512,512]{0,1} transpose(%param_1.2), dimensions={1,0}, metadata={op_name="jit(step)/transpose" source_file="/src/train.py" source_line=41}
-  %copy.1 = f32[512,512]{1,0} copy(%transpose.0), metadata={op_name="jit(step)/transpose" source_file="/src/train.py" source_line=41}
-  %param_0.2 = f32[512,512]{1,0} parameter(0)
-  %add.0 = f32[512,512]{1,0} add(%copy.1, %param_0.2)
-  ROOT %tanh.0 = f32[512,512]{1,0} tanh(%add.0)
-}
-
-ENTRY %main.1 (x.1: f32[512,512], y.1: f32[512,512]) -> f32[512,512] {
-  %x.1 = f32[512,512]{1,0} parameter(0), metadata={op_name="x"}
-  %y.1 = f32[512,512]{1,0} parameter(1), metadata={op_name="y"}
-  ROOT %add_tanh_fusion = f32[512,512]{1,0} fusion(%y.1, %x.1), kind=kLoop, calls=%fused_computation
-}
-"""
+_FUSED_TRANSPOSE = _text("cpu_fused_transpose")
 
 
 def test_a_transpose_fused_into_an_elementwise_consumer_is_a_layout_finding():
@@ -411,14 +395,7 @@ def test_a_transpose_fused_into_an_elementwise_consumer_is_a_layout_finding():
 
 
 def test_custom_calls_name_their_target_and_linalg_primitive():
-    text = """HloModule jit_step, entry_computation_layout={(f32[256,256]{1,0})->f32[256]{0}}
-
-ENTRY %main.1 (a.1: f32[256,256]) -> f32[256] {
-  %a.1 = f32[256,256]{1,0} parameter(0)
-  %eigh.0 = (f32[256,256]{0,1}, f32[256]{0}, s32[]) custom-call(%a.1), custom_call_target="lapack_ssyevd_ffi", metadata={op_name="jit(step)/jit(eigh)/eigh" source_file="/src/train.py" source_line=9}
-  ROOT %gte.1 = f32[256]{0} get-tuple-element(%eigh.0), index=1
-}
-"""
+    text = _text("cpu_eigh_custom_call")
     (c,) = custom_calls({"jit_step(1)": text})
     assert (c["instruction"], c["target"], c["linalg"]) == ("eigh.0", "lapack_ssyevd_ffi",
                                                             "eigh")
