@@ -610,7 +610,7 @@ def _custom_calls(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     what = (f"{h.impact.get('value')}{unit} runs in custom calls: {listed}. XLA treats each "
             "as an opaque library call: it cannot fuse it with its neighbours, and its cost "
             "model counts it as 0 FLOPs, so no roofline or FLOP rate covers this time.")
-    fixes = []
+    fixes: list[str] = []
     for c, api, where in rows:
         advice = _CUSTOM_CALL_FIXES.get(api) or _CUSTOM_CALL_FIXES.get(
             str(c.get("linalg") or ""))
