@@ -18,7 +18,7 @@ if __package__:
 else:
     from _common import main, run_profiled
 
-ROWS = 4096
+ROWS = 2048
 COLS = 4096
 
 

@@ -1,8 +1,8 @@
 """Profile shape: a large one-off setup program next to a small steady step.
 
-Inside the trace, before the first step, one jitted ``init`` builds twelve f32[4096,4096]
-buffers (768 MiB) and reduces them to the small weights the step needs; the steps then run
-a 512x512 MLP layer. The biggest compiled program in the profile is the setup, not the
+Inside the trace, before the first step, one jitted ``init`` builds nine f32[4096,4096]
+buffers (576 MiB), a stand-in for weight init or a data cache; the steps then run
+a 1024-wide dense layer. The biggest compiled program in the profile is the setup, not the
 step: memory must be judged on the programs that ran in the measured steps.
 """
 
@@ -17,8 +17,9 @@ else:
     from _common import main, run_profiled
 
 BIG = 4096  # one f32[BIG, BIG] buffer is 64 MiB
-BUFFERS = 12
-WIDTH = 512
+BUFFERS = 9
+WIDTH = 1024
+BATCH = 512
 
 
 def init(scale: jax.Array) -> tuple[jax.Array, ...]:
@@ -35,7 +36,7 @@ def step(w: jax.Array, x: jax.Array) -> jax.Array:
 def run(logdir: str, steps: int = 8) -> None:
     """Profile one setup program and ``steps`` small steps into ``logdir``."""
     init_jit = jax.jit(init)
-    x = jax.random.normal(jax.random.key(0), (256, WIDTH), jnp.float32)
+    x = jax.random.normal(jax.random.key(0), (BATCH, WIDTH), jnp.float32)
     w = jnp.eye(WIDTH, dtype=jnp.float32)
     run_profiled(step, (w, x), logdir, steps=steps,
                  setup=lambda: init_jit(jnp.float32(1e-3)))

@@ -691,6 +691,10 @@ def _without_asides(text: str) -> str:
     return "".join(out)
 
 
+def _check_value(value: Any) -> str:
+    return f"measured {value:.1f}%" if isinstance(value, float) else f"measured {value}"
+
+
 def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
     """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
     m = triage.metrics
@@ -716,8 +720,19 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         if fix:
             sentences.append(f"Fix first: {fix}")
     else:
-        sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
-                         "but health could not be confirmed from the data available.")
+        failed = [c for c in triage.checks if c.get("passed") is False]
+        if failed:
+            # A failed check is the reason for the verdict even when no finding names a cause.
+            sentences.append(
+                f"This {device} profile ({hosts} host(s)) needs attention although no finding "
+                "names a cause: " + "; ".join(
+                    f"the check \"{c['check']}\" failed ({_check_value(c['value'])}, "
+                    f"target {c['target']}, "
+                    f"from {c['source']})" for c in failed) + ".")
+        else:
+            sentences.append(f"No bottleneck was found in this {device} profile ({hosts} "
+                             "host(s)), but health could not be confirmed from the data "
+                             "available.")
     parts = []
     if m.get("step_time_ms") is not None:
         spread = m.get("step_time_spread") or {}

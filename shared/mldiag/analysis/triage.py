@@ -701,7 +701,9 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
         if pct is None:
             priority = "P2"
         else:
-            if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
+            # A fused transpose's share is its whole fusion's, an upper bound: below 1% it
+            # is noise even when it is the only one.
+            if pct < MATERIAL_DETECTOR_PERCENT and (rank > 0 or d.get("fused_with")):
                 continue
             priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
             if d.get("fused_with") and priority == "P0":
