@@ -395,7 +395,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     per_step = window == "steps" and proof[0]["tool"] == "get_step_trace"
     steps = int(ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")) or 0)
     duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
-    if duty is not None:
+    if duty is not None and not _is_cpu(snapshot):  # xprof's device metrics are not CPU's
         proof.append(ev.cite(snapshot, "get_xprof_overview",
                              "performance_summary.device_duty_cycle_percent"))
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
@@ -621,7 +621,8 @@ def _roofline(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[H
         evidence=proof,
         impact=_impact(100.0 - eff, "% of device time",
                        f"upper bound: at its roofline this work would take {eff:.2f}% of its "
-                       f"current device time, so up to {100.0 - eff:.1f}% is headroom{note}"),
+                       f"current device time, so up to {100.0 - eff:.1f}% is headroom{note}")
+        | {"upper_bound": True},
         details={"bound_by": bound, "ops_split": split, "caveats": caveats,
                  "operational_intensity_field": oi_field.split(".", 1)[1]},
     )]
@@ -745,6 +746,8 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             details={"detection": d, "tool": tool, "index": i, "causes": causes,
                      "estimate": bool(fused)},
         ))
+        if fused and pct is not None:
+            out[-1].impact["upper_bound"] = True
     return out
 
 
@@ -905,7 +908,7 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     material = [h for h in found if h.category in DETECTOR_CATEGORY.values()
                 and h.priority in ("P0", "P1")]
     checks.append(_check("no detector finding has a material impact", len(material),
-                         "HLO detectors with a share of step time",
+                         "HLO detectors with a share of step (or, without steps, window) time",
                          None if not det_tools else not material,
                          f"0 findings >= {DETECTOR_P1_PERCENT:g}% of "
                          + ("step" if metrics.get("step_time_ms") is not None else
