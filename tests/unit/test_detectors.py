@@ -400,3 +400,4 @@ def test_custom_calls_name_their_target_and_linalg_primitive():
     assert (c["instruction"], c["target"], c["linalg"]) == ("eigh.0", "lapack_ssyevd_ffi",
                                                             "eigh")
     assert c["source"] == "train.py:9 (jit(step)/jit(eigh)/eigh)"
+    assert c["outputs_read"] == [1]  # the eigenvalues only: `eigvalsh` would do

@@ -663,7 +663,9 @@ _LINALG_ROUTINES = (
 def custom_calls(modules: Mapping[str, str]) -> list[dict[str, Any]]:
     """Every executing custom call (top level, or inside a fusion): its target and, for the
     LAPACK/cuSOLVER routines, the JAX primitive behind it. XLA cannot fuse these calls and
-    its cost model counts them as 0 FLOPs."""
+    its cost model counts them as 0 FLOPs. ``outputs_read`` lists the tuple outputs that
+    something reads (None when the call is not a top-level tuple): eigenvectors nobody
+    reads, for example, are work `eigvalsh` would skip."""
     out: list[dict[str, Any]] = []
     for name in sorted(modules):
         text = modules[name]
@@ -681,8 +683,14 @@ def custom_calls(modules: Mapping[str, str]) -> list[dict[str, Any]]:
                     continue
                 target = call.attributes.get("custom_call_target", "").strip('"')
                 primitive = next((p for stem, p in _LINALG_ROUTINES if stem in target), "")
+                read: list[int] | None = None
+                if call is instruction and call.shape.is_tuple:
+                    users = computation.users(call.name)
+                    if all(u.opcode == "get-tuple-element" for u in users):
+                        read = sorted({u.tuple_index for u in users
+                                       if u.tuple_index is not None})
                 out.append({"module": name, "instruction": instruction.name,
                             "target": target, "linalg": primitive,
-                            "output_shape": call.shape.text,
+                            "output_shape": call.shape.text, "outputs_read": read,
                             "source": _source(call) or _source(instruction)})
     return out

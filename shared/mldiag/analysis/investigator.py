@@ -594,6 +594,31 @@ _CUSTOM_CALL_FIXES = {
 }
 
 
+def _read_outputs_fix(call: Mapping[str, Any]) -> str:
+    """Advice from which of a LAPACK call's outputs the program reads (HLO users): eigh's
+    output 0 is the eigenvectors; gesdd's outputs 2 and 3 are U and Vᵀ."""
+    read = call.get("outputs_read")
+    if not isinstance(read, list):
+        return ""
+    linalg = str(call.get("linalg") or "")
+    if linalg == "eigh":
+        if 0 not in read:
+            return ("the eigenvectors (output 0) are never read: call `jnp.linalg.eigvalsh`, "
+                    "which does not compute them")
+        return ("the eigenvectors are read, so `eigvalsh` would not do; if the matrix does not "
+                "change between steps, decompose it once outside the step, and when only a few "
+                "extreme eigenpairs are used, `jax.experimental.sparse.linalg.lobpcg_standard` "
+                "computes just those")
+    if linalg == "svd":
+        if 2 not in read and 3 not in read:
+            return ("only the singular values are read (U and Vᵀ, outputs 2 and 3, are not); "
+                    "when only the largest is needed, a few power iterations on `a.T @ a` are "
+                    "far cheaper than a full SVD")
+        return ("U or Vᵀ is read: use `full_matrices=False` (the thin SVD) unless the full "
+                "bases are needed")
+    return ""
+
+
 def _custom_calls(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     calls = ev.get(ctx.snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
     unit = str(h.impact.get("unit"))
@@ -612,7 +637,7 @@ def _custom_calls(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
             "model counts it as 0 FLOPs, so no roofline or FLOP rate covers this time.")
     fixes: list[str] = []
     for c, api, where in rows:
-        advice = _CUSTOM_CALL_FIXES.get(api) or _CUSTOM_CALL_FIXES.get(
+        advice = _read_outputs_fix(c) or _CUSTOM_CALL_FIXES.get(api) or _CUSTOM_CALL_FIXES.get(
             str(c.get("linalg") or ""))
         if advice and not any(f.startswith(f"`{api}`") for f in fixes):
             fixes.append(f"`{api}`" + (f" at `{where}`" if where else "") + f": {advice}")
