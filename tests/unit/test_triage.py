@@ -333,3 +333,25 @@ def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
         "percent_of_step"] = 4.0
     assert not [h for h in triage(s).hypotheses if h.details.get("kind") == "custom_calls"]
+
+
+def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> None:
+    from mldiag.analysis import investigator
+
+    s = _cpu_without_steps(97.0)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
+        {"module": "jit_step(7)", "instruction": "eigh.0", "target": "lapack_ssyevd_ffi",
+         "linalg": "eigh", "source": "train.py:9 (jit(step)/jit(eigh)/eigh)",
+         "outputs_read": [1], "time_ms": 120.0, "percent_of_step": 60.0,
+         "share_of": "capture window"}]
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
+    f = investigator._generic(h, investigator._Context(s, t))
+    assert "`lapack_ssyevd_ffi`" in f["what"] and "0 FLOPs" in f["what"]
+    assert f["fix"].startswith("Make the library calls cheaper or rarer, biggest first: "
+                               "`eigh` at `train.py:9`: the eigenvectors (output 0) are never "
+                               "read: call `jnp.linalg.eigvalsh`")
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
+        "outputs_read"] = [0, 1]
+    f = investigator._generic(h, investigator._Context(s, triage(s)))
+    assert "eigenvectors are read" in f["fix"]
