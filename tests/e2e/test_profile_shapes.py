@@ -55,7 +55,7 @@ def test_no_step_markers_is_judged_over_the_capture_window(analysed):
         assert "% of step" not in finding["title"] + finding["impact"]["text"]
     # The fix names the line from op metadata (stack frames), not only the op path.
     assert "no_step_markers.py:" in f["fix"] and "no_step_markers.py:" in a["summary"]
-    assert "% of step" not in a["summary"] and "% of device time" in text
+    assert "% of step" not in a["summary"] + text and "% of device time" in text
 
 
 def test_idle_window_is_an_idle_finding_with_its_source_and_culprit(analysed):

@@ -1297,6 +1297,9 @@ def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
         )
         if detections:
             built = [_detection_row(d) for d in detections]
+            # Without step markers the shares are of the capture window (device time).
+            windowed = all(_str(d.get("share_of")) == "capture window" for d in detections)
+            share_header = "% of device time" if windowed else "% of step"
             body = _table(
                 [
                     ("Module", "mono id"),
@@ -1306,7 +1309,7 @@ def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
                     ("Layouts (in → out)", "mono nw"),
                     ("Bytes", "num"),
                     ("Time", "num"),
-                    ("% of step", "num"),
+                    (share_header, "num"),
                     ("Description", "desc"),
                 ],
                 [row for row, _ in built],
