@@ -355,3 +355,27 @@ def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> Non
         "outputs_read"] = [0, 1]
     f = investigator._generic(h, investigator._Context(s, triage(s)))
     assert "eigenvectors are read" in f["fix"]
+
+
+def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None:
+    from mldiag.analysis import investigator
+
+    s = _cpu_without_steps(97.0)
+    hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
+    hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
+    hb["programs_in_steps"] = ["7"]
+    s["tools"]["get_peak_allocations"] = _tool({
+        "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 2048.0},
+                                    {"module_name": "jit_step(7)", "total_hbm_mib": 640.0}]},
+        "modules": [
+            {"module_name": "jit_init(3)", "total_hbm_mib": 2048.0,
+             "top_buffers": [{"instruction": "table", "size_mib": 2048.0}]},
+            {"module_name": "jit_step(7)", "total_hbm_mib": 640.0,
+             "top_buffers": [{"instruction": "activations", "size_mib": 512.0}]}]})
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.category == "memory_pressure")
+    assert "0.62 GiB" in h.title
+    assert [e["value"] for e in h.evidence][:2] == ["jit_step(7)", 640.0]
+    f = investigator._memory_pressure(h, investigator._Context(s, t))
+    assert "`jit_step(7)`" in f["what"] and "activations" in f["what"]
+    assert "jit_init" not in f["what"]

@@ -13,7 +13,7 @@ from typing import Any
 
 from mldiag.analysis import evidence as ev
 from mldiag.analysis.followups import FollowUpRefused, FollowUps
-from mldiag.analysis.triage import Hypothesis, Triage, custom_call_api
+from mldiag.analysis.triage import Hypothesis, Triage, custom_call_api, stepped_module
 
 _PS_PER_MS = 1e9
 _RUNTIME_HOST_EVENT = re.compile(
@@ -354,9 +354,10 @@ def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
                "(`jnp.sum(x, axis=axis, dtype=jnp.float32)`); with no other f32 consumer, XLA "
                "fuses each convert into its reduction.")
     elif "more reduce" in description or "materialis" in description:
-        fix = ("The f32 copy is written to memory because several reductions share it. Compute "
-               "them in one pass with a variadic reduce so XLA fuses the convert into the "
-               "reduction and reads bf16 directly: `xf = x.astype(jnp.float32); s, ss = "
+        fix = ("Compute the reductions that share the f32 copy in one pass, with a variadic "
+               "reduce, so XLA fuses the convert into the reduction and reads bf16 directly "
+               "(the copy is written to memory only because several reductions share it): "
+               "`xf = x.astype(jnp.float32); s, ss = "
                "jax.lax.reduce((xf, xf * xf), (jnp.float32(0), jnp.float32(0)), "
                "lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))`, then derive mean and "
                "variance from `s` and `ss`. With a single reduction, "
@@ -370,7 +371,9 @@ def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
 
 
 def _memory_pressure(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
-    top = ev.get(ctx.snapshot, "get_peak_allocations", "modules[0]", {}) or {}
+    # The program the triage judged: the largest one the measured steps ran.
+    _, index = stepped_module(ctx.snapshot)
+    top = ev.get(ctx.snapshot, "get_peak_allocations", f"modules[{index}]", {}) or {}
     buffers = [b for b in top.get("top_buffers", []) if isinstance(b, Mapping)][:3]
     listing = ", ".join(f"`{b.get('instruction')}` {float(b.get('size_mib', 0)):.0f} MiB"
                         for b in buffers)

@@ -634,8 +634,10 @@ def _memory(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hyp
     if risk in ("HIGH", "MEDIUM") and peak is not None and cap:
         proof = [ev.cite(snapshot, "get_memory_profile", "peak_memory_usage_gib"),
                  ev.cite(snapshot, "get_memory_profile", "memory_capacity_gib")]
-        if ev.get(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]") is not None:
-            proof.append(ev.cite(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]"))
+        _, mi = stepped_module(snapshot)
+        buffer = f"modules[{mi}].top_buffers[0]"
+        if ev.get(snapshot, "get_peak_allocations", buffer) is not None:
+            proof.append(ev.cite(snapshot, "get_peak_allocations", buffer))
         return [Hypothesis(
             category="memory_pressure", priority="P0" if risk == "HIGH" else "P1",
             title=f"OOM risk {risk}: peak {peak:.2f} of {cap:.2f} GiB",
