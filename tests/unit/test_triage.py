@@ -379,3 +379,30 @@ def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None
     f = investigator._memory_pressure(h, investigator._Context(s, t))
     assert "`jit_step(7)`" in f["what"] and "activations" in f["what"]
     assert "jit_init" not in f["what"]
+
+
+def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
+    from mldiag.analysis import investigator
+    from mldiag.analysis.triage import Hypothesis
+
+    d = {"module": "jit_step(7)", "instruction": "add_tanh_fusion", "fused_with": ["add"],
+         "source": "train.py:41 (jit(step)/transpose)",
+         "description": "In jit_step(7), add_tanh_fusion transposes f32[2048,2048]."}
+    h = Hypothesis("layout_copy", "P1", "t", [], {"value": 50.0, "unit": "% of step",
+                                                  "text": ""},
+                   {"detection": d, "tool": "detect_layout_mismatch_copies"})
+    s = _cpu_without_steps(97.0)
+    ctx = investigator._Context(s, triage(s))
+    key = "hlo:jit_step(7):add_tanh_fusion"
+    near = ("[dist=0] add_tanh_fusion = f32[2048,2048]{1,0} fusion(x.1, y.1)\n"
+            "[dist=1] x.1 = f32[2048,2048]{1,0} parameter(0)\n")
+    ctx.results[key] = {"status": "DATA", "data": {"text": near}}
+    f = investigator._layout_copy(h, ctx)
+    assert f["fix"].startswith("At `train.py:41` (op `jit(step)/transpose`): Keep the step's "
+                               "argument `x` (HLO `x.1`)")
+    assert "Format(" not in f["fix"]
+    ctx.results[key]["data"]["text"] = near + (
+        "[dist=1] dot.2 = f32[2048,128]{1,0} dot(add_tanh_fusion, w.1)\n")
+    f = investigator._layout_copy(h, ctx)
+    assert "Do not transpose the step's argument `x`" in f["fix"]
+    assert "jnp.einsum('ki,kj->ij', x, w)" in f["fix"]
