@@ -57,6 +57,9 @@ class HostTimeline:
     events_scanned: int = 0
     # Per device plane: (name, busy ns, events); a device that ran nothing has 0 events.
     devices: list[tuple[str, float, int]] = field(default_factory=list)
+    # XLA:CPU program ids with an op starting inside an annotated step: the programs the
+    # measured steps ran (a setup program run before the first step is not one of them).
+    programs_in_steps: set[str] = field(default_factory=set)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -66,7 +69,8 @@ class HostTimeline:
                         for (p, n), t in sorted(self.op_time_ns.items())],
                 "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
                 "events_scanned": self.events_scanned,
-                "devices": [list(d) for d in self.devices]}
+                "devices": [list(d) for d in self.devices],
+                "programs_in_steps": sorted(self.programs_in_steps)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -76,7 +80,8 @@ class HostTimeline:
                 active_span_ns=float(d["active_span_ns"]),
                 busy_in_span_ns=float(d["busy_in_span_ns"]),
                 events_scanned=int(d.get("events_scanned", 0)),
-                devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])])
+                devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])],
+                programs_in_steps={str(p) for p in d.get("programs_in_steps", [])})
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -226,6 +231,10 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
             np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
             return_inverse=True)
         key_index = key_index.reshape(-1)
+        if len(result.steps) and program_id is not None:
+            in_step = _inside(start[attributed], result.steps)
+            result.programs_in_steps.update(
+                str(p) for p in np.unique(programs[attributed][in_step]).tolist() if p >= 0)
         totals = np.bincount(key_index, weights=dur[attributed], minlength=len(keys))
         counts = np.bincount(key_index, minlength=len(keys))
         for (program, name_index), t, c in zip(keys.tolist(), totals.tolist(),
@@ -245,6 +254,13 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
     result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
     return result
+
+
+def _inside(times: NDArray[np.float64], steps: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Whether each time falls inside one of the (sorted, disjoint) steps."""
+    i = np.searchsorted(steps[:, 0], times, side="right") - 1
+    ok = i >= 0
+    return ok & (times < steps[np.maximum(i, 0), 1])
 
 
 def _per_device(scan: XSpaceScan, lines: list[tuple[Plane, Line]]) -> list[tuple[str, float, int]]:
@@ -377,6 +393,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
             for (program, name), t in top_ops
         ],
         "op_time_ms_by_program": _by_program(op_time, denom),
+        "programs_in_steps": sorted(set().union(*(h.programs_in_steps for h in hosts)))
+        if hosts else [],
         "collectives": _collectives(op_time, op_lines, op_count, denom / stepped_hosts,
                                     host_step_ns),
     }
