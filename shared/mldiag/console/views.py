@@ -106,6 +106,9 @@ def run_view(console: Console, principal: Principal, run: RunRecord) -> dict[str
         "auto_capture": run.policy.to_dict(),
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
         "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
+        # The session alert-triggered sessions are compared with: pinned, else "" (the most
+        # recent OPTIMAL one).
+        "baseline": run.baseline,
     })
     # Addresses and ports of profiler servers are for those who may view profiles.
     view["targets"] = targets if principal.can(PROFILE, run.name) else []
@@ -131,5 +134,21 @@ def session_view(console: Console, principal: Principal, s: SessionRecord) -> di
                       "fix": f.get("fix") or f.get("recommendation")}
                      for f in (analysis or {}).get("findings", [])],
         "can_view_profile": may_profile,
+        "regression": _regression(s, analysis),
     })
     return view
+
+
+def _regression(s: SessionRecord, analysis: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What changed since the run's baseline, for an alert-triggered session's report: the
+    baseline and the diff's sentence, or why there is no baseline."""
+    block = (analysis or {}).get("regression")
+    if not isinstance(block, dict):
+        return None
+    baseline = block.get("baseline") or {}
+    return {"baseline": (f"{baseline.get('run')}/{baseline.get('session')}"
+                         if baseline else None),
+            "baseline_session": baseline.get("session") if baseline else None,
+            "why": baseline.get("why", "") if baseline else "",
+            "headline": block.get("headline", ""), "reason": block.get("reason", ""),
+            "has_diff": bool(baseline)}
