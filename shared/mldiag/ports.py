@@ -86,11 +86,17 @@ class StateStore(Protocol):
 
     def register_run(self, run: RunRecord) -> RunRecord:
         """Create a run, or update a run's registration (run_group, configs, storage_prefix,
-        on_demand; `discovered` cleared), keeping its created_at and auto-capture policy."""
+        on_demand; `discovered` cleared), keeping its created_at, auto-capture policy and
+        baseline."""
         ...
 
     def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
         """Replace a run's auto-capture policy; None when the run does not exist."""
+        ...
+
+    def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        """Pin the session that the run's alert-triggered sessions are compared with ("" to
+        unpin: the most recent OPTIMAL session then); None when the run does not exist."""
         ...
 
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,

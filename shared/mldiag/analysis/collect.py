@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis import detectors
+from mldiag.analysis import detectors, hlo_digest
 from mldiag.analysis.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -558,6 +558,7 @@ def collect(
     overview = results.get("get_xprof_overview", {}).get("data", {})
     env = overview.get("run_environment", {}) if isinstance(overview, dict) else {}
     reduced = outcomes.get("reduce_for_converters")
+    texts = outcomes.get("hlo_texts")
     return {
         "schema_version": SCHEMA_VERSION,
         "session": {**session.describe(), "device_type": env.get("device_type")},
@@ -568,6 +569,10 @@ def collect(
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
                                elapsed_ms, session_bytes),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
+        # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
+        "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}))
+        if texts is not None and texts.status == DATA and isinstance(texts.value, dict)
+        else [],
     }
 
 

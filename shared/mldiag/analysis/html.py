@@ -1689,8 +1689,15 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         + "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in meta)
         + "</div>" + _render_capture(capture) + "</header>"
     )
+    regression = _map(analysis.get("regression"))
+    if regression:
+        from mldiag.analysis.diff_html import render_what_changed
+
+        toc = toc.replace('<a href="#summary">', '<a href="#what-changed">What changed</a>'
+                          '<a href="#summary">', 1)
     body = (
-        _render_summary(analysis, snapshot)
+        (render_what_changed(regression) if regression else "")
+        + _render_summary(analysis, snapshot)
         + _render_findings(analysis)
         + _render_tools(analysis, snapshot, device_type)
         + _render_provenance(analysis, snapshot)
