@@ -45,7 +45,14 @@ def test_the_tpu_copy_finding_tells_directions_and_exposed_from_hidden(tmp_path:
         pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
     a = analyze(TPU, tmp_path).analysis
     (copy,) = [f for f in a["findings"] if f["category"] == "data_transfer"]
-    assert "3 host→device (`copy-done`, `copy-done.2`, `copy-done.4`), all exposed" in copy["what"]
-    assert ("`copy-done.5` exposed and `copy-done.1`, `copy-done.3` hidden behind compute"
-            in copy["what"])
+    assert ("3 host→device (`copy-done`, `copy-done.2`, `copy-done.4`), all making the device "
+            "wait at their copy-done") in copy["what"]
+    assert ("`copy-done.5` make the device wait and `copy-done.1`, `copy-done.3` cost no wait "
+            "at their copy-done") in copy["what"]
+    # xprof's own overlap measure (compute inside each window), cited from its follow-up.
+    assert "xprof's async-overlap analysis (compute running inside each start→done window): " \
+        "of 2395 windows, 2386 have no compute beside them" in copy["what"]
+    assert any(e["tool"] == "analyze_async_overlap" for e in copy["evidence"])
+    assert any(f["tool"] == "analyze_async_overlap" and f["status"] == "DATA"
+               for f in a["follow_ups"])
     assert "(`copy-done.5`)" in copy["fix"] and "copy-done.1" not in copy["fix"]

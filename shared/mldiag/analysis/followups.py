@@ -27,6 +27,7 @@ FOLLOW_UP_TOOLS = (
     "aggregate_xplane_events",
     "get_kernel_stats",
     "get_hosts",
+    "analyze_async_overlap",
     "llo_load",
     "llo_query",
 )

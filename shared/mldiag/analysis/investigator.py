@@ -107,6 +107,10 @@ def _plan(snapshot: Mapping[str, Any], hyps: list[Hypothesis]) -> list[_Plan]:
     ):
         add("get_kernel_stats", "Rank GPU kernels by time and occupancy",
             {"limit": 10}, "kernels")
+    if any(h.category in ("data_transfer", "communication") and h.priority in ("P0", "P1")
+           for h in hyps) and ("TPU" in device.upper() or "GPU" in device.upper()):
+        add("analyze_async_overlap", "Measure how much of each async copy or collective is "
+            "hidden behind compute", {"top_k": 10}, "async_overlap")
     if "TPU" in device.upper():
         add("llo_load", "Load LLO-level events, if the capture has them", {}, "llo")
     hosts = snapshot.get("session", {}).get("hosts") or []
@@ -405,15 +409,36 @@ def _copy_directions(copies: list[Mapping[str, Any]]) -> str:
         said = f"{len(group)} {direction} ({', '.join(f'`{c['copy_done']}`' for c in group)})"
         if exposed and hidden:
             said += (f", of which {', '.join(f'`{c['copy_done']}`' for c in exposed)} "
-                     f"exposed and {', '.join(f'`{c['copy_done']}`' for c in hidden)} hidden "
-                     "behind compute")
+                     f"make the device wait and {', '.join(f'`{c['copy_done']}`' for c in hidden)}"
+                     " cost no wait at their copy-done")
         elif exposed:
-            said += ", all exposed"
+            said += ", all making the device wait at their copy-done"
         elif timed:
-            said += ", all hidden behind compute"
+            said += ", none making the device wait at its copy-done"
         parts.append(said)
     return ("Its asynchronous copies, by memory space (S(5) is pinned host memory): "
             + "; ".join(parts) + ".")
+
+
+def _async_overlap(ctx: _Context) -> tuple[str, list[dict[str, Any]]]:
+    """What xprof's analyze_async_overlap measured (the async windows hidden behind compute
+    and the exposed ones), as a sentence and its citations; empty without it."""
+    data = ctx.data("async_overlap")
+    summary = data.get("summary") if isinstance(data, Mapping) else None
+    if not isinstance(summary, Mapping) or not summary.get("count"):
+        return "", []
+    ratio = ev.number(summary.get("overlap_ratio"))
+    by_op = data.get("by_op") if isinstance(data.get("by_op"), Mapping) else {}
+    worst = max(by_op, key=lambda k: float(by_op[k].get("exposed_ps") or 0), default=None)
+    proof = [ev.cite_value("analyze_async_overlap", f"summary.{f}", data)
+             for f in ("count", "exposed", "partial", "hidden", "overlap_ratio")]
+    said = (f"xprof's async-overlap analysis (compute running inside each start→done "
+            f"window): of {summary['count']} windows, {summary.get('exposed')} have no compute "
+            f"beside them, {summary.get('partial')} some and {summary.get('hidden')} enough to "
+            "hide them"
+            + (f" ({100 * ratio:.1f}% of window time covered)" if ratio is not None else "")
+            + (f"; the most exposed op family is {worst}" if worst else "") + ".")
+    return said, proof
 
 
 def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
@@ -446,6 +471,10 @@ def _data_transfer(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     copies_said = _copy_directions(copies)
     if copies_said:
         what += " " + copies_said
+    overlap_said, overlap_proof = _async_overlap(ctx)
+    if overlap_said:
+        what += " " + overlap_said
+        extra += overlap_proof
         host_offload = host_offload or any("host" in c.get("direction", "") for c in copies)
         extra.append(ev.cite(ctx.snapshot, "detect_layout_mismatch_copies", "async_copies"))
     elif host_offload:

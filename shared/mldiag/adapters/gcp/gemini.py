@@ -104,6 +104,14 @@ TOOL_PARAMETERS: dict[str, dict[str, Any]] = {
         "properties": {},
         "required": [],
     },
+    "analyze_async_overlap": {
+        "description": "How much of each async op window (copies, collectives, send/recv) is "
+                       "hidden behind compute on its device: summary, by_op, by_plane and the "
+                       "most exposed windows (xprof's tool; device timelines only).",
+        "properties": {"top_k": {"type": "INTEGER", "description": "Most exposed windows "
+                                 "to list, 1-50", "minimum": 1, "maximum": 50}},
+        "required": [],
+    },
     "llo_load": {
         "description": "Load the trace's events into a SQL store and list its lines with "
                        "event counts; answers LLO_DATA_ABSENT on traces without LLO lines.",
