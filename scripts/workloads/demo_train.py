@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         on_demand_xprof=True, port=args.port, heartbeat_s=2.0,
         monitor={"sustain_s": 4.0, "warmup": 10})
     print(f"demo_train: run {run.name} registered, target {run.host} "
-          f"(profiler :{args.port}, control :{run.target.control_port})", flush=True)
+          f"(profiler :{args.port}; mldiag's captures by pull)", flush=True)
 
     key = jax.random.key(0)
     params = (jax.random.normal(key, (WIDTH, WIDTH)) / WIDTH**0.5,
