@@ -140,6 +140,11 @@ class StateStore(Protocol):
         one, so a request is served once however many processes poll."""
         ...
 
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        """Remove one request nobody took yet (its asker stopped waiting); False when it is
+        not pending (taken, expired and dropped, or never put)."""
+        ...
+
     def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
         """Insert a session unless one of that name exists: (stored session, created)."""
         ...

@@ -428,6 +428,17 @@ def test_a_mailbox_holds_a_bounded_number_of_live_requests(state: Subject) -> No
     assert [r.id for r in s.take_requests("r", "w0", now=61.0)] == ["req-w0-100"]
 
 
+def test_a_withdrawn_request_is_never_taken(state: Subject) -> None:
+    s = state.adapter
+    for i in range(3):
+        assert s.put_request(request(i), now=1.0)
+    assert s.withdraw_request("r", "w0", "req-w0-1")
+    assert not s.withdraw_request("r", "w0", "req-w0-1")
+    assert not s.withdraw_request("r", "w1", "req-w0-0")  # another mailbox
+    assert [r.id for r in s.take_requests("r", "w0", now=1.0)] == ["req-w0-0", "req-w0-2"]
+    assert not s.withdraw_request("r", "w0", "req-w0-0")  # taken
+
+
 def test_bad_requests_are_refused(state: Subject) -> None:
     s = state.adapter
     for bad, why in (({"host": "a/b"}, "host"), ({"action": "reboot"}, "unknown request"),

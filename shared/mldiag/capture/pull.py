@@ -11,7 +11,8 @@ own process and answers through the paths a workload already has:
   `last_error`).
 
 The stage waits for that answer until the request's deadline, or until the target stops
-heartbeating, and then records "no answer from <host> within N s". Locally the SDK takes its
+heartbeating, and then withdraws the request (if still untaken) and records "no answer from
+<host> within N s". Locally the SDK takes its
 requests from the state store itself; on Google Cloud through the registration function's
 `take_requests` operation, which calls `take_requests` below.
 """
@@ -87,7 +88,7 @@ def await_answers(state: StateStore, settings: Settings, run: str,
                   clock: Callable[[], float] = time.time) -> dict[str, str]:
     """Wait until every host in `waiting` (host -> (request, deadline)) has `answered`, its
     deadline has passed, or its target stopped heartbeating; returns {host: reason} for
-    those that did not answer."""
+    those that did not answer, whose requests are withdrawn if still untaken."""
     left = dict(waiting)
     failed: dict[str, str] = {}
     while left:
@@ -101,6 +102,10 @@ def await_answers(state: StateStore, settings: Settings, run: str,
             why = "its target is no longer registered" if target is None else liveness(
                 target, settings, now)
             if why or now >= deadline:
+                # Withdrawn, so that a workload that wakes up later does not serve it.
+                untaken = state.withdraw_request(run, host, request.id)
+                why = ", ".join(x for x in ("it never took the request" if untaken else "",
+                                            why) if x)
                 failed[host] = no_answer(host, now - request.created_at, why)
                 del left[host]
         if left:

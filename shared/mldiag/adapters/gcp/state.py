@@ -414,6 +414,18 @@ class FirestoreStateStore:
 
         return self._swap(ref, change, f"requests of {run}/{host}")
 
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        ref = self._mailbox_ref(run, host)
+
+        def change(snap: Any) -> tuple[bool, dict[str, Any] | None]:
+            pending = self._pending(snap)
+            kept = [r for r in pending if r.id != request_id]
+            if len(kept) == len(pending):
+                return False, None
+            return True, self._mailbox_doc(run, host, kept, time.time())
+
+        return self._swap(ref, change, f"requests of {run}/{host}")
+
     # Sessions
 
     @staticmethod

@@ -227,6 +227,11 @@ class SqliteStateStore:
         live = sorted((r for r in rows if r[0] > now), key=lambda r: (r[1], r[2]))
         return [ControlRequest.from_dict(json.loads(r[3])) for r in live]
 
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM requests WHERE run = ? AND host = ? AND id = ?",
+                              (run, host, request_id)).rowcount > 0
+
     # Sessions
 
     def _load(self, db: sqlite3.Connection, run: str, session: str) -> SessionRecord | None:
