@@ -801,7 +801,8 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
         if waiting:
             unanswered = pull.await_answers(
                 services.state, services.settings, msg.run, waiting,
-                lambda host, _: _host_answered(services, msg, host), services.clock)
+                lambda host, _: _host_answered(services, msg, directory, host),
+                services.clock)
             failures |= {host: f"{host}: {reason}" for host, reason in unanswered.items()}
         for host, future in futures.items():
             try:
@@ -849,7 +850,12 @@ def _ask_pull_targets(services: Services, msg: CaptureProfile, targets: list[Tar
     return waiting
 
 
-def _host_answered(services: Services, msg: CaptureProfile, host: str) -> bool:
+def _host_answered(services: Services, msg: CaptureProfile, directory: str, host: str) -> bool:
+    """Whether a pull target has answered: its upload is in the bucket (its registration is
+    on_profile_object's, which must not wait behind this stage for a free worker), or it
+    recorded its host FAILED."""
+    if services.storage.stat(f"{directory}/{host}.xplane.pb") is not None:
+        return True
     s = services.state.get_session(msg.run, msg.session)
     return s is None or host in s.hosts or s.state != CAPTURING
 
