@@ -4,7 +4,8 @@
                            [--seconds S] [--busy S]
 
 It registers the run (host name from $MLDIAG_HOST_NAME), takes its capture requests by pull,
-runs JAX's profiler server on `--port` unless `--no-server` (on_demand_xprof=False), and trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
+runs JAX's profiler server on `--port` unless `--no-server` (on_demand_xprof=False), and
+trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
 `--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`. With
 `--busy S` its own `jax.profiler.start_trace` holds the profiler for the first S seconds (what
 a user's `jax.profiler.trace` does), so remote captures meet a busy profiler.

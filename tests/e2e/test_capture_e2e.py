@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,26 @@ def test_tpu_targets_use_xprofs_native_continuous_profiling(
     assert s.state == FAILED and "wrote no .xplane.pb" in s.hosts["tpu0"].reason
     assert cli(runtime, "continuous", "stop", *args) == 0
     assert pushed(runtime, "tpu0").continuous == "OFF"
+
+
+def test_a_plain_profiler_server_is_still_captured_by_push_within_the_byte_cap(
+        runtime: LocalRuntime, launch: Launch) -> None:
+    # A workload without the SDK: only JAX's profiler server (here the one a workload runs
+    # with on_demand_xprof=True), registered as a push target.
+    launch("w0")
+    (sdk,) = runtime.state.list_targets(RUN)
+    runtime.state.upsert_target(TargetRecord(run=RUN, host="plain0", port=sdk.port,
+                                             last_heartbeat=time.time() + 600))
+    assert cli(runtime, "capture", "push1", "--run", RUN, "--targets", "plain0",
+               "--duration", "1s") == 0
+    s = finished(runtime, "push1")
+    assert s.state == REPORTED and s.hosts["plain0"].status == "ARRIVED"
+    # The answer is capped before it is read.
+    runtime.services.settings = replace(runtime.services.settings, max_host_bytes=1024)
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="push-big", duration_s=0.5,
+                                                targets=["plain0"]))
+    s = finished(runtime, "push-big")
+    assert s.state == FAILED and "over the 1,024-byte cap" in s.hosts["plain0"].reason
 
 
 def pushed(runtime: LocalRuntime, host: str) -> TargetRecord:
