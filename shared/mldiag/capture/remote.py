@@ -1,9 +1,9 @@
 """Reaching a target's profiler: xprof's remote trace and native continuous-profiling APIs.
 
-Both talk gRPC to the profiler server that `jax.profiler.start_server(port)` (the SDK's
-`on_demand_xprof=True`) runs inside the workload. The native continuous-profiling API works
-on TPU only: on CPU it answers OK and records nothing, so the capture stage uses it only for
-TPU targets and the SDK's ring buffer everywhere else.
+Both talk gRPC to the profiler server that `jax.profiler.start_server(port)` runs inside a
+push target (a workload without the mldiag SDK; SDK targets pull their requests instead). The
+native continuous-profiling API works on TPU only: on CPU it answers OK and records nothing,
+so the capture stage uses it only for TPU push targets.
 
 A busy profiler (another session holds it) and a dead one raise the same error in xprof's
 client; a server that still accepts connections is the busy one (`ProfilerBusy`).
