@@ -137,7 +137,8 @@ class Puller:
     def _trace(self, request: ControlRequest, duration: float) -> bytes:
         give_up = request.start_at + request.wait_s
         with self._trace_lock:
-            time.sleep(max(0.0, request.start_at - time.time()))
+            if self._stop.wait(max(0.0, request.start_at - time.time())):
+                raise ContinuousError(f"{self.run.host} is shutting down (its run was closed)")
             scratch = Path(tempfile.mkdtemp(prefix="mldiag-pull-"))
             try:
                 trace = recorder(scratch, **_levels(request.options))
@@ -146,12 +147,14 @@ class Puller:
                         trace.start()
                         break
                     except RuntimeError as e:
-                        if time.time() >= give_up:
+                        if time.time() >= give_up or self._stop.is_set():
                             waited = max(0.0, time.time() - request.start_at)
                             raise ContinuousError(
                                 f"another profiling session is active on {self.run.host} "
                                 f"(still after {waited:.0f} s): {e}") from e
-                        time.sleep(BUSY_RETRY_S)
+                        self._stop.wait(BUSY_RETRY_S)
+                # A trace that started runs its duration, even while the run closes: its
+                # upload is what the session waits for.
                 time.sleep(duration)
                 return trace.stop()
             finally:
