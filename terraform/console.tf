@@ -30,6 +30,8 @@ resource "google_service_account" "console" {
   account_id   = "${var.prefix}console"
   display_name = "mldiag console"
   description  = "Runtime identity of the mldiag console Cloud Run service."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_cloud_run_v2_service" "console" {
@@ -95,6 +97,8 @@ resource "google_cloud_run_v2_service" "console" {
   depends_on = [
     google_project_service.apis,
     google_secret_manager_secret_iam_member.console_reads_key,
+    # The deployer's actAs on the console's identity (var.deployer) must have propagated.
+    time_sleep.iam_propagation,
   ]
 }
 

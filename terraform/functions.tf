@@ -5,8 +5,10 @@ locals {
   # memory/cpu/timeout: collect runs the 15 xprof tools in parallel on whole profiles, and
   # investigate its follow-up tools and the Gemini call; both get the Cloud Functions maximum
   # for event functions (540 s). on_capture_request waits for the profiler's capture window.
-  # storage: roles on the profile bucket (objectUser where an artifact is rewritten in place,
-  # such as analysis/summary.html of the latest version). publishes: the topics it publishes to.
+  # storage: bucket-wide roles on the profile bucket (reading only). Writes are conditional
+  # grants: analysis_writer writes (and rewrites, such as analysis/summary.html of the latest
+  # version) only under <session>/analysis/ (local.analysis_condition); xplane_writer only
+  # <session>/<host>.xplane.pb (local.xplane_condition). publishes: the topics it publishes to.
   functions = {
     on_profile_object = {
       memory = "1Gi", cpu = "1", timeout = 300, max_instances = 20
@@ -18,12 +20,13 @@ locals {
       storage   = []
       publishes = ["capture-requests"]
     }
-    # Writes each target's xplane (objectUser: a redelivered capture rewrites its host's
-    # object) and completes the session when its last host failed (analysis-requests).
+    # Writes each target's xplane (a redelivered capture rewrites its host's object) and
+    # completes the session when its last host failed (analysis-requests).
     on_capture_request = {
       memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
-      storage   = ["roles/storage.objectUser"]
-      publishes = ["analysis-requests"]
+      storage       = ["roles/storage.objectViewer"]
+      xplane_writer = true
+      publishes     = ["analysis-requests"]
     }
     # /tmp is memory on gen2: a 2 GiB host (the default cap) is 2 GiB of RAM before xprof
     # parses it. Raise memory with MLDIAG_MAX_HOST_BYTES and the hosts per session.
@@ -32,25 +35,29 @@ locals {
     # (host-analysis-requests) and come back here to be combined.
     collect = {
       memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
-      storage   = ["roles/storage.objectUser"]
-      publishes = ["investigation-requests", "report-requests", "host-analysis-requests"]
+      storage         = ["roles/storage.objectViewer"]
+      analysis_writer = true
+      publishes       = ["investigation-requests", "report-requests", "host-analysis-requests"]
     }
     # One instance per host of a fanned-out session; the last one asks for the combine.
     collect_host = {
       memory = "8Gi", cpu = "2", timeout = 540, max_instances = 50
-      storage   = ["roles/storage.objectUser"]
-      publishes = ["analysis-requests"]
+      storage         = ["roles/storage.objectViewer"]
+      analysis_writer = true
+      publishes       = ["analysis-requests"]
     }
     investigate = {
       memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
-      storage   = ["roles/storage.objectUser"]
-      publishes = ["report-requests"]
+      storage         = ["roles/storage.objectViewer"]
+      analysis_writer = true
+      publishes       = ["report-requests"]
     }
     # Asks for the viewer's caches once the session is REPORTED (viewer-requests).
     render_report = {
       memory = "1Gi", cpu = "1", timeout = 300, max_instances = 10
-      storage   = ["roles/storage.objectUser"]
-      publishes = ["viewer-requests"]
+      storage         = ["roles/storage.objectViewer"]
+      analysis_writer = true
+      publishes       = ["viewer-requests"]
     }
     # Builds the XProf viewer's caches (trace viewer, overview) of a REPORTED session, so the
     # first open in the console is warm: the session's xplanes in /tmp (memory) and xprof's
@@ -75,10 +82,27 @@ locals {
       storage   = []
       publishes = []
     }
+    # The workloads' way in (mldiag.registration): HTTP, called by var.workload_service_accounts
+    # with their Google ID tokens. It holds what workloads used to: Firestore (runs, targets,
+    # run owners) and the creation of xplanes, which it hands out as signed upload URLs for one
+    # object each.
+    register = {
+      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 20
+      storage       = []
+      xplane_writer = true
+      http          = true
+      publishes     = []
+    }
   }
 
-  # Every function but on_profile_object is pushed from a subscription (pubsub.tf).
-  pubsub_functions = { for name, f in local.functions : name => f if name != "on_profile_object" }
+  # Every function but on_profile_object (Eventarc) and register (HTTP) is pushed from a
+  # subscription (pubsub.tf).
+  pubsub_functions = { for name, f in local.functions : name => f if !contains(["on_profile_object", "register"], name) }
+  # The functions the trigger identity invokes: all but register, which workloads call.
+  event_functions = { for name, f in local.functions : name => f if name != "register" }
+
+  # Its URL, known before it exists: the audience of the workloads' ID tokens.
+  registration_url = "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}register"
 
   # Service account ids are at most 30 characters: short, stable suffixes.
   account_ids = {
@@ -92,6 +116,7 @@ locals {
     prebuild_viewer      = "viewer"
     sweep                = "sweep"
     dead_letters         = "dead-letters"
+    register             = "register"
   }
 
   environment = merge({
@@ -145,6 +170,36 @@ locals {
   }
   viewer_cache_writers = toset([for name, f in local.functions : name if try(f.viewer_cache, false)])
 
+  # The stages' artifacts: objects under <session>/analysis/ (mldiag.model: analysis_dir, and
+  # its v<n>/ and hosts/ below), never an xplane, so a stage can neither rewrite nor delete a
+  # profile, nor write one that on_profile_object would take for a profile.
+  analysis_condition = {
+    title       = "mldiag-analysis"
+    description = "Objects under <session>/analysis/ of the profile bucket, except xplanes."
+    expression = join(" && ", [
+      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.profiles.name}/objects/\")",
+      "resource.name.extract(\"/plugins/profile/{session}/analysis/\") != \"\"",
+      "!resource.name.endsWith(\".xplane.pb\")",
+      "!resource.name.endsWith(\".xplane.riegeli\")",
+    ])
+  }
+  analysis_writers = toset([for name, f in local.functions : name if try(f.analysis_writer, false)])
+
+  # The profiles themselves: <session>/<host>.xplane.pb (on_capture_request, and the register
+  # function, whose signed URLs carry its authority for one such object each). The session
+  # directory is the segment after plugins/profile/; nothing under analysis/ matches.
+  xplane_condition = {
+    title       = "mldiag-xplanes"
+    description = "<session>/<host>.xplane.pb objects of the profile bucket."
+    expression = join(" && ", [
+      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.profiles.name}/objects/\")",
+      "resource.name.extract(\"/plugins/profile/{session}/\") != \"\"",
+      "resource.name.extract(\"/plugins/profile/{session}/analysis/\") == \"\"",
+      "resource.name.endsWith(\".xplane.pb\")",
+    ])
+  }
+  xplane_writers = toset([for name, f in local.functions : name if try(f.xplane_writer, false)])
+
   storage_grants = merge([
     for name, f in local.functions : { for role in f.storage : "${name} ${role}" => { name = name, role = role } }
   ]...)
@@ -158,6 +213,8 @@ resource "google_service_account" "function" {
   account_id   = "${var.prefix}fn-${local.account_ids[each.key]}"
   display_name = "mldiag function ${each.key}"
   description  = "Runtime identity of the ${each.key} Cloud Function."
+
+  depends_on = [google_project_service.apis]
 }
 
 # Pushes Pub/Sub messages and Eventarc events to the functions: the only invoker.
@@ -165,6 +222,8 @@ resource "google_service_account" "trigger" {
   account_id   = "${var.prefix}trigger"
   display_name = "mldiag trigger"
   description  = "Identity of the Pub/Sub push subscriptions and the Eventarc trigger that invoke the mldiag functions."
+
+  depends_on = [google_project_service.apis]
 }
 
 # Builds the functions' images (Cloud Build) instead of the default compute service account.
@@ -172,6 +231,8 @@ resource "google_service_account" "build" {
   account_id   = "${var.prefix}build"
   display_name = "mldiag function builds"
   description  = "Cloud Build identity that builds the mldiag functions from their source zips."
+
+  depends_on = [google_project_service.apis]
 }
 
 # Runtime roles
@@ -209,6 +270,41 @@ resource "google_storage_bucket_iam_member" "function_viewer_cache" {
   }
 }
 
+resource "google_storage_bucket_iam_member" "function_analysis" {
+  for_each = local.analysis_writers
+  bucket   = google_storage_bucket.profiles.name
+  role     = "roles/storage.objectUser"
+  member   = google_service_account.function[each.key].member
+
+  condition {
+    title       = local.analysis_condition.title
+    description = local.analysis_condition.description
+    expression  = local.analysis_condition.expression
+  }
+}
+
+# objectUser, not objectCreator: a redelivered capture, or a workload's second upload of the
+# same host, rewrites the object (a rewrite needs storage.objects.delete).
+resource "google_storage_bucket_iam_member" "function_xplanes" {
+  for_each = local.xplane_writers
+  bucket   = google_storage_bucket.profiles.name
+  role     = "roles/storage.objectUser"
+  member   = google_service_account.function[each.key].member
+
+  condition {
+    title       = local.xplane_condition.title
+    description = local.xplane_condition.description
+    expression  = local.xplane_condition.expression
+  }
+}
+
+# The register function signs upload URLs without a key: IAM signBlob as itself.
+resource "google_service_account_iam_member" "register_signs_urls" {
+  service_account_id = google_service_account.function["register"].name
+  role               = "roles/iam.serviceAccountTokenCreator"
+  member             = google_service_account.function["register"].member
+}
+
 resource "google_pubsub_topic_iam_member" "function_publishes" {
   for_each = local.publish_grants
   topic    = google_pubsub_topic.topic[each.value.topic].id
@@ -216,10 +312,23 @@ resource "google_pubsub_topic_iam_member" "function_publishes" {
   member   = google_service_account.function[each.value.name].member
 }
 
+# Gemini's generateContent is aiplatform.endpoints.predict on the publisher model; that one
+# permission, instead of roles/aiplatform.user (every Vertex AI resource of the project).
+resource "google_project_iam_custom_role" "gemini_predict" {
+  count       = var.investigator == "gemini" ? 1 : 0
+  project     = var.project
+  role_id     = "${replace(var.prefix, "-", "_")}gemini_predict"
+  title       = "mldiag Gemini calls"
+  description = "Call Gemini models on Vertex AI (generateContent), nothing else."
+  permissions = ["aiplatform.endpoints.predict"]
+
+  depends_on = [google_project_service.apis]
+}
+
 resource "google_project_iam_member" "investigate_vertex" {
   count   = var.investigator == "gemini" ? 1 : 0
   project = var.project
-  role    = "roles/aiplatform.user"
+  role    = google_project_iam_custom_role.gemini_predict[0].name
   member  = google_service_account.function["investigate"].member
 }
 
@@ -232,7 +341,7 @@ resource "google_project_iam_member" "trigger_receives_events" {
 }
 
 resource "google_cloud_run_v2_service_iam_member" "trigger_invokes" {
-  for_each = local.functions
+  for_each = local.event_functions
   location = var.region
   # A gen2 function runs as the Cloud Run service of the same name.
   name   = each.key == "on_profile_object" ? google_cloudfunctions2_function.on_profile_object.name : google_cloudfunctions2_function.pubsub[each.key].name
@@ -253,10 +362,28 @@ resource "google_artifact_registry_repository_iam_member" "build_pushes_images" 
   member     = google_service_account.build.member
 }
 
+# What Google documents for a custom build service account of Cloud Run functions: logs,
+# the image repository, and objectAdmin on the sources bucket (it reads the source and keeps
+# build state there).
 resource "google_storage_bucket_iam_member" "build_reads_sources" {
   bucket = google_storage_bucket.sources.name
-  role   = "roles/storage.objectViewer"
+  role   = "roles/storage.objectAdmin"
   member = google_service_account.build.member
+}
+
+# With var.deployer, the deployer may act as each identity terraform hands to a service (the
+# functions', the trigger's, the build's, the job's and the console's), and as no other service
+# account of the project: instead of roles/iam.serviceAccountUser on the whole project.
+resource "google_service_account_iam_member" "deployer_acts_as" {
+  for_each = var.deployer == "" ? {} : merge(
+    { for name, sa in google_service_account.function : "fn-${name}" => sa.name },
+    { trigger = google_service_account.trigger.name, build = google_service_account.build.name,
+    collect_job = google_service_account.collect_job.name },
+    { for sa in google_service_account.console : "console" => sa.name },
+  )
+  service_account_id = each.value
+  role               = "roles/iam.serviceAccountUser"
+  member             = var.deployer
 }
 
 resource "google_artifact_registry_repository" "functions" {
@@ -283,7 +410,7 @@ resource "google_artifact_registry_repository" "functions" {
     }
   }
 
-  depends_on = [google_project_service.apis]
+  depends_on = [google_project_service.apis, google_kms_crypto_key_iam_member.agents]
 }
 
 # The functions
@@ -327,6 +454,8 @@ resource "google_cloudfunctions2_function" "pubsub" {
     google_project_iam_member.build_writes_logs,
     google_artifact_registry_repository_iam_member.build_pushes_images,
     google_storage_bucket_iam_member.build_reads_sources,
+    # The deployer's actAs on the function's identities must have propagated.
+    time_sleep.iam_propagation,
   ]
 }
 
@@ -378,28 +507,64 @@ resource "google_cloudfunctions2_function" "on_profile_object" {
     google_storage_bucket_iam_member.build_reads_sources,
     google_project_iam_member.gcs_agent_publishes_events,
     google_project_iam_member.trigger_receives_events,
+    # The grants above must have propagated when Eventarc checks them.
+    time_sleep.iam_propagation,
   ]
 }
 
-# The workloads' own identities (the SDK in each training process): it registers the run and
-# its targets, heartbeats them, uploads programmatic captures and publishes its monitor's
-# alerts. Without these, heartbeats fail and captures see no live target.
-resource "google_project_iam_member" "workload_firestore" {
-  for_each = toset(var.workload_service_accounts)
-  project  = var.project
-  role     = "roles/datastore.user"
-  member   = "serviceAccount:${each.value}"
+# The register function (mldiag.registration): HTTP, IAM-authenticated. Only the workloads'
+# service accounts may invoke it, and it checks each caller's Google ID token itself (audience:
+# local.registration_url) and binds each run to the first identity that registers it.
+resource "google_cloudfunctions2_function" "register" {
+  name        = "${var.prefix}register"
+  location    = var.region
+  description = "mldiag register: workloads register their runs and targets and get signed upload URLs."
 
-  condition {
-    title      = "mldiag-database"
-    expression = "resource.name == \"projects/${var.project}/databases/${google_firestore_database.main.name}\" || resource.name.startsWith(\"projects/${var.project}/databases/${google_firestore_database.main.name}/\")"
+  build_config {
+    runtime           = "python312"
+    entry_point       = "register"
+    service_account   = google_service_account.build.id
+    docker_repository = google_artifact_registry_repository.functions.id
+    source {
+      storage_source {
+        bucket = google_storage_bucket.sources.name
+        object = google_storage_bucket_object.source["register"].name
+      }
+    }
   }
+
+  service_config {
+    available_memory                 = local.functions.register.memory
+    available_cpu                    = local.functions.register.cpu
+    timeout_seconds                  = local.functions.register.timeout
+    max_instance_count               = local.functions.register.max_instances
+    min_instance_count               = 0
+    max_instance_request_concurrency = 1
+    # Internal by default, like the others; var.registration_ingress opens it to workloads
+    # outside the VPC (IAM and the ID token check admit only their identities either way).
+    ingress_settings               = var.registration_ingress
+    all_traffic_on_latest_revision = true
+    service_account_email          = google_service_account.function["register"].email
+    environment_variables          = merge(local.environment, { MLDIAG_REGISTRATION_URL = local.registration_url })
+  }
+
+  depends_on = [
+    google_project_iam_member.build_writes_logs,
+    google_artifact_registry_repository_iam_member.build_pushes_images,
+    google_storage_bucket_iam_member.build_reads_sources,
+    # The deployer's actAs on the function's identities must have propagated.
+    time_sleep.iam_propagation,
+  ]
 }
 
-resource "google_storage_bucket_iam_member" "workload_storage" {
+# The workloads' own identities (the SDK in each training process): they call the register
+# function (run.invoker) and publish their monitor's alerts. They hold no role on Firestore or
+# the bucket: a workload reaches only its own runs, through the function.
+resource "google_cloud_run_v2_service_iam_member" "workloads_register" {
   for_each = toset(var.workload_service_accounts)
-  bucket   = google_storage_bucket.profiles.name
-  role     = "roles/storage.objectUser"
+  location = var.region
+  name     = google_cloudfunctions2_function.register.name
+  role     = "roles/run.invoker"
   member   = "serviceAccount:${each.value}"
 }
 

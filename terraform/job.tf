@@ -12,6 +12,8 @@ resource "google_service_account" "collect_job" {
   account_id   = "${var.prefix}job-collect"
   display_name = "mldiag collect job"
   description  = "Runtime identity of the collect Cloud Run job (sessions too large for the collect function)."
+
+  depends_on = [google_project_service.apis]
 }
 
 resource "google_cloud_run_v2_job" "collect" {
@@ -49,7 +51,8 @@ resource "google_cloud_run_v2_job" "collect" {
     }
   }
 
-  depends_on = [google_project_service.apis]
+  # The deployer's actAs on the job's identity (var.deployer) must have propagated.
+  depends_on = [google_project_service.apis, time_sleep.iam_propagation]
 }
 
 # The job reads and writes the session's state and artifacts, and publishes what collect does.
@@ -64,10 +67,23 @@ resource "google_project_iam_member" "collect_job_firestore" {
   }
 }
 
+# It reads the profiles and writes, like collect, only under <session>/analysis/.
 resource "google_storage_bucket_iam_member" "collect_job_storage" {
+  bucket = google_storage_bucket.profiles.name
+  role   = "roles/storage.objectViewer"
+  member = google_service_account.collect_job.member
+}
+
+resource "google_storage_bucket_iam_member" "collect_job_analysis" {
   bucket = google_storage_bucket.profiles.name
   role   = "roles/storage.objectUser"
   member = google_service_account.collect_job.member
+
+  condition {
+    title       = local.analysis_condition.title
+    description = local.analysis_condition.description
+    expression  = local.analysis_condition.expression
+  }
 }
 
 resource "google_pubsub_topic_iam_member" "collect_job_publishes" {

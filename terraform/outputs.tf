@@ -19,10 +19,11 @@ output "dead_letter_topics" {
 }
 
 output "function_uris" {
-  description = "Cloud Run URIs of the functions (internal ingress only)."
+  description = "Cloud Run URIs of the functions (internal ingress only, but register: see var.registration_ingress)."
   value = merge(
     { for name, f in google_cloudfunctions2_function.pubsub : name => f.service_config[0].uri },
     { on_profile_object = google_cloudfunctions2_function.on_profile_object.service_config[0].uri },
+    { register = google_cloudfunctions2_function.register.service_config[0].uri },
   )
 }
 
@@ -53,4 +54,20 @@ output "environment" {
 output "console_url" {
   description = "Cloud Run URL of the console (null without var.console_image). Its ingress admits the load balancer and internal traffic only: users come in through the load balancer with IAP."
   value       = one(google_cloud_run_v2_service.console[*].uri)
+}
+
+output "registration_url" {
+  description = "URL of the register function that workloads call (MLDIAG_REGISTRATION_URL, also the audience of their ID tokens)."
+  value       = local.registration_url
+}
+
+output "workload_environment" {
+  description = "The MLDIAG_* settings of a training workload using mldiag.sdk: its runs, targets and uploads go through the register function."
+  value = {
+    MLDIAG_BACKEND          = "gcp"
+    MLDIAG_PROJECT          = var.project
+    MLDIAG_BUCKET           = google_storage_bucket.profiles.name
+    MLDIAG_TOPIC_PREFIX     = var.prefix
+    MLDIAG_REGISTRATION_URL = local.registration_url
+  }
 }

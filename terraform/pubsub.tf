@@ -150,5 +150,5 @@ resource "google_service_account_iam_member" "agent_signs_push_tokens" {
 resource "google_pubsub_topic_iam_member" "monitoring_notifications" {
   topic  = google_pubsub_topic.topic["degradation-alerts"].id
   role   = "roles/pubsub.publisher"
-  member = "serviceAccount:service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com"
+  member = local.monitoring_agent
 }

@@ -116,13 +116,13 @@ variable "storage_audit_logs" {
 }
 
 variable "share_link_key_version" {
-  description = "Bump to generate a new console key (share-link-key in Secret Manager, the console's MLDIAG_CONSOLE_SECRET): forms signed with the old one are refused once the new revision serves."
+  description = "Bump to generate a new console key (share-link-key in Secret Manager, the console's MLDIAG_CONSOLE_SECRET). The old version is disabled, not destroyed; share links do not depend on it (they are random tokens stored hashed), only open forms' CSRF tokens do."
   type        = number
   default     = 1
 }
 
 variable "workload_service_accounts" {
-  description = "Service accounts of the training workloads that use mldiag.sdk: they get Firestore access to the mldiag database, objectUser on the profile bucket and publish on degradation-alerts."
+  description = "Service accounts of the training workloads that use mldiag.sdk: they may invoke the register function (their runs, targets and uploads go through it) and publish on degradation-alerts. They get no role on Firestore or the bucket."
   type        = list(string)
   default     = []
 }
@@ -213,4 +213,26 @@ variable "capture_allowed_ports" {
   description = "Ports the capture stage may connect to on push targets (plain profiler servers; SDK targets pull their requests), as a-b ranges separated by commas."
   type        = string
   default     = "1024-65535"
+}
+
+variable "registration_ingress" {
+  description = "Ingress of the register function that workloads call. ALLOW_INTERNAL_ONLY (the default): workloads in the project's VPC reach it through Private Google Access, Direct VPC egress or a connector. ALLOW_ALL for workloads elsewhere (VMs with external IPs, another project): IAM (run.invoker) and the ID token check still admit only var.workload_service_accounts."
+  type        = string
+  default     = "ALLOW_INTERNAL_ONLY"
+
+  validation {
+    condition     = contains(["ALLOW_ALL", "ALLOW_INTERNAL_ONLY", "ALLOW_INTERNAL_AND_GCLB"], var.registration_ingress)
+    error_message = "registration_ingress: ALLOW_ALL, ALLOW_INTERNAL_ONLY or ALLOW_INTERNAL_AND_GCLB."
+  }
+}
+
+variable "deployer" {
+  description = "The IAM member that runs terraform (user:EMAIL or serviceAccount:EMAIL). Set, it gets roles/iam.serviceAccountUser on each service account terraform creates and hands to a service, so it needs no project-wide serviceAccountUser. Empty: grant that yourself."
+  type        = string
+  default     = ""
+
+  validation {
+    condition     = var.deployer == "" || can(regex("^(user|serviceAccount|group):[^ ]+$", var.deployer))
+    error_message = "deployer: user:EMAIL, serviceAccount:EMAIL or group:EMAIL."
+  }
 }

@@ -7,6 +7,15 @@ terraform {
       source  = "hashicorp/google"
       version = "~> 6.30"
     }
+    # google_project_service_identity (the service agents, created up front) is beta only.
+    google-beta = {
+      source  = "hashicorp/google-beta"
+      version = "~> 6.30"
+    }
+    time = {
+      source  = "hashicorp/time"
+      version = "~> 0.12"
+    }
     random = {
       source  = "hashicorp/random"
       version = "~> 3.7"
@@ -15,6 +24,15 @@ terraform {
 }
 
 provider "google" {
+  project = var.project
+  region  = var.region
+
+  default_labels = {
+    app = "mldiag"
+  }
+}
+
+provider "google-beta" {
   project = var.project
   region  = var.region
 

@@ -273,6 +273,9 @@ def emulators(project: str = PROJECT) -> Iterator[Emulators]:
         gcs = _launch("fake-gcs-server", [
             str(gcs_bin), "-scheme", "http", "-host", LOOPBACK, "-port", str(gcs_port),
             "-backend", "memory", "-external-url", emu.gcs_url, "-log-level", "warn",
+            # Its XML API (what V4 signed URLs address: /<bucket>/<object>) answers only
+            # requests for this host.
+            "-public-host", f"{LOOPBACK}:{gcs_port}",
             "-event.pubsub-project-id", project, "-event.pubsub-topic", NOTIFICATION_TOPIC,
             "-event.bucket", EVENTS_BUCKET, "-event.list", "finalize",
         ], logdir, env=emu.env)

@@ -10,6 +10,7 @@ The profile lands in the standard XProf layout:
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -24,6 +25,8 @@ def run_profiled(
     warmup: int = 2,
     host_work: Callable[[int], Any] | None = None,
     jit_kwargs: Mapping[str, Any] | None = None,
+    step_markers: bool = True,
+    setup: Callable[[], Any] | None = None,
 ) -> Any:
     """Jit ``step_fn``, warm it up, then run ``steps`` profiled steps into ``logdir``.
 
@@ -32,7 +35,10 @@ def run_profiled(
     step; that is how a workload plants an input-pipeline stall. ``jit_kwargs`` go to
     ``jax.jit`` (shardings or layouts of the inputs). Each profiled step is a
     ``StepTraceAnnotation("train", step_num=i)`` and blocks on its results, so the
-    ``train`` step events cover all of that step's device work.
+    ``train`` step events cover all of that step's device work; with
+    ``step_markers=False`` the steps run bare, as a loop nobody annotated. ``setup()``,
+    when given, runs once inside the trace before the first step (a one-off program such
+    as weight init that the profile records but that is not part of any step).
 
     Returns the outputs of the last step.
     """
@@ -46,8 +52,12 @@ def run_profiled(
                 current = tuple(produced)
         out = jax.block_until_ready(jitted(*current))
     with jax.profiler.trace(logdir):
+        if setup is not None:
+            jax.block_until_ready(setup())
         for i in range(steps):
-            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+            marker = (jax.profiler.StepTraceAnnotation("train", step_num=i) if step_markers
+                      else contextlib.nullcontext())
+            with marker:
                 if host_work is not None:
                     produced = host_work(i)
                     if produced is not None:

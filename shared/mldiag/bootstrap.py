@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 from mldiag.adapters.local.bus import InProcessBus
 from mldiag.adapters.local.periodic import Periodic
@@ -33,6 +33,7 @@ from mldiag.messages import (
 )
 from mldiag.model import XPLANE_SUFFIXES, SessionRecord
 from mldiag.ports import Bus, Investigator, ObjectInfo, StateStore, Storage
+from mldiag.registration import Registrar
 from mldiag.settings import Settings
 from mldiag.stages import Services, dead_lettered, dispatch, requeue_stuck, sweep
 
@@ -153,6 +154,8 @@ def control_plane(settings: Settings | None = None) -> ControlPlane:
     `backend == "gcp"` they go to Pub/Sub, state to Firestore and objects to GCS.
     """
     settings = settings or Settings.from_env()
+    if settings.backend == "gcp" and settings.registration_url:
+        return workload_plane(settings)
     if settings.backend == "gcp":
         gcp = gcp_adapters(settings)
         return ControlPlane(settings=settings, state=gcp.state, storage=gcp.storage,
@@ -162,6 +165,42 @@ def control_plane(settings: Settings | None = None) -> ControlPlane:
                        backoff_s=settings.retry_backoff_s, workers=0, poll_s=settings.poll_s)
     return ControlPlane(settings=settings, state=state,
                         storage=LocalDirStorage(Path(settings.bucket_dir)), bus=bus)
+
+
+def workload_plane(settings: Settings) -> ControlPlane:
+    """A GCP workload's control plane: its state and uploads go through the registration
+    function (MLDIAG_REGISTRATION_URL), its alerts to Pub/Sub; no Firestore or bucket access.
+
+    The registrar adapters offer only what the SDK calls, so they are the ports' subset."""
+    from mldiag.adapters.gcp.bus import PubSubBus
+    from mldiag.adapters.gcp.registrar import (
+        RegistrationClient,
+        RegistrationStateStore,
+        SignedUrlStorage,
+    )
+
+    if not settings.project or not settings.bucket:
+        raise MldiagError("MLDIAG_BACKEND=gcp needs MLDIAG_PROJECT and MLDIAG_BUCKET")
+    client = RegistrationClient(settings.registration_url)
+    return ControlPlane(settings=settings,
+                        state=cast(StateStore, RegistrationStateStore(client)),
+                        storage=cast(Storage, SignedUrlStorage(client, settings.bucket)),
+                        bus=PubSubBus(settings.project, settings.topic_prefix))
+
+
+def registrar(settings: Settings) -> Registrar:
+    """The registration function's services: Firestore state and run owners, and the GCS
+    signer of upload URLs (GCP only)."""
+    from mldiag.adapters.gcp.registration import FirestoreRunOwners, GcsUploadSigner
+
+    if settings.backend != "gcp" or not settings.registration_url:
+        raise MldiagError("the registration function needs MLDIAG_BACKEND=gcp and "
+                          "MLDIAG_REGISTRATION_URL (its own URL: its callers' token audience)")
+    gcp = gcp_adapters(settings)
+    return Registrar(settings=settings, state=gcp.state,
+                     owners=FirestoreRunOwners(project=settings.project,
+                                               database=settings.firestore_database),
+                     uploads=GcsUploadSigner(settings.bucket, project=settings.project))
 
 
 @dataclass

@@ -28,8 +28,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from mldiag.bootstrap import bootstrap, gcp_services
+from mldiag.bootstrap import registrar as bootstrap_registrar
 from mldiag.errors import PoisonMessage
 from mldiag.messages import TOPIC_OF, Message, ProfileObjectFinalized, parse
+from mldiag.registration import Registrar, RegistrationError, authenticate
+from mldiag.registration import handle as handle_registration
 from mldiag.settings import Settings
 from mldiag.stages import Services, dead_lettered
 
@@ -196,6 +199,44 @@ def set_services(services: Services | None) -> None:
     global _services
     with _services_lock:
         _services = services
+
+
+_registrar: Registrar | None = None
+
+
+def registrar() -> Registrar:
+    """The registration function's services, built once per instance."""
+    global _registrar
+    with _services_lock:
+        if _registrar is None:
+            _registrar = bootstrap_registrar(Settings.from_env())
+        return _registrar
+
+
+def set_registrar(services: Registrar | None) -> None:
+    """Use these registration services (tests), or build them again on next use (None)."""
+    global _registrar
+    with _services_lock:
+        _registrar = services
+
+
+def register(authorization: str, body: bytes, services: Registrar) -> tuple[dict[str, Any], int]:
+    """One HTTP request to the registration function: (JSON answer, status).
+
+    A refused request (not signed in, not the caller's run, bad input) is answered with its
+    4xx and the reason; anything else propagates (500), and the SDK retries it."""
+    try:
+        caller = authenticate(authorization, services.settings)
+        try:
+            request = json.loads(body or b"null")
+        except ValueError as e:
+            raise RegistrationError(f"the request body is not JSON: {e}") from e
+        answer = handle_registration(request, caller, services)
+    except RegistrationError as e:
+        log.info("registration refused (%d): %s", e.status, e)
+        return {"error": str(e)}, e.status
+    log.info("registration %s by %s", request.get("op"), caller)
+    return answer, 200
 
 
 # Dead letters

@@ -36,6 +36,9 @@ class RunRecord:
     created_at: float = 0.0
     # AutoCapturePolicy.to_dict(); empty means the default policy (disabled).
     auto_capture: dict[str, Any] = field(default_factory=dict)
+    # The session that alert-triggered sessions are compared with (`runs set-baseline`);
+    # empty: the run's most recent OPTIMAL session.
+    baseline: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -93,11 +93,17 @@ class StateStore(Protocol):
 
     def register_run(self, run: RunRecord) -> RunRecord:
         """Create a run, or update a run's registration (run_group, configs, storage_prefix,
-        on_demand; `discovered` cleared), keeping its created_at and auto-capture policy."""
+        on_demand; `discovered` cleared), keeping its created_at, auto-capture policy and
+        baseline."""
         ...
 
     def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
         """Replace a run's auto-capture policy; None when the run does not exist."""
+        ...
+
+    def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        """Pin the session that the run's alert-triggered sessions are compared with ("" to
+        unpin: the most recent OPTIMAL session then); None when the run does not exist."""
         ...
 
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
@@ -252,6 +258,27 @@ class Investigator(Protocol):
     def investigate(
         self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps
     ) -> dict[str, Any]: ...
+
+
+
+class RunOwners(Protocol):
+    """Which workload identity a run belongs to (the registration function's tenancy)."""
+
+    def bind(self, run: str, owner: str, now: float) -> str:
+        """Make `owner` the run's owner unless it has one (a conditional create); returns the
+        run's owner, `owner` or whoever bound it first."""
+        ...
+
+    def owner(self, run: str) -> str | None: ...
+
+
+class UploadSigner(Protocol):
+    """Grants one upload of one object without any other access to the bucket."""
+
+    def upload_url(self, name: str, *, content_type: str, expires_s: float) -> str:
+        """A URL that accepts one `PUT` of object `name` with that Content-Type, and nothing
+        else, until it expires."""
+        ...
 
 
 Clock = Callable[[], float]

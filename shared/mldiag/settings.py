@@ -27,7 +27,7 @@ class Settings:
     MLDIAG_IAP_CERTS_URL, MLDIAG_ID_TOKEN_AUDIENCE, MLDIAG_CONSOLE_SECRET, MLDIAG_PUBLIC_URL,
     MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER,
     MLDIAG_CAPTURE_ALLOWED_NETWORKS, MLDIAG_CAPTURE_ALLOWED_PORTS, MLDIAG_CAPTURE_ALLOW_LOOPBACK,
-    MLDIAG_PULL_ANSWER_S, MLDIAG_PULL_POLL_S.
+    MLDIAG_REGISTRATION_URL, MLDIAG_ID_TOKEN_CERTS_URL, MLDIAG_PULL_ANSWER_S, MLDIAG_PULL_POLL_S.
     """
 
     home: Path = Path(".mldiag")
@@ -117,6 +117,12 @@ class Settings:
     capture_allowed_networks: str = ""
     capture_allowed_ports: str = "1024-65535"
     capture_allow_loopback: str = "auto"
+    # The `register` function (mldiag.registration) that GCP workloads call instead of writing
+    # Firestore and the bucket; its URL is also the audience of their ID tokens. Set in the
+    # workloads (the SDK then goes through it) and on the function itself.
+    registration_url: str = ""
+    # Where Google's ID-token signing keys are published (a JWK set).
+    id_token_certs_url: str = "https://www.googleapis.com/oauth2/v3/certs"
 
     def to_env(self) -> dict[str, str]:
         """These settings as MLDIAG_* variables, for a process that builds its own."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
-from mldiag import limits
+from mldiag import limits, regression
 from mldiag.analysis.collect import SessionTooLarge
 from mldiag.analysis.collect import collect as collect_snapshot
 from mldiag.analysis.collect import collect_host as collect_host_parts
@@ -590,6 +590,8 @@ def render_report(msg: RenderReport, services: Services) -> None:
                     {**investigation, "triage": result.to_dict()})
         analysis = build_analysis(snapshot, result, investigation)
         analysis["session"]["version"] = s.version
+        if s.trigger == "alert":
+            _what_changed(services, s, snapshot, analysis, investigation)
         _write_json(services, s, "analysis.json", analysis)
         html_name = _write_artifact(services, s, "summary.html",
                                     render_summary_html(analysis, snapshot).encode(),
@@ -602,6 +604,22 @@ def render_report(msg: RenderReport, services: Services) -> None:
         # After the report, not before: the viewer's caches never delay a verdict.
         services.bus.publish(PrebuildViewer(run=msg.run, session=msg.session,
                                             version=msg.version))
+
+
+def _what_changed(services: Services, s: SessionRecord, snapshot: Mapping[str, Any],
+                  analysis: dict[str, Any], investigation: Mapping[str, Any]) -> None:
+    """An alert-triggered session is compared with the run's healthy baseline: diff.json and
+    diff.html beside its report, a "What changed" block in analysis.json (the report's first
+    section) and the diff's one sentence at the head of the verdict summary."""
+    block, doc = regression.regression(services.state, services.storage, s, snapshot,
+                                       analysis, investigation)
+    analysis["regression"] = block
+    if doc is None:
+        return
+    data, page = regression.diff_artifacts(doc)
+    _write_artifact(services, s, regression.DIFF_JSON, data, "application/json")
+    _write_artifact(services, s, regression.DIFF_HTML, page, "text/html; charset=utf-8")
+    analysis["summary"] = f"{doc['headline']} {analysis.get('summary') or ''}".strip()
 
 
 # prebuild_viewer

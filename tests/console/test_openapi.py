@@ -27,7 +27,8 @@ def test_the_openapi_document_lists_the_api(site: Site) -> None:
                  "/api/v1/runs/{run}/sessions", "/api/v1/runs/{run}/sessions/{session}",
                  "/api/v1/runs/{run}/captures", "/api/v1/runs/{run}/continuous",
                  "/api/v1/runs/{run}/sessions/{session}/share", "/api/v1/share",
-                 "/api/v1/share/{link_id}"):
+                 "/api/v1/share/{link_id}", "/api/v1/runs/{run}/compare",
+                 "/api/v1/runs/{run}/baseline"):
         assert path in paths, path
     assert not any(p.startswith(("/share/", "/runs/")) for p in paths)  # pages stay out
 

@@ -33,6 +33,13 @@ ROUTES: list[tuple[str, str, Any, set[str], int]] = [
     ("POST", "/api/v1/runs/tpu/captures", CAPTURE, EDIT, 409),
     ("POST", "/api/v1/runs/tpu/continuous", {"action": "start"}, EDIT, 409),
     ("POST", "/api/v1/runs/tpu/sessions/s1/share", {}, EDIT, 201),
+    # Comparing two sessions reads their analyses only: whoever may read reports.
+    ("GET", "/runs/tpu/compare?a=s1&b=s2", None, BROWSE, 200),
+    ("GET", "/runs/tpu/compare/diff.html?a=s1&b=s2", None, BROWSE, 200),
+    ("GET", "/api/v1/runs/tpu/compare?a=s1&b=s2", None, BROWSE, 200),
+    # s1 was not captured on an alert: an allowed caller learns it has no diff.
+    ("GET", f"{S1}/diff.html", None, BROWSE, 404),
+    ("POST", "/api/v1/runs/tpu/baseline", {"session": "s1"}, EDIT, 200),
     ("GET", "/api/v1/tokens", None, ADMIN, 200),
     ("GET", "/api/v1/grants", None, ADMIN, 200),
     ("POST", "/api/v1/grants", {"principal": "a@b.c", "role": "viewer"}, ADMIN, 201),

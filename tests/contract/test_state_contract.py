@@ -100,6 +100,7 @@ def test_register_run_updates_the_registration_and_keeps_the_rest(state: Subject
     s = state.adapter
     s.ensure_run("r", discovered=True, now=5)
     s.set_auto_capture("r", {"enabled": True, "cooldown_s": 60.0})
+    s.set_baseline("r", "healthy")
     stored = s.register_run(RunRecord(name="r", run_group="g", configs={"lr": 0.1, "": 1},
                                       storage_prefix="p", on_demand=True, discovered=True,
                                       created_at=99, auto_capture={}))
@@ -107,6 +108,7 @@ def test_register_run_updates_the_registration_and_keeps_the_rest(state: Subject
         "g", {"lr": 0.1, "": 1}, "p", True)
     assert not stored.discovered and stored.created_at == 5
     assert stored.auto_capture == {"enabled": True, "cooldown_s": 60.0}
+    assert stored.baseline == "healthy"
     assert s.get_run("r") == stored
     fresh = s.register_run(RunRecord(name="new", created_at=7, discovered=True))
     assert not fresh.discovered and fresh.created_at == 7 and s.get_run("new") == fresh
@@ -120,6 +122,21 @@ def test_set_auto_capture_replaces_the_policy_of_a_known_run(state: Subject) -> 
     run = s.set_auto_capture("r", {"enabled": False})
     assert run is not None and run.auto_capture == {"enabled": False}
     assert s.get_run("r").auto_capture == {"enabled": False}  # type: ignore[union-attr]
+
+
+def test_set_baseline_pins_and_unpins_a_session_of_a_known_run(state: Subject) -> None:
+    s = state.adapter
+    assert s.set_baseline("ghost", "s1") is None
+    s.ensure_run("r", discovered=False)
+    assert s.get_run("r").baseline == ""  # type: ignore[union-attr]
+    run = s.set_baseline("r", "s1")
+    assert run is not None and run.baseline == "s1"
+    # Another process (function instance) sees it, and the policy is untouched.
+    assert state.twin.get_run("r").baseline == "s1"
+    s.set_auto_capture("r", {"enabled": True})
+    assert s.get_run("r").baseline == "s1"  # type: ignore[union-attr]
+    assert s.set_baseline("r", "").baseline == ""  # type: ignore[union-attr]
+    assert s.get_run("r").auto_capture == {"enabled": True}  # type: ignore[union-attr]
 
 
 def test_names_with_separators_and_reserved_forms_stay_apart(state: Subject) -> None:

@@ -18,6 +18,9 @@ from tests.conftest import REPO
 
 SCRIPT = REPO / "scripts" / "package_functions"
 FUNCTION = "collect"
+LOCK = REPO / "functions" / "requirements.lock"
+# What a function image must never need: JAX and what it pulls in (~470 MB).
+SDK_ONLY = ("jax", "jaxlib", "scipy")
 
 
 def package(out: Path, *names: str) -> None:
@@ -38,7 +41,7 @@ def _name(requirement: str) -> str:
     return re.sub(r"[-_.]+", "-", match.group(0)).lower()
 
 
-def test_package_holds_the_function_the_library_and_pinned_requirements(packaged: Path) -> None:
+def test_package_holds_the_function_the_library_and_locked_requirements(packaged: Path) -> None:
     folder = packaged / FUNCTION
     assert sorted(p.name for p in folder.iterdir()) == ["main.py", "mldiag", "requirements.txt"]
     source = REPO / "functions" / FUNCTION / "main.py"
@@ -48,14 +51,31 @@ def test_package_holds_the_function_the_library_and_pinned_requirements(packaged
     assert not library.left_only and not library.right_only and not library.diff_files
     assert not list(folder.rglob("__pycache__"))
 
+    # The hashed lock, as it is: Cloud Build's pip installs exactly those files.
+    assert (folder / "requirements.txt").read_text() == LOCK.read_text()
+
+
+def _lock_entries() -> dict[str, str]:
+    """Each locked requirement's name → its whole entry (pin, hashes, `# via`)."""
+    body = "\n".join(line for line in LOCK.read_text().splitlines()
+                     if not line.startswith("#"))
+    entries = [e for e in re.split(r"\n(?=[A-Za-z0-9])", body) if e.strip()]
+    return {_name(e): e for e in entries}
+
+
+def test_the_lock_pins_every_runtime_requirement_with_hashes_and_no_jax() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     wanted = [*project["dependencies"], *project["optional-dependencies"]["gcp"],
               *project["optional-dependencies"]["functions"]]
-    lines = [line for line in (folder / "requirements.txt").read_text().splitlines()
-             if line and not line.startswith("#")]
-    assert sorted({_name(r) for r in wanted}) == sorted(_name(r) for r in lines)
-    # Pinned to what the tests ran against (.venv), so a deploy builds what was tested.
-    assert all("==" in line for line in lines), lines
+    entries = _lock_entries()
+    assert {_name(r) for r in wanted} <= set(entries)
+    for name, entry in entries.items():
+        assert re.match(r"[A-Za-z0-9._-]+==\S+ \\\n", entry), entry[:200]
+        assert "--hash=sha256:" in entry, name
+    # JAX is the SDK's (the `sdk` extra): none of it, nor what it pulls in, in a function.
+    assert not {"jax", "jaxlib", "scipy"} & set(entries)
+    assert "jax" not in {_name(r) for r in wanted}
+    assert [_name(r) for r in project["optional-dependencies"]["sdk"]] == ["jax"]
 
 
 def test_zip_is_the_folder_and_reproducible(packaged: Path, tmp_path: Path) -> None:
@@ -79,11 +99,61 @@ def test_unknown_function_is_refused(tmp_path: Path) -> None:
     assert result.returncode != 0 and "no function 'nope'" in result.stderr
 
 
+def test_every_function_imports_without_jax(tmp_path: Path) -> None:
+    """Each functions/<name>/main.py loads, and builds its services, where jax, jaxlib and
+    scipy cannot be imported (as in the function images)."""
+    probe = f"""
+import importlib.abc, importlib.util, sys
+from pathlib import Path
+
+class NoSdk(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {SDK_ONLY!r}:
+            raise ImportError(f"{{name}} is not installed in a function image")
+        return None
+
+sys.meta_path.insert(0, NoSdk())
+for main in sorted(Path("functions").glob("*/main.py")):
+    spec = importlib.util.spec_from_file_location(f"fn_{{main.parent.name}}", main)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(getattr(module, main.parent.name)), main
+from mldiag import entrypoints, stages
+entrypoints.services()
+assert not {{m.split(".")[0] for m in sys.modules}} & {set(SDK_ONLY)!r}
+print("ok")
+"""
+    env = {**os.environ, "MLDIAG_HOME": str(tmp_path / "home"),
+           "PYTHONPATH": f"{REPO / 'shared'}:{REPO}"}
+    result = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
+
+
+def test_nothing_outside_the_sdk_imports_jax() -> None:
+    """Imports inside functions too (the lazy ones run only on some messages): only
+    mldiag.sdk, which runs in the workload, may import JAX."""
+    import ast
+
+    library = REPO / "shared" / "mldiag"
+    offenders = []
+    for path in sorted(library.rglob("*.py")):
+        if path.is_relative_to(library / "sdk"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and
+                     not node.level else [])
+            offenders += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
+                          if n.split(".")[0] in SDK_ONLY or n.startswith("mldiag.sdk")]
+    assert not offenders, offenders
+
+
 @pytest.mark.slow
 def test_packaged_function_imports_in_a_clean_venv(packaged: Path, tmp_path: Path) -> None:
     """Install requirements.txt as Cloud Build would, into a venv that sees nothing of ours.
 
-    40-60 s on 2 cores (jax, xprof and the Google Cloud clients from the package index).
+    30-50 s on 2 cores (xprof and the Google Cloud clients from the package index).
     """
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -93,8 +163,9 @@ def test_packaged_function_imports_in_a_clean_venv(packaged: Path, tmp_path: Pat
                     "-r", str(packaged / FUNCTION / "requirements.txt")],
                    check=True, env=env, timeout=600)
     probe = (
-        "import sys, main, mldiag, xprof, jax\n"
+        "import importlib.util, sys, main, mldiag, xprof\n"
         f"assert callable(main.{FUNCTION})\n"
+        "assert importlib.util.find_spec('jax') is None, 'jax in a function image'\n"
         "assert not sys.flags.no_site and 'site-packages' not in mldiag.__file__\n"
         "print(mldiag.__file__)\n")
     result = subprocess.run([str(python), "-c", probe], cwd=packaged / FUNCTION, env=env,

@@ -42,6 +42,8 @@ PUSHED_FROM = {
 }
 STORAGE_FUNCTION = "on_profile_object"
 DEAD_LETTER_FUNCTION = "dead_letters"
+# The one HTTP function: workloads call it (mldiag.registration), no topic or trigger does.
+HTTP_FUNCTION = "register"
 # Messages that GCP delivers without a topic of ours (Eventarc, from the bucket).
 NOT_PUBSUB = {TOPIC_OF[ProfileObjectFinalized]}
 
@@ -116,9 +118,15 @@ def for_each_keys(tf: Terraform, body: dict[str, Any]) -> list[str]:
         return list(value)
     comprehension = re.fullmatch(
         r'\{for (\w+), \w+ in local\.(\w+) : \1 => \w+ if \1 != "(\w+)"\}', expr(value))
-    assert comprehension, f"local.{local.group(1)} = {value!r}: teach the test this form"
-    source = tf.locals[comprehension.group(2)]
-    return [k for k in source if k != comprehension.group(3)]
+    if comprehension:
+        source = tf.locals[comprehension.group(2)]
+        return [k for k in source if k != comprehension.group(3)]
+    excluding = re.fullmatch(
+        r'\{for (\w+), \w+ in local\.(\w+) : \1 => \w+ if !contains\(\[([^\]]*)\], \1\)\}',
+        expr(value))
+    assert excluding, f"local.{local.group(1)} = {value!r}: teach the test this form"
+    left_out = set(json.loads(f"[{excluding.group(3)}]"))
+    return [k for k in tf.locals[excluding.group(2)] if k not in left_out]
 
 
 def instances(tf: Terraform, kind: str) -> Iterator[tuple[str, str | None, dict[str, Any]]]:
@@ -201,6 +209,10 @@ def test_pubsub_functions_are_pushed_from_their_topic_with_retry_and_dead_letter
     deployed = deployed_functions(tf)
     # No Eventarc trigger besides the bucket's: it would deliver each message twice.
     assert [f for f, (_, _, b) in deployed.items() if "event_trigger" in b] == [STORAGE_FUNCTION]
+    # Every function is pushed from a topic but the bucket's and the HTTP one.
+    pushed = tf.resource("google_cloudfunctions2_function", "pubsub")
+    assert sorted(for_each_keys(tf, pushed)) == sorted(
+        set(FUNCTION_NAMES) - {STORAGE_FUNCTION, HTTP_FUNCTION})
 
     push = tf.resource("google_pubsub_subscription", "push")
     topics: dict[str, str] = tf.locals["topics"]
@@ -314,28 +326,43 @@ def test_heavy_stages_get_time_and_memory(tf: Terraform) -> None:
 
 def test_runtime_roles_are_least_privilege(tf: Terraform) -> None:
     # Project-level roles of the function accounts: Firestore (on mldiag's database only) and,
-    # for investigate alone, Vertex AI.
+    # for investigate alone, a custom role that calls Gemini and nothing else.
     project_roles = {body["role"] for body in tf.resources["google_project_iam_member"].values()
                      if "google_service_account.function" in body["member"]}
-    assert project_roles == {"roles/datastore.user", "roles/aiplatform.user"}
+    assert project_roles == {"roles/datastore.user",
+                             "${google_project_iam_custom_role.gemini_predict[0].name}"}
     vertex = tf.resource("google_project_iam_member", "investigate_vertex")
     assert vertex["member"] == '${google_service_account.function["investigate"].member}'
+    custom = tf.resource("google_project_iam_custom_role", "gemini_predict")
+    assert custom["permissions"] == ["aiplatform.endpoints.predict"]
+    assert not any("roles/aiplatform" in str(body) for named in tf.resources.values()
+                   for body in named.values())
     firestore = tf.resource("google_project_iam_member", "function_firestore")
     assert "google_firestore_database.main.name" in one(firestore["condition"])["expression"]
 
-    allowed = {"roles/storage.objectViewer", "roles/storage.objectCreator",
-               "roles/storage.objectUser"}
+    # Bucket-wide, a function at most reads; every write is a conditional grant (below).
     for function, spec in tf.locals["functions"].items():
-        assert set(spec["storage"]) <= allowed, function
-    # Nobody but the trigger identity invokes the functions.
+        assert set(spec["storage"]) <= {"roles/storage.objectViewer"}, function
+    # Nobody but the trigger identity invokes the event functions; only the workloads invoke
+    # the register function.
     invoker = tf.resource("google_cloud_run_v2_service_iam_member", "trigger_invokes")
     assert invoker["member"] == "${google_service_account.trigger.member}"
-    assert sorted(for_each_keys(tf, invoker)) == FUNCTION_NAMES
+    assert sorted(for_each_keys(tf, invoker)) == sorted(set(FUNCTION_NAMES) - {HTTP_FUNCTION})
+    workloads = tf.resource("google_cloud_run_v2_service_iam_member", "workloads_register")
+    assert workloads["name"] == "${google_cloudfunctions2_function.register.name}"
+    assert workloads["member"] == "serviceAccount:${each.value}"
     for _, key, body in instances(tf, "google_cloudfunctions2_function"):
-        assert one(body["service_config"])["ingress_settings"] == "ALLOW_INTERNAL_ONLY", key
-    # No secret, no share-link key, in plain text or in state.
+        ingress = one(body["service_config"])["ingress_settings"]
+        if key is None and body["build_config"][0]["entry_point"] == HTTP_FUNCTION:
+            assert ingress == "${var.registration_ingress}"
+            assert tf.variables["registration_ingress"]["default"] == "ALLOW_INTERNAL_ONLY"
+        else:
+            assert ingress == "ALLOW_INTERNAL_ONLY", key
+    # No secret, no share-link key, in plain text or in state; a rotation keeps the old
+    # version (disabled), so revisions still serving can read it.
     version = tf.resource("google_secret_manager_secret_version", "share_link_key")
     assert "secret_data" not in version and "secret_data_wo" in version
+    assert version["deletion_policy"] == "DISABLE"
 
 
 def test_render_report_asks_prebuild_viewer_for_the_viewer_caches(tf: Terraform) -> None:
@@ -363,8 +390,8 @@ def test_render_report_asks_prebuild_viewer_for_the_viewer_caches(tf: Terraform)
 BUCKET = "p-mldiag-profiles"
 
 
-def _cache_condition(tf: Terraform) -> list[str]:
-    expression = expr(tf.locals["viewer_cache_condition"]["expression"])
+def _cache_condition(tf: Terraform, local: str = "viewer_cache_condition") -> list[str]:
+    expression = expr(tf.locals[local]["expression"])
     match = re.fullmatch(r'join\(" && ", \[(.*)\]\)', expression, re.S)
     assert match, expression
     clauses = [json.loads(c) for c in re.findall(r'"(?:[^"\\]|\\.)*"', match.group(1))]
@@ -393,8 +420,12 @@ def _allows(clauses: list[str], resource_name: str) -> bool:
             results.append(resource_name.startswith(m.group(1)))
         elif m := re.fullmatch(r'resource\.name\.extract\("(.*)"\) != ""', clause):
             results.append(_extract(resource_name, m.group(1)) != "")
+        elif m := re.fullmatch(r'resource\.name\.extract\("(.*)"\) == ""', clause):
+            results.append(_extract(resource_name, m.group(1)) == "")
         elif m := re.fullmatch(r'!resource\.name\.endsWith\("(.*)"\)', clause):
             results.append(not resource_name.endswith(m.group(1)))
+        elif m := re.fullmatch(r'resource\.name\.endsWith\("(.*)"\)', clause):
+            results.append(resource_name.endswith(m.group(1)))
         else:
             raise AssertionError(f"teach the test this clause: {clause}")
     return all(results)
@@ -637,3 +668,129 @@ def test_the_share_access_log_has_its_composite_index(tf: Any) -> None:
     assert index["collection"] == wanted["collectionGroup"] == access.SHARE_ACCESS
     assert [(f["field_path"], f["order"]) for f in index["fields"]] == [
         (f["fieldPath"], f["order"]) for f in wanted["fields"]]
+
+
+# Tenancy and least privilege (issue 12)
+
+def _obj(name: str, bucket: str = BUCKET) -> str:
+    return f"projects/_/buckets/{bucket}/objects/{name}"
+
+
+def test_stages_write_only_analysis_artifacts_and_capture_only_xplanes(tf: Terraform) -> None:
+    analysis = _cache_condition(tf, "analysis_condition")
+    xplanes = _cache_condition(tf, "xplane_condition")
+    session = "team/my_run/plugins/profile/s1"
+    for written in ("analysis/summary.html", "analysis/v2/analysis.json",
+                    "analysis/v1/hosts/host0.json", "analysis/v1/hosts/host0.converter-input.pb",
+                    "analysis/xprof_cache/k/manifest.json"):
+        assert _allows(analysis, _obj(f"{session}/{written}")), written
+        assert not _allows(xplanes, _obj(f"{session}/{written}")), written
+    for profile in (f"{session}/host0.xplane.pb", "my_run/plugins/profile/s1/host0.xplane.pb"):
+        assert not _allows(analysis, _obj(profile)), profile
+        assert _allows(xplanes, _obj(profile)), profile
+    for neither in ("team/my_run/notes.txt", f"{session}/analysis/h.xplane.pb",
+                    f"{session}/analysis/h.xplane.riegeli"):
+        assert not _allows(analysis, _obj(neither)), neither
+        assert not _allows(xplanes, _obj(neither)), neither
+    assert not _allows(analysis, _obj(f"{session}/analysis/a.json", bucket="other"))
+    functions = tf.locals["functions"]
+    writers = {f for f, spec in functions.items() if spec.get("analysis_writer")}
+    assert writers == {"collect", "collect_host", "investigate", "render_report"}
+    assert {f for f, spec in functions.items() if spec.get("xplane_writer")} == {
+        "on_capture_request", "register"}
+    for resource, local in (("function_analysis", "analysis_condition"),
+                            ("function_xplanes", "xplane_condition")):
+        grant = tf.resource("google_storage_bucket_iam_member", resource)
+        assert one(grant["condition"])["expression"] == f"${{local.{local}.expression}}"
+    job = tf.resource("google_storage_bucket_iam_member", "collect_job_analysis")
+    assert one(job["condition"])["expression"] == "${local.analysis_condition.expression}"
+    assert tf.resource("google_storage_bucket_iam_member", "collect_job_storage")["role"] == (
+        "roles/storage.objectViewer")
+    # Nothing writes the whole bucket (function_storage holds the readers' roles, above).
+    for name, body in tf.resources["google_storage_bucket_iam_member"].items():
+        if body["bucket"] == "${google_storage_bucket.profiles.name}" and body["role"] not in (
+                "roles/storage.objectViewer", "${each.value.role}"):
+            assert "condition" in body, name
+
+
+def test_workloads_reach_mldiag_only_through_the_register_function(tf: Terraform) -> None:
+    grants = [(kind, name) for kind, named in tf.resources.items()
+              for name, body in named.items()
+              if "var.workload_service_accounts" in str(body.get("for_each", ""))]
+    assert sorted(grants) == [("google_cloud_run_v2_service_iam_member", "workloads_register"),
+                              ("google_pubsub_topic_iam_member", "workload_alerts")]
+    register = tf.resource("google_cloudfunctions2_function", "register")
+    assert "event_trigger" not in register
+    env = one(register["service_config"])["environment_variables"]
+    assert "MLDIAG_REGISTRATION_URL = local.registration_url" in env
+    assert tf.locals["registration_url"] == (
+        "https://${var.region}-${var.project}.cloudfunctions.net/${var.prefix}register")
+    # It signs upload URLs as itself (signBlob), for the objects its xplane grant covers.
+    signer = tf.resource("google_service_account_iam_member", "register_signs_urls")
+    assert signer["role"] == "roles/iam.serviceAccountTokenCreator"
+    assert signer["member"] == '${google_service_account.function["register"].member}'
+    assert "iamcredentials.googleapis.com" in str(tf.locals["apis"])
+
+
+def _depends(body: dict[str, Any]) -> str:
+    return str(body.get("depends_on", ""))
+
+
+def test_a_fresh_project_gets_apis_agents_and_grants_in_order(tf: Terraform) -> None:
+    apis = str(tf.locals["apis"])
+    for api in ("cloudresourcemanager.googleapis.com", "monitoring.googleapis.com",
+                "iam.googleapis.com", "eventarc.googleapis.com"):
+        assert api in apis, api
+    # Every service account waits for the APIs (IAM members follow through their account).
+    for name, body in tf.resources["google_service_account"].items():
+        assert "google_project_service.apis" in _depends(body), name
+    # The service agents exist before any grant to them.
+    agents = tf.resource("google_project_service_identity", "agent")
+    assert "google-beta" in str(agents["provider"])
+    assert agents["for_each"] == "${local.agent_services}"
+    for service in ("pubsub", "monitoring", "artifactregistry", "eventarc"):
+        assert f"{service}.googleapis.com" in str(tf.locals["agent_services"]), service
+    for agent in ("pubsub_agent", "monitoring_agent", "registry_agent"):
+        assert "google_project_service_identity.agent" in tf.locals[agent], agent
+    monitoring = tf.resource("google_pubsub_topic_iam_member", "monitoring_notifications")
+    assert monitoring["member"] == "${local.monitoring_agent}"
+    # The Eventarc trigger waits for the GCS agent's publisher grant to propagate.
+    wait = tf.resource("time_sleep", "iam_propagation")
+    assert "google_project_iam_member.gcs_agent_publishes_events" in _depends(wait)
+    _, _, storage_function = deployed_functions(tf)[STORAGE_FUNCTION]
+    assert "time_sleep.iam_propagation" in _depends(storage_function)
+    # The build identity holds what Google documents for a custom Cloud Build account.
+    assert tf.resource("google_project_iam_member", "build_writes_logs")["role"] == (
+        "roles/logging.logWriter")
+    assert tf.resource("google_artifact_registry_repository_iam_member",
+                       "build_pushes_images")["role"] == "roles/artifactregistry.writer"
+    assert tf.resource("google_storage_bucket_iam_member", "build_reads_sources")["role"] == (
+        "roles/storage.objectAdmin")
+
+
+def test_cmek_grants_every_agent_before_its_resources_use_the_key(tf: Terraform) -> None:
+    kms = tf.resource("google_kms_crypto_key_iam_member", "agents")
+    assert "local.kms_agents" in kms["for_each"]
+    assert set(tf.locals["kms_agents"]) == {"storage", "pubsub", "registry"}
+    assert "cloudkms.googleapis.com" in str(tf.locals["apis"])
+    for kind, name in (("google_artifact_registry_repository", "functions"),
+                       ("google_storage_bucket", "profiles"), ("google_storage_bucket", "sources"),
+                       ("google_pubsub_topic", "topic"), ("google_pubsub_topic", "dead_letter")):
+        assert "google_kms_crypto_key_iam_member.agents" in _depends(
+            tf.resource(kind, name)), name
+
+
+def test_the_deployer_acts_only_as_the_accounts_terraform_creates(tf: Terraform) -> None:
+    acts = tf.resource("google_service_account_iam_member", "deployer_acts_as")
+    assert acts["role"] == "roles/iam.serviceAccountUser"
+    assert acts["member"] == "${var.deployer}"
+    assert "google_service_account.function" in acts["for_each"]
+    project_roles = {b["role"] for b in tf.resources["google_project_iam_member"].values()}
+    assert "roles/iam.serviceAccountUser" not in project_roles
+    for name, key, body in instances(tf, "google_cloudfunctions2_function"):
+        assert "time_sleep.iam_propagation" in _depends(body), (name, key)
+    for kind, name in (("google_cloud_run_v2_service", "console"),
+                       ("google_cloud_run_v2_job", "collect")):
+        assert "time_sleep.iam_propagation" in _depends(tf.resource(kind, name)), name
+    assert "google_service_account_iam_member.deployer_acts_as" in _depends(
+        tf.resource("time_sleep", "iam_propagation"))

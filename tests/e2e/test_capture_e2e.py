@@ -191,7 +191,13 @@ def test_demo_names_the_injected_stall_at_p0_and_cleans_up(tmp_path: Path) -> No
     assert done.returncode == 0, done.stdout + done.stderr
     assert "P0 host_bound" in done.stdout
     assert "(trigger: alert, kind: snapshot)" in done.stdout
-    assert "baseline (healthy):" in done.stdout and "before → after the stall" in done.stdout
+    assert "baseline (healthy):" in done.stdout
+    # The report says what changed since the pinned baseline, the stall ranked first.
+    changed = done.stdout.split("what changed since ", 1)[1]
+    first = next(line for line in changed.splitlines() if line.strip().startswith("1."))
+    assert "waits longer for the host" in first, changed
+    assert "diff: " in changed and changed.split("diff: ", 1)[1].split()[0].endswith(
+        "diff.html")
     assert time.monotonic() - started < 180
     leftover = subprocess.run(["pgrep", "-f", str(tmp_path / "home")], capture_output=True,
                               text=True)

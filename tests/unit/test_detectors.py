@@ -11,6 +11,7 @@ from mldiag.analysis import hlo
 from mldiag.analysis.detectors import (
     MIN_BYTES,
     Detection,
+    custom_calls,
     detect_layout_mismatch_copies,
     detect_unfused_reshapes,
     detect_unnecessary_convert_reduce,
@@ -310,7 +311,7 @@ def test_to_dict_is_json_ready_with_every_field():
     assert set(out) == {
         "detector", "module", "instruction", "inner_instruction", "opcode", "input_shape",
         "output_shape", "input_layout", "output_layout", "bytes", "source", "description",
-        "chain"}
+        "chain", "fused_with"}
     assert out["bytes"] == d.bytes
     assert out["chain"] == []  # one kernel; a chain lists its costly links
 
@@ -375,3 +376,28 @@ def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
     ctx = _Context({"tools": {}}, None)  # type: ignore[arg-type]
     fix = _convert_reduce(h, ctx)["fix"]
     assert "jnp.max(x, axis=axis)" in fix and "sum-of-squares" not in fix
+
+
+_FUSED_TRANSPOSE = _text("cpu_fused_transpose")
+
+
+def test_a_transpose_fused_into_an_elementwise_consumer_is_a_layout_finding():
+    (d,) = detect_layout_mismatch_copies({"jit_step(1)": _FUSED_TRANSPOSE})
+    assert (d.instruction, d.inner_instruction) == ("add_tanh_fusion", "copy.1")
+    assert d.fused_with == ("add", "tanh")
+    assert d.source == "train.py:41 (jit(step)/transpose)"
+    assert "inside the fusion that also computes add, tanh" in d.description
+    # The same fusion without the transpose reorders nothing.
+    plain = _FUSED_TRANSPOSE.replace("transpose(%param_1.2), dimensions={1,0}",
+                                     "copy(%param_1.2)").replace("f32[512,512]{0,1} copy",
+                                                                 "f32[512,512]{1,0} copy")
+    assert detect_layout_mismatch_copies({"jit_step(1)": plain}) == []
+
+
+def test_custom_calls_name_their_target_and_linalg_primitive():
+    text = _text("cpu_eigh_custom_call")
+    (c,) = custom_calls({"jit_step(1)": text})
+    assert (c["instruction"], c["target"], c["linalg"]) == ("eigh.0", "lapack_ssyevd_ffi",
+                                                            "eigh")
+    assert c["source"] == "train.py:9 (jit(step)/jit(eigh)/eigh)"
+    assert c["outputs_read"] == [1]  # the eigenvalues only: `eigvalsh` would do

@@ -260,3 +260,149 @@ def test_memory_is_judged_on_the_program_that_ran_in_the_steps() -> None:
     assert t.metrics["peak_memory_gib"] == pytest.approx(8.0 / 1024, abs=1e-4)
     assert t.status == OPTIMAL and not any(h.category == "memory_pressure"
                                            for h in t.hypotheses)
+
+
+def _cpu_without_steps(busy_percent: float) -> dict[str, Any]:
+    """An XLA:CPU capture with no step markers: only our timeline's active span."""
+    s = healthy_snapshot()
+    tools = s["tools"]
+    tools["get_xprof_overview"]["data"]["run_environment"] = {"device_type": "CPU"}
+    tools["get_xprof_overview"]["data"]["performance_summary"] = {}
+    for name in ("get_hlo_op_profile", "get_roofline_model", "get_memory_profile"):
+        tools[name] = {"status": "NO_DATA", "elapsed_ms": 1.0, "data": {"reason": "CPU"}}
+    tools["get_step_trace"] = _tool({"status": "NO_DATA", "host_bound_analysis": {
+        "steps_analyzed": 0, "step_time_ms_average": None, "host_wait_percent": None,
+        "per_host": [{"host": "h0", "steps": 0, "active_span_ms": 200.0,
+                      "busy_in_active_span_percent": busy_percent}],
+        "op_time_ms_by_program": {"7": {"fusion": 10.0}}, "programs_in_steps": []}})
+    return s
+
+
+def test_cpu_without_steps_is_judged_on_the_busy_share_of_the_window() -> None:
+    t = triage(_cpu_without_steps(6.0))
+    m = t.metrics
+    assert m["device_idle_percent"] == pytest.approx(94.0)
+    assert m["device_idle_window"] == "capture window" and m["step_time_ms"] is None
+    util = next(c for c in t.checks if c["check"].startswith("compute utilization"))
+    assert util["passed"] is False and util["value"] == pytest.approx(6.0)
+    assert "capture window" in util["source"]
+    idle = next(h for h in t.hypotheses if h.category == "idle")
+    assert idle.priority == "P0" and idle.title == "Device idle 94.0% of the capture window"
+    assert idle.impact["unit"] == "% of device time"
+    assert idle.evidence[0]["field"] == (
+        "host_bound_analysis.per_host[0].busy_in_active_span_percent")
+    busy = triage(_cpu_without_steps(97.0))
+    assert not [h for h in busy.hypotheses if h.category == "idle"]
+    assert next(c for c in busy.checks if c["check"].startswith("compute"))["passed"] is True
+
+
+def test_memory_is_judged_on_a_program_that_ran_in_the_steps() -> None:
+    s = _cpu_without_steps(97.0)
+    hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
+    hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
+    s["tools"]["get_peak_allocations"] = _tool({
+        "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 768.0},
+                                    {"module_name": "jit_step(7)", "total_hbm_mib": 2.0}]},
+        "modules": [{"module_name": "jit_init(3)"}, {"module_name": "jit_step(7)"}]})
+    # Both ran in the capture; without steps the largest of them is judged...
+    assert triage(s).metrics["peak_memory_program"] == "jit_init(3)"
+    # ...but with steps, only the programs the steps ran.
+    hb["programs_in_steps"] = ["7"]
+    t = triage(s)
+    assert t.metrics["peak_memory_program"] == "jit_step(7)"
+    assert t.metrics["oom_risk"] == "LOW"
+    assert not [h for h in t.hypotheses if h.category == "memory_pressure"]
+
+
+def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
+    s = _cpu_without_steps(97.0)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
+        {"module": "jit_step(7)", "instruction": "eigh.0", "target": "lapack_ssyevd_ffi",
+         "linalg": "eigh", "source": "train.py:9 (jit(step)/jit(eigh)/eigh)",
+         "time_ms": 120.0, "percent_of_step": 60.0, "share_of": "capture window"},
+        {"module": "jit_step(7)", "instruction": "lu.0", "target": "lapack_sgetrf_ffi",
+         "linalg": "lu", "source": "train.py:8 (jit(step)/jit(solve)/lu)",
+         "time_ms": 10.0, "percent_of_step": 5.0, "share_of": "capture window"}]
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
+    assert h.priority == "P1" and h.impact["value"] == pytest.approx(65.0)
+    assert h.title.startswith("Custom calls (eigh, solve) take 65.0% of device time")
+    assert {e["field"] for e in h.evidence} >= {"custom_calls[0].percent_of_step",
+                                                "custom_calls[0].target"}
+    assert any(n.startswith("custom-call efficiency") for n in t.not_judged)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
+        "percent_of_step"] = 4.0
+    assert not [h for h in triage(s).hypotheses if h.details.get("kind") == "custom_calls"]
+
+
+def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> None:
+    from mldiag.analysis import investigator
+
+    s = _cpu_without_steps(97.0)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
+        {"module": "jit_step(7)", "instruction": "eigh.0", "target": "lapack_ssyevd_ffi",
+         "linalg": "eigh", "source": "train.py:9 (jit(step)/jit(eigh)/eigh)",
+         "outputs_read": [1], "time_ms": 120.0, "percent_of_step": 60.0,
+         "share_of": "capture window"}]
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
+    f = investigator._generic(h, investigator._Context(s, t))
+    assert "`lapack_ssyevd_ffi`" in f["what"] and "0 FLOPs" in f["what"]
+    assert f["fix"].startswith("Make the library calls cheaper or rarer, biggest first: "
+                               "`eigh` at `train.py:9`: the eigenvectors (output 0) are never "
+                               "read: call `jnp.linalg.eigvalsh`")
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
+        "outputs_read"] = [0, 1]
+    f = investigator._generic(h, investigator._Context(s, triage(s)))
+    assert "eigenvectors are read" in f["fix"]
+
+
+def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None:
+    from mldiag.analysis import investigator
+
+    s = _cpu_without_steps(97.0)
+    hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
+    hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
+    hb["programs_in_steps"] = ["7"]
+    s["tools"]["get_peak_allocations"] = _tool({
+        "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 2048.0},
+                                    {"module_name": "jit_step(7)", "total_hbm_mib": 640.0}]},
+        "modules": [
+            {"module_name": "jit_init(3)", "total_hbm_mib": 2048.0,
+             "top_buffers": [{"instruction": "table", "size_mib": 2048.0}]},
+            {"module_name": "jit_step(7)", "total_hbm_mib": 640.0,
+             "top_buffers": [{"instruction": "activations", "size_mib": 512.0}]}]})
+    t = triage(s)
+    h = next(h for h in t.hypotheses if h.category == "memory_pressure")
+    assert "0.62 GiB" in h.title
+    assert [e["value"] for e in h.evidence][:2] == ["jit_step(7)", 640.0]
+    f = investigator._memory_pressure(h, investigator._Context(s, t))
+    assert "`jit_step(7)`" in f["what"] and "activations" in f["what"]
+    assert "jit_init" not in f["what"]
+
+
+def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
+    from mldiag.analysis import investigator
+    from mldiag.analysis.triage import Hypothesis
+
+    d = {"module": "jit_step(7)", "instruction": "add_tanh_fusion", "fused_with": ["add"],
+         "source": "train.py:41 (jit(step)/transpose)",
+         "description": "In jit_step(7), add_tanh_fusion transposes f32[2048,2048]."}
+    h = Hypothesis("layout_copy", "P1", "t", [], {"value": 50.0, "unit": "% of step",
+                                                  "text": ""},
+                   {"detection": d, "tool": "detect_layout_mismatch_copies"})
+    s = _cpu_without_steps(97.0)
+    ctx = investigator._Context(s, triage(s))
+    key = "hlo:jit_step(7):add_tanh_fusion"
+    near = ("[dist=0] add_tanh_fusion = f32[2048,2048]{1,0} fusion(x.1, y.1)\n"
+            "[dist=1] x.1 = f32[2048,2048]{1,0} parameter(0)\n")
+    ctx.results[key] = {"status": "DATA", "data": {"text": near}}
+    f = investigator._layout_copy(h, ctx)
+    assert f["fix"].startswith("At `train.py:41` (op `jit(step)/transpose`): Keep the step's "
+                               "argument `x` (HLO `x.1`)")
+    assert "Format(" not in f["fix"]
+    ctx.results[key]["data"]["text"] = near + (
+        "[dist=1] dot.2 = f32[2048,128]{1,0} dot(add_tanh_fusion, w.1)\n")
+    f = investigator._layout_copy(h, ctx)
+    assert "Do not transpose the step's argument `x`" in f["fix"]
+    assert "jnp.einsum('ki,kj->ij', x, w)" in f["fix"]

@@ -116,3 +116,20 @@ def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
     assert [r["event"] for r in ours["aggregates"]] == [r["event"] for r in theirs["aggregates"]]
     for a, b in zip(ours["aggregates"], theirs["aggregates"], strict=True):
         assert a == pytest.approx(b)
+
+
+def test_an_ops_executors_are_its_most_overlapping_executions() -> None:
+    """8 devices running an all-gather at once are 8 executors; one device whose ops
+    alternate between two threads is one; touching intervals do not overlap."""
+    import numpy as np
+
+    from mldiag.analysis.timeline import _max_concurrency
+
+    gather, eigh = ("6", "all_gather.3"), ("14", "eigh.0")
+    ids = {gather: 0, eigh: 1}
+    # Eight lines, each with one all-gather over [10, 20) (slightly staggered), and eigh
+    # alternating between two threads, back to back: [0, 5), [5, 10), [10, 15).
+    spans = [(np.array([0]), np.array([10.0 + i * 0.1]), np.array([20.0])) for i in range(8)]
+    spans.append((np.array([1, 1]), np.array([0.0, 10.0]), np.array([5.0, 15.0])))
+    spans.append((np.array([1]), np.array([5.0]), np.array([10.0])))
+    assert _max_concurrency(ids, spans) == {gather: 8, eigh: 1}

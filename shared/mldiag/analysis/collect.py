@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis import detectors
+from mldiag.analysis import detectors, hlo_digest
 from mldiag.analysis.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -225,7 +225,10 @@ class _Assembler:
         data = dict(xprof_part.value)
         analysis = tl.value if tl.status == DATA else {}
         data["host_bound_analysis"] = analysis
-        if data.get("status") == "NO_DATA" and not analysis.get("steps_analyzed"):
+        # No steps anywhere still leaves the timeline's busy share of the capture window,
+        # which is how a profile without step markers is judged.
+        active = any(h.get("active_span_ms") for h in analysis.get("per_host") or ())
+        if data.get("status") == "NO_DATA" and not analysis.get("steps_analyzed") and not active:
             return {"name": "get_step_trace", "status": NO_DATA, "elapsed_ms": elapsed,
                     "data": {"reason": str(data.get("message", "no steps"))}}
         return {"name": "get_step_trace", "status": DATA, "elapsed_ms": elapsed, "data": data}
@@ -240,15 +243,18 @@ class _Assembler:
             raise NoData("no HLO modules in the profile")
         found = [d.to_dict() for d in _DETECTORS[tool](texts)]
         for d in found:
-            if not d["source"]:
-                # The op's place in the user's code, from the module's HLO proto metadata.
+            if ".py:" not in d["source"]:
+                # The op's place in the user's code, from the module's HLO proto metadata (the
+                # printed text keeps at most the op name; the proto has the file and line).
                 where = sources.get(d["module"], {})
                 d["source"] = where.get(d["inner_instruction"]) or where.get(
-                    d["instruction"], "")
+                    d["instruction"]) or d["source"]
         prof = prof_o.value if prof_o.status == DATA else None
         tl = tl_o.value if tl_o.status == DATA else {}
         modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []
         times, step_ms, time_source = _op_times(prof, tl, modules)
+        # What each op's time is a share of: a step, or (no step markers) the capture window.
+        share_of = "step" if tl.get("steps_analyzed") else "capture window"
         def op_ms(module: str, instruction: str) -> float | None:
             ms = times.get((module, instruction))
             return times.get(("", instruction)) if ms is None else ms
@@ -266,6 +272,7 @@ class _Assembler:
                 round(100.0 * ms / step_ms, 2) if ms is not None and step_ms else None
             )
             d["time_source"] = time_source if ms is not None else "not found on the timeline"
+            d["share_of"] = share_of
             # With op times available, an instruction absent from them never ran while the
             # profiler was on (e.g. a module compiled and run before the trace started).
             d["executed_in_profile"] = ms is not None if times else None
@@ -281,6 +288,20 @@ class _Assembler:
                 c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
                                         if ms is not None and step_ms else None)
             extra["async_copies"] = copies
+            # Custom calls, found in the same pass over the HLO: XLA cannot fuse them and its
+            # cost model counts them as 0 FLOPs, so their share of time is worth stating.
+            calls = detectors.custom_calls(texts)
+            for c in calls:
+                if ".py:" not in c["source"]:
+                    where = sources.get(c["module"], {})
+                    c["source"] = where.get(c["instruction"]) or c["source"]
+                ms = op_ms(c["module"], c["instruction"])
+                c["time_ms"] = round(ms, 4) if ms is not None else None
+                c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
+                                        if ms is not None and step_ms else None)
+                c["share_of"] = share_of
+            calls.sort(key=lambda c: -(c["time_ms"] or 0.0))
+            extra["custom_calls"] = calls
         return {
             **extra,
             "detections": found,
@@ -318,6 +339,13 @@ def _op_times(prof: Mapping[str, Any] | None, tl: Mapping[str, Any], modules: li
                     times[(module, inst)] = float(op.get("total_self_time_ms", 0.0))
         return times, total or None, "get_hlo_op_profile self time, total over the profile"
     step_ms = tl.get("step_time_ms_average")
+    source = "timeline events on XLA execution lines, ms per step"
+    if not step_ms:
+        # No step markers: the ops' totals over the capture window (each host's active span).
+        span = sum(float(h.get("active_span_ms") or 0.0) for h in tl.get("per_host") or [])
+        step_ms = span or None
+        source = ("timeline events on XLA execution lines, total over the capture window "
+                  "(no step markers)")
     module_by_program = {_program_of(m): m for m in modules}
     times = {}
     for program, ops in (tl.get("op_time_ms_by_program") or {}).items():
@@ -326,7 +354,7 @@ def _op_times(prof: Mapping[str, Any] | None, tl: Mapping[str, Any], modules: li
             times[(module, op)] = float(ms)
             if not program:
                 times[("", op)] = float(ms)
-    return times, step_ms, "timeline events on XLA execution lines, ms per step"
+    return times, step_ms, source
 
 
 def _program_of(module: str) -> str:
@@ -530,6 +558,7 @@ def collect(
     overview = results.get("get_xprof_overview", {}).get("data", {})
     env = overview.get("run_environment", {}) if isinstance(overview, dict) else {}
     reduced = outcomes.get("reduce_for_converters")
+    texts = outcomes.get("hlo_texts")
     return {
         "schema_version": SCHEMA_VERSION,
         "session": {**session.describe(), "device_type": env.get("device_type")},
@@ -540,6 +569,10 @@ def collect(
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
                                elapsed_ms, session_bytes),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
+        # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
+        "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}))
+        if texts is not None and texts.status == DATA and isinstance(texts.value, dict)
+        else [],
     }
 
 

@@ -85,6 +85,9 @@ class Detection:
     # A chain's executing instructions, in order, when it has several costly links: its cost
     # is the sum of theirs.
     chain: tuple[str, ...] = ()
+    # For a relayout fused into a consumer: the other ops of that fusion (`add`, `tanh`), whose
+    # kernel does the transposing read; its time is the fusion's, an upper bound.
+    fused_with: tuple[str, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """The detection as a JSON-ready dict with the field names above."""
@@ -98,7 +101,10 @@ def detect_layout_mismatch_copies(modules: Mapping[str, str]) -> list[Detection]
     without reshaping it (``copy``/``transpose``/``bitcast``, e.g. ``wrapped_copy`` or
     ``transpose_copy_fusion``), when it holds a ``copy`` between two layouts of the same
     dims and dtype (``{1,0}`` -> ``{0,1}``), or a ``transpose`` whose permutation and
-    layouts give the same physical order (it only relabels the layout).
+    layouts give the same physical order (it only relabels the layout). Also a transpose
+    fused into a consumer (``x.T + y`` as one ``add`` fusion): a copy or transpose inside a
+    fusion that computes too, when it reorders a large operand physically; the fusion's
+    other ops are in ``fused_with``.
     """
     return _run(modules, _layout_mismatches)
 
@@ -195,6 +201,19 @@ def _layout_mismatches(name: str, module: HloModule) -> Iterator[tuple[int, Dete
         for instruction in computation.instructions:
             found = _layout_change(module, computation, instruction)
             if found is None:
+                fused = _fused_relayout(module, computation, instruction)
+                if fused is None:
+                    continue
+                op, in_shape, others = fused
+                yield instruction.index, dataclasses.replace(_detection(
+                    LAYOUT, name, instruction, op, op.opcode, in_shape, op.shape,
+                    op.shape.byte_size,
+                    f"In {name}, {_where(instruction, op)} transposes {_dims(in_shape)} "
+                    f"(layout {in_shape.layout_text} read as {op.shape.layout_text}) inside "
+                    f"the fusion that also computes {', '.join(others)}: no copy is written, "
+                    f"but the kernel reads {_mib(op.shape.byte_size)} across its layout "
+                    "(strided) every execution.",
+                ), fused_with=tuple(others))
                 continue
             op, in_shape, why = found
             yield instruction.index, _detection(
@@ -226,6 +245,44 @@ def _layout_change(
     if copies:
         return copies[0]
     return changes[0] if changes else None
+
+
+def _fused_relayout(
+    module: HloModule, computation: Computation, instruction: Instruction
+) -> tuple[Instruction, Shape, list[str]] | None:
+    """A large copy/transpose that physically reorders data inside a fusion that computes,
+    unless the data comes from a library call (LAPACK's column-major output is read back in
+    that call's own layout: nothing in the user's code asks for that transpose)."""
+    body = module.fusion_body(instruction)
+    if body is None:
+        return None
+    for producer in computation.operand_instructions(instruction):
+        for _ in range(8):
+            if producer.opcode != "get-tuple-element":
+                break
+            producer = next(iter(computation.operand_instructions(producer)), producer)
+        if producer.opcode == "custom-call":
+            return None
+    ops = [i for i in body.instructions if i.opcode not in _TRIVIAL]
+    others = list(dict.fromkeys(i.opcode for i in ops if i.opcode not in _MOVEMENT))
+    if not others or any(op in _NON_FUSIBLE_IN_BODY for op in others):
+        return None  # pure movement (reported above), or a library kernel's own operand order
+    for op in ops:
+        if op.opcode not in ("copy", "transpose") or op.shape.byte_size < MIN_BYTES:
+            continue
+        operand = body.get(op.operands[0]) if op.operands else None
+        in_shape = operand.shape if operand is not None else None
+        if in_shape is None or in_shape.is_tuple or in_shape.layout is None or (
+                op.shape.layout is None or in_shape.dtype != op.shape.dtype):
+            continue
+        if op.opcode == "copy" and _relayout_reason(op, in_shape):
+            return op, in_shape, others
+        perm = op.dimensions
+        if op.opcode == "transpose" and perm and sorted(perm) == list(range(len(perm))) and (
+                len(op.shape.layout) == len(perm)
+                and tuple(perm[d] for d in op.shape.layout) != in_shape.layout):
+            return op, in_shape, others
+    return None
 
 
 def _relayout_reason(op: Instruction, in_shape: Shape) -> str:
@@ -589,4 +646,51 @@ def async_copies(modules: Mapping[str, str]) -> list[dict[str, Any]]:
             out.append({"module": module, "copy_done": done, "copy_start": start,
                         "direction": direction, "destination_shape": dest,
                         "source_shape": src})
+    return out
+
+
+# ---------------------------------------------------------------- custom calls
+
+# LAPACK/cuSOLVER routine stems and the JAX primitive that lowers to them.
+_LINALG_ROUTINES = (
+    ("syevd", "eigh"), ("heevd", "eigh"), ("syevj", "eigh"), ("gesdd", "svd"),
+    ("gesvd", "svd"), ("getrf", "lu"), ("potrf", "cholesky"), ("geqrf", "qr"),
+    ("orgqr", "qr"), ("ungqr", "qr"), ("geev", "eig"), ("gees", "schur"),
+    ("sytrd", "tridiagonal"), ("gehrd", "hessenberg"), ("trsm", "triangular_solve"),
+)
+
+
+def custom_calls(modules: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Every executing custom call (top level, or inside a fusion): its target and, for the
+    LAPACK/cuSOLVER routines, the JAX primitive behind it. XLA cannot fuse these calls and
+    its cost model counts them as 0 FLOPs. ``outputs_read`` lists the tuple outputs that
+    something reads (None when the call is not a top-level tuple): eigenvectors nobody
+    reads, for example, are work `eigvalsh` would skip."""
+    out: list[dict[str, Any]] = []
+    for name in sorted(modules):
+        text = modules[name]
+        module = _parse(text) if isinstance(text, str) else None
+        if module is None:
+            continue
+        for computation in module.executed_computations():
+            for instruction in computation.instructions:
+                call = instruction if instruction.opcode == "custom-call" else None
+                body = module.fusion_body(instruction) if call is None else None
+                if body is not None:
+                    call = next((i for i in body.instructions if i.opcode == "custom-call"),
+                                None)
+                if call is None:
+                    continue
+                target = call.attributes.get("custom_call_target", "").strip('"')
+                primitive = next((p for stem, p in _LINALG_ROUTINES if stem in target), "")
+                read: list[int] | None = None
+                if call is instruction and call.shape.is_tuple:
+                    users = computation.users(call.name)
+                    if all(u.opcode == "get-tuple-element" for u in users):
+                        read = sorted({u.tuple_index for u in users
+                                       if u.tuple_index is not None})
+                out.append({"module": name, "instruction": instruction.name,
+                            "target": target, "linalg": primitive,
+                            "output_shape": call.shape.text, "outputs_read": read,
+                            "source": _source(call) or _source(instruction)})
     return out

@@ -1,7 +1,7 @@
 """Evidence is copied out of tool outputs by field path, never typed in by hand.
 
 A field path is dotted with list selectors: `program.bound_by`, `modules[0].top_buffers[1]`,
-`category_summary[category=copy-done].fraction_of_total_time`.
+`category_summary[category=copy-done].fraction_of_total_time`, `ops[op=dot&program_id=7]`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def lookup(data: Any, path: str) -> Any:
         if not isinstance(cur, list):
             raise MissingField(path)
         if "=" in selector:
-            key, _, want = selector.partition("=")
-            match = [x for x in cur if isinstance(x, Mapping) and str(x.get(key)) == want]
+            match = _select(cur, [selector.partition("=")])
+            if not match and "&" in selector:
+                # Several conditions joined by `&`: `[op=dot&program_id=7]`.
+                match = _select(cur, [c.partition("=") for c in selector.split("&")])
             if not match:
                 raise MissingField(path)
             cur = match[0]
@@ -40,6 +42,11 @@ def lookup(data: Any, path: str) -> Any:
                 raise MissingField(path)
             cur = cur[idx]
     return cur
+
+
+def _select(items: list[Any], conditions: list[tuple[str, str, str]]) -> list[Any]:
+    return [x for x in items if isinstance(x, Mapping) and all(
+        str(x.get(key)) == want for key, _, want in conditions)]
 
 
 def tool_data(snapshot: Mapping[str, Any], tool: str) -> Any:

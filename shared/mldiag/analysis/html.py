@@ -340,9 +340,22 @@ def _render_summary(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) ->
     elif peak is not None:
         mem_note = "capacity not measured"
     if from_allocations and peak is not None:
-        mem_note = f"largest compiled-program allocation (get_peak_allocations); {mem_note}"
+        program = _str(metrics.get("peak_memory_program"))
+        ran = ("in the measured steps" if metrics.get("step_time_ms") is not None else
+               "in the capture")
+        mem_note = (f"live buffers of {program}, the largest program run {ran} "
+                    f"(get_peak_allocations); {mem_note}" if program else
+                    f"largest compiled-program allocation (get_peak_allocations); {mem_note}")
 
-    if cpu:
+    if cpu and _str(metrics.get("device_idle_window")) == "capture window":
+        # No step markers: the XLA:CPU threads' idle share of the capture window.
+        idle_card = _metric_card(
+            "Device idle",
+            _fmt_pct(idle),
+            "of the capture window, XLA:CPU idle (timeline; no step markers)"
+            if idle is not None else not_measured,
+        )
+    elif cpu:
         idle_card = _metric_card(
             "Host wait (device idle)",
             _fmt_pct(idle),
@@ -515,7 +528,10 @@ def _render_finding(finding: Mapping[str, Any]) -> str:
     headline = ""
     if impact_value is not None:
         unit = _str(impact.get("unit"))
-        headline = f'<div class="impact">{_e(f"{impact_value:,.2f}".rstrip("0").rstrip("."))}'
+        # An upper bound (roofline headroom, a fused transpose's whole fusion) says so.
+        bound = "up to " if impact.get("upper_bound") else ""
+        headline = (f'<div class="impact">{bound}'
+                    f'{_e(f"{impact_value:,.2f}".rstrip("0").rstrip("."))}')
         separator = "" if unit.startswith("%") else " "
         headline += f"{separator}{_e(unit)}</div>" if unit else "</div>"
     impact_text = _str(impact.get("text"))
@@ -1281,6 +1297,9 @@ def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
         )
         if detections:
             built = [_detection_row(d) for d in detections]
+            # Without step markers the shares are of the capture window (device time).
+            windowed = all(_str(d.get("share_of")) == "capture window" for d in detections)
+            share_header = "% of device time" if windowed else "% of step"
             body = _table(
                 [
                     ("Module", "mono id"),
@@ -1290,7 +1309,7 @@ def _render_detectors(snapshot: Mapping[str, Any], device_type: str) -> str:
                     ("Layouts (in → out)", "mono nw"),
                     ("Bytes", "num"),
                     ("Time", "num"),
-                    ("% of step", "num"),
+                    (share_header, "num"),
                     ("Description", "desc"),
                 ],
                 [row for row, _ in built],
@@ -1354,6 +1373,34 @@ def _render_llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any], device
         parts.append(
             '<p class="why">No custom calls (Pallas/Mosaic or other kernels) among the '
             "roofline top ops.</p>"
+        )
+    # The custom calls found in the HLO (LAPACK/FFI on CPU), timed on the timeline.
+    calls = [
+        _map(c)
+        for c in _list(_map(_data(_tool(snapshot, "detect_layout_mismatch_copies"))).get(
+            "custom_calls"))
+        if isinstance(c, Mapping) and c.get("time_ms") is not None
+    ]
+    if calls and not custom:
+        share = ("Share of device time" if _str(calls[0].get("share_of")) == "capture window"
+                 else "Share of step")
+        parts.append(
+            '<h4 class="gap">Custom calls in the HLO (detect_layout_mismatch_copies '
+            "custom_calls): opaque to XLA, counted as 0 FLOPs</h4>"
+            + _table(
+                [("Custom call", "mono"), ("Target", "mono"), ("Source", "mono"),
+                 ("Time", "num"), (share, "num")],
+                (
+                    (
+                        _e(c.get("instruction")),
+                        _e(c.get("target")),
+                        _e(c.get("source")),
+                        _fmt_ms(c.get("time_ms")),
+                        _fmt_pct(c.get("percent_of_step")),
+                    )
+                    for c in calls[:10]
+                ),
+            )
         )
     llo_tools = [
         _map(v)
@@ -1642,8 +1689,15 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         + "".join(f"<span>{_e(k)}: <b>{_e(v)}</b></span>" for k, v in meta)
         + "</div>" + _render_capture(capture) + "</header>"
     )
+    regression = _map(analysis.get("regression"))
+    if regression:
+        from mldiag.analysis.diff_html import render_what_changed
+
+        toc = toc.replace('<a href="#summary">', '<a href="#what-changed">What changed</a>'
+                          '<a href="#summary">', 1)
     body = (
-        _render_summary(analysis, snapshot)
+        (render_what_changed(regression) if regression else "")
+        + _render_summary(analysis, snapshot)
         + _render_findings(analysis)
         + _render_tools(analysis, snapshot, device_type)
         + _render_provenance(analysis, snapshot)

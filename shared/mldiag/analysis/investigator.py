@@ -13,7 +13,7 @@ from typing import Any
 
 from mldiag.analysis import evidence as ev
 from mldiag.analysis.followups import HOST_PYTHON_EVENTS, FollowUpRefused, FollowUps
-from mldiag.analysis.triage import Hypothesis, Triage
+from mldiag.analysis.triage import Hypothesis, Triage, custom_call_api, stepped_module
 
 _PS_PER_MS = 1e9
 _RUNTIME_HOST_EVENT = re.compile(
@@ -83,7 +83,7 @@ def _plan(snapshot: Mapping[str, Any], hyps: list[Hypothesis]) -> list[_Plan]:
     for h in hyps:
         if h.priority == "P2":
             continue
-        if h.category == "host_bound":
+        if h.category == "host_bound" or (h.category == "idle" and h.details.get("cpu")):
             add("aggregate_xplane_events",
                 "Find the host-side Python work that keeps the device waiting between steps",
                 dict(HOST_PYTHON_EVENTS), "host_events")
@@ -168,11 +168,15 @@ _JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_param
                            r"lax\.py|numpy/reductions|array_methods")
 
 
-def _host_events(ctx: _Context, step_ms: float) -> list[tuple[int, dict[str, Any]]]:
+def _host_events(ctx: _Context, step_ms: float, steps: int | None = None
+                 ) -> list[tuple[int, dict[str, Any]]]:
+    """The host frames that fill the waits: at least 5% of each step (or of the window, with
+    `step_ms` the window and `steps` 1), and shorter than one."""
     data = ctx.data("host_events")
     if not isinstance(data, Mapping):
         return []
-    steps = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed") or 1
+    if steps is None:
+        steps = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed") or 1
     picked = []
     for i, row in enumerate(data.get("aggregates", [])):
         name = str(row.get("event", ""))
@@ -265,9 +269,40 @@ def _fed_by_parameter(ctx: _Context, d: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _consumes_by_dot(ctx: _Context, d: Mapping[str, Any]) -> bool:
+    """Whether the neighbourhood shows a dot or convolution consuming the flagged op."""
+    data = ctx.data(f"hlo:{d.get('module')}:{d.get('instruction')}")
+    text = str(data.get("text", "")) if isinstance(data, Mapping) else ""
+    return any("[dist=1]" in ln and f"({d.get('instruction')}" in ln
+               and (" dot(" in ln or " convolution(" in ln) for ln in text.splitlines())
+
+
+def _transpose_fix(ctx: _Context, d: Mapping[str, Any]) -> str:
+    """The fix for a relayout that comes from a transpose in the user's code (`x.T`)."""
+    param = _fed_by_parameter(ctx, d)
+    # JAX names a jitted function's argument `x` in op metadata and `x.1` in the HLO.
+    operand = (f"the step's argument `{re.sub(r'[.]\d+$', '', param)}` (HLO `{param}`)"
+               if param else "the transposed operand")
+    if _consumes_by_dot(ctx, d):
+        return (f"Do not transpose {operand} before the matmul: contract over its original "
+                "axes with `jnp.einsum` (e.g. `jnp.einsum('ki,kj->ij', x, w)` for `x.T @ w`) "
+                "or `jax.lax.dot_general` dimension numbers, so the dot reads it in the layout "
+                "it already has.")
+    return (f"Keep {operand} in the order its consumer reads it instead of transposing it "
+            "every step: store it transposed once where it is produced (outside the jitted "
+            "step, pass `xt = x.T` computed once), or transpose the other, smaller or "
+            "step-invariant operand instead; when the result feeds a matmul, contract over "
+            "the original axes with `jnp.einsum`/`jax.lax.dot_general` rather than `x.T`.")
+
+
 def _layout_copy(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     d = h.details["detection"]
     near, extra = _neighborhood(ctx, d)
+    op_path = str(d.get("source") or "").partition(" (")[2].rstrip(")")
+    if d.get("fused_with") or op_path.endswith("/transpose"):
+        # The relayout is the user's `x.T` (op metadata says transpose), not an input format.
+        what = f"{str(d.get('description', '')).rstrip('.')}{_detector_source(d)}." + near
+        return _finding(h, what, _transpose_fix(ctx, d), extra)
     what = (f"`{d['instruction']}` in module `{d['module']}` rewrites "
             f"{d['input_shape']} into {d['output_shape']}: same elements, only the layout "
             f"changes ({d['input_layout']} → {d['output_layout']}){_detector_source(d)}."
@@ -319,9 +354,10 @@ def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
                "(`jnp.sum(x, axis=axis, dtype=jnp.float32)`); with no other f32 consumer, XLA "
                "fuses each convert into its reduction.")
     elif "more reduce" in description or "materialis" in description:
-        fix = ("The f32 copy is written to memory because several reductions share it. Compute "
-               "them in one pass with a variadic reduce so XLA fuses the convert into the "
-               "reduction and reads bf16 directly: `xf = x.astype(jnp.float32); s, ss = "
+        fix = ("Compute the reductions that share the f32 copy in one pass, with a variadic "
+               "reduce, so XLA fuses the convert into the reduction and reads bf16 directly "
+               "(the copy is written to memory only because several reductions share it): "
+               "`xf = x.astype(jnp.float32); s, ss = "
                "jax.lax.reduce((xf, xf * xf), (jnp.float32(0), jnp.float32(0)), "
                "lambda a, b: (a[0] + b[0], a[1] + b[1]), (axis,))`, then derive mean and "
                "variance from `s` and `ss`. With a single reduction, "
@@ -335,7 +371,9 @@ def _convert_reduce(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
 
 
 def _memory_pressure(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
-    top = ev.get(ctx.snapshot, "get_peak_allocations", "modules[0]", {}) or {}
+    # The program the triage judged: the largest one the measured steps ran.
+    _, index = stepped_module(ctx.snapshot)
+    top = ev.get(ctx.snapshot, "get_peak_allocations", f"modules[{index}]", {}) or {}
     buffers = [b for b in top.get("top_buffers", []) if isinstance(b, Mapping)][:3]
     listing = ", ".join(f"`{b.get('instruction')}` {float(b.get('size_mib', 0)):.0f} MiB"
                         for b in buffers)
@@ -465,9 +503,24 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
         for f in ("kernel_count", "total_kernel_time_us", "kernels[0].kernel_name",
                   "kernels[0].total_duration_us", "kernels[0].occurrences"):
             extra.append(ev.cite_value("get_kernel_stats", f, kernels))
-    scope = "each step" if h.impact.get("unit") == "% of step" else "the profiled device time"
+    scope = ("each step" if h.impact.get("unit") == "% of step" else
+             "the capture window" if h.details.get("window") == "capture window" else
+             "the profiled device time")
     what = (f"No device op runs for {h.impact.get('value')}% of {scope}: the device waits on "
             "the host (input pipeline, Python dispatch, synchronisation) or on other workers.")
+    span = ev.number(ev.get(ctx.snapshot, "get_step_trace",
+                            "host_bound_analysis.per_host[0].active_span_ms"))
+    culprits = _host_events(ctx, span, 1) if span and h.details.get("cpu") else []
+    busy_in = []
+    for i, row in culprits:
+        for f in ("event", "count", "avg_duration_ps"):
+            extra.append(ev.cite_value("aggregate_xplane_events", f"aggregates[{i}].{f}",
+                                       ctx.data("host_events")))
+        busy_in.append(f"`{row['event'].lstrip('$')}` ({row.get('count')} calls, "
+                     f"{row['avg_duration_ps'] / 1e9:.1f} ms each)")
+    if busy_in:
+        what += (f" Over the {span:.0f} ms window the host is busy in " + ", ".join(busy_in)
+                 + " while no device op runs.")
     rows = [k for k in (kernels.get("kernels", []) if isinstance(kernels, Mapping) else [])
             if isinstance(k, Mapping)]
     names = " ".join(str(k.get("kernel_name", "")) for k in rows)
@@ -487,6 +540,11 @@ def _idle(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
                "`.cache()`, parallel `map`), run the step as one `tf.function(jit_compile=True)` "
                "so ops are not dispatched one by one, and remove per-step host syncs "
                "(`.numpy()`, printing losses).")
+    elif busy_in:
+        fix = (f"Take {busy_in[0]} off the path between device calls: run it in a background "
+               "thread or process (or drop it), prefetch the next batch to the device while "
+               "the current one computes, and issue several jitted calls before blocking on a "
+               "result, so JAX's async dispatch keeps the device busy.")
     else:
         fix = ("Look at the trace viewer gaps between steps: overlap input with compute "
                "(prefetch to device), remove per-step host syncs (`.block_until_ready()`, "
@@ -542,7 +600,80 @@ def _communication(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
     return _finding(h, what, fix)
 
 
+_CUSTOM_CALL_FIXES = {
+    "eigh": "if only the eigenvalues are used, call `jnp.linalg.eigvalsh` (no eigenvectors); "
+            "if the matrix does not change between steps, decompose it once outside the step",
+    "svd": "pass `compute_uv=False` when only singular values are used and "
+           "`full_matrices=False` otherwise; for the largest singular value alone, a few power "
+           "iterations (`jnp.linalg.norm(a, 2)` is itself an SVD) are far cheaper",
+    "solve": "for a symmetric positive definite matrix, factor with "
+             "`jax.scipy.linalg.cho_factor` and solve with `cho_solve` (half the work of LU); "
+             "when the matrix is reused, factor it once with `jax.scipy.linalg.lu_factor` and "
+             "call `lu_solve` per right-hand side; batch right-hand sides into one call",
+    "inv": "do not invert: solve with `jnp.linalg.solve` (or `cho_solve`) instead",
+    "cholesky": "reuse the factor across steps when the matrix does not change",
+    "qr": "use `mode='r'` when Q is not needed",
+}
+
+
+def _read_outputs_fix(call: Mapping[str, Any]) -> str:
+    """Advice from which of a LAPACK call's outputs the program reads (HLO users): eigh's
+    output 0 is the eigenvectors; gesdd's outputs 2 and 3 are U and Vᵀ."""
+    read = call.get("outputs_read")
+    if not isinstance(read, list):
+        return ""
+    linalg = str(call.get("linalg") or "")
+    if linalg == "eigh":
+        if 0 not in read:
+            return ("the eigenvectors (output 0) are never read: call `jnp.linalg.eigvalsh`, "
+                    "which does not compute them")
+        return ("the eigenvectors are read, so `eigvalsh` would not do; if the matrix does not "
+                "change between steps, decompose it once outside the step, and when only a few "
+                "extreme eigenpairs are used, `jax.experimental.sparse.linalg.lobpcg_standard` "
+                "computes just those")
+    if linalg == "svd":
+        if 2 not in read and 3 not in read:
+            return ("only the singular values are read (U and Vᵀ, outputs 2 and 3, are not); "
+                    "when only the largest is needed, a few power iterations on `a.T @ a` are "
+                    "far cheaper than a full SVD")
+        return ("U or Vᵀ is read: use `full_matrices=False` (the thin SVD) unless the full "
+                "bases are needed")
+    return ""
+
+
+def _custom_calls(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    calls = ev.get(ctx.snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
+    unit = str(h.impact.get("unit"))
+    rows = []
+    for i in h.details.get("indices", [])[:4]:
+        c = calls[i]
+        src = str(c.get("source") or "")
+        where = src.partition(" (")[0] if ".py:" in src else ""
+        rows.append((c, custom_call_api(src, str(c.get("linalg") or "")), where))
+    listed = "; ".join(
+        f"`{c['instruction']}` (custom call `{c.get('target')}`, from `{api}`"
+        + (f" at `{where}`" if where else "") + f"): {c.get('time_ms')} ms, "
+        f"{float(c['percent_of_step']):.1f}{unit}" for c, api, where in rows)
+    what = (f"{h.impact.get('value')}{unit} runs in custom calls: {listed}. XLA treats each "
+            "as an opaque library call: it cannot fuse it with its neighbours, and its cost "
+            "model counts it as 0 FLOPs, so no roofline or FLOP rate covers this time.")
+    fixes: list[str] = []
+    for c, api, where in rows:
+        advice = _read_outputs_fix(c) or _CUSTOM_CALL_FIXES.get(api) or _CUSTOM_CALL_FIXES.get(
+            str(c.get("linalg") or ""))
+        if advice and not any(f.startswith(f"`{api}`") for f in fixes):
+            fixes.append(f"`{api}`" + (f" at `{where}`" if where else "") + f": {advice}")
+    fix = ("Make the library calls cheaper or rarer, biggest first: " + "; ".join(fixes) + "."
+           if fixes else
+           "Check that each custom call must run every step (hoist work on inputs that do not "
+           "change out of the jitted step) and call it on batches rather than one item at a "
+           "time.")
+    return _finding(h, what, fix)
+
+
 def _generic(h: Hypothesis, ctx: _Context) -> dict[str, Any]:
+    if h.details.get("kind") == "custom_calls":
+        return _custom_calls(h, ctx)
     text = str(h.details.get("suggestion") or h.title)
     return _finding(h, text, "Follow XProf's suggestion above; see the evidence for the metric.")
 
@@ -568,7 +699,8 @@ def _first_sentence(text: str, limit: int = 320) -> str:
     sentence = _sentence(text)
     if len(sentence) <= limit:
         return sentence
-    bare = " ".join(_without_asides(sentence).split()).replace(" ,", ",").replace(" .", ".")
+    bare = " ".join(_without_asides(sentence).split()).replace(" ,", ",").replace(
+        " .", ".").replace(" :", ":")
     if len(bare) <= limit:
         return bare
     cut = max(bare.rfind(", ", 0, limit), bare.rfind("; ", 0, limit))
@@ -606,6 +738,10 @@ def _without_asides(text: str) -> str:
     return "".join(out)
 
 
+def _check_value(value: Any) -> str:
+    return f"measured {value:.1f}%" if isinstance(value, float) else f"measured {value}"
+
+
 def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
     """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
     m = triage.metrics
@@ -631,8 +767,19 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
         if fix:
             sentences.append(f"Fix first: {fix}")
     else:
-        sentences.append(f"No bottleneck was found in this {device} profile ({hosts} host(s)), "
-                         "but health could not be confirmed from the data available.")
+        failed = [c for c in triage.checks if c.get("passed") is False]
+        if failed:
+            # A failed check is the reason for the verdict even when no finding names a cause.
+            sentences.append(
+                f"This {device} profile ({hosts} host(s)) needs attention although no finding "
+                "names a cause: " + "; ".join(
+                    f"the check \"{c['check']}\" failed ({_check_value(c['value'])}, "
+                    f"target {c['target']}, "
+                    f"from {c['source']})" for c in failed) + ".")
+        else:
+            sentences.append(f"No bottleneck was found in this {device} profile ({hosts} "
+                             "host(s)), but health could not be confirmed from the data "
+                             "available.")
     parts = []
     if m.get("step_time_ms") is not None:
         spread = m.get("step_time_spread") or {}
@@ -644,7 +791,9 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
                           f"{spread['max_ms']:.2f} ms)")
         parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}")
     if m.get("device_idle_percent") is not None:
-        parts.append(f"device idle {m['device_idle_percent']:.1f}%")
+        window = " of the capture window" if m.get("device_idle_window") == "capture window" \
+            else ""
+        parts.append(f"device idle {m['device_idle_percent']:.1f}%{window}")
     if m.get("roofline_efficiency_percent") is not None:
         parts.append(f"roofline efficiency {m['roofline_efficiency_percent']:.2f}%")
     if m.get("peak_memory_gib") is not None:
@@ -655,8 +804,11 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
             amount = f"{peak * 1024:.1f} MiB"
         if m.get("peak_memory_source") == "get_peak_allocations":
             rule = " by the CPU rule" if m.get("oom_risk_rule") else ""
-            parts.append(f"largest compiled-program allocation {amount} (no device memory "
-                         f"profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}{rule})")
+            program = f" ({m['peak_memory_program']})" if m.get("peak_memory_program") else ""
+            which = "step program" if m.get("step_time_ms") is not None else "program"
+            parts.append(f"live buffers of the largest {which}{program} {amount} (no "
+                         f"device memory profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}"
+                         f"{rule})")
         else:
             parts.append(f"peak memory {amount} (OOM risk {m['oom_risk']})")
     if parts:

@@ -49,14 +49,18 @@ class HostTimeline:
     # Keyed by (program_id, HLO op name); program_id is "" when the event does not carry one.
     op_time_ns: dict[tuple[str, str], float] = field(default_factory=lambda: defaultdict(float))
     op_count: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
-    # How many execution lines (a device's XLA Ops line, or an XLA:CPU executor thread) ran
-    # the op: its time summed over them, divided by this, is one executor's.
+    # How many executions of the op overlapped at most (8 devices running an all-gather at
+    # once: 8; one device whose ops alternate between two threads: 1). Its time summed over
+    # every line, divided by this, is one executor's (one device's).
     op_lines: dict[tuple[str, str], int] = field(default_factory=lambda: defaultdict(int))
     active_span_ns: float = 0.0
     busy_in_span_ns: float = 0.0
     events_scanned: int = 0
     # Per device plane: (name, busy ns, events); a device that ran nothing has 0 events.
     devices: list[tuple[str, float, int]] = field(default_factory=list)
+    # XLA:CPU program ids with an op starting inside an annotated step: the programs the
+    # measured steps ran (a setup program run before the first step is not one of them).
+    programs_in_steps: set[str] = field(default_factory=set)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -66,7 +70,8 @@ class HostTimeline:
                         for (p, n), t in sorted(self.op_time_ns.items())],
                 "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
                 "events_scanned": self.events_scanned,
-                "devices": [list(d) for d in self.devices]}
+                "devices": [list(d) for d in self.devices],
+                "programs_in_steps": sorted(self.programs_in_steps)}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -76,7 +81,8 @@ class HostTimeline:
                 active_span_ns=float(d["active_span_ns"]),
                 busy_in_span_ns=float(d["busy_in_span_ns"]),
                 events_scanned=int(d.get("events_scanned", 0)),
-                devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])])
+                devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])],
+                programs_in_steps={str(p) for p in d.get("programs_in_steps", [])})
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -203,6 +209,9 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     source, lines = _compute_lines(scan)
     result.source = source
     starts, ends = [], []
+    # Every attributed event's op (a global id), start and end, for the ops' concurrency.
+    op_ids: dict[tuple[str, str], int] = {}
+    spans: list[tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]] = []
     for plane, line in lines:
         ev = line.events
         result.events_scanned += len(ev)
@@ -226,14 +235,23 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
             np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
             return_inverse=True)
         key_index = key_index.reshape(-1)
+        if len(result.steps) and program_id is not None:
+            in_step = _inside(start[attributed], result.steps)
+            result.programs_in_steps.update(
+                str(p) for p in np.unique(programs[attributed][in_step]).tolist() if p >= 0)
         totals = np.bincount(key_index, weights=dur[attributed], minlength=len(keys))
         counts = np.bincount(key_index, minlength=len(keys))
-        for (program, name_index), t, c in zip(keys.tolist(), totals.tolist(),
-                                               counts.tolist(), strict=True):
+        local_ids = np.empty(len(keys), dtype=np.int64)
+        for i, ((program, name_index), t, c) in enumerate(zip(
+                keys.tolist(), totals.tolist(), counts.tolist(), strict=True)):
             key = ("" if program < 0 else str(program), _hlo_name(names[name_index]))
             result.op_time_ns[key] += t
             result.op_count[key] += c
-            result.op_lines[key] += 1
+            local_ids[i] = op_ids.setdefault(key, len(op_ids))
+        s_att = start[attributed]
+        spans.append((local_ids[key_index], s_att, s_att + dur[attributed]))
+    for key, concurrency in _max_concurrency(op_ids, spans).items():
+        result.op_lines[key] = concurrency
     if source == "device":
         result.devices = _per_device(scan, lines)
     if starts:
@@ -245,6 +263,39 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
     result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
     return result
+
+
+def _max_concurrency(op_ids: dict[tuple[str, str], int],
+                     spans: list[tuple[NDArray[np.int64], NDArray[np.float64],
+                                       NDArray[np.float64]]]) -> dict[tuple[str, str], int]:
+    """The most executions of each op running at once, over every line: one sweep over all
+    starts (+1) and ends (-1), sorted by op then time, ends before starts at equal times."""
+    if not op_ids or not spans:
+        return {}
+    ids = np.concatenate([g for g, _, _ in spans])
+    if not len(ids):
+        return {k: 1 for k in op_ids}
+    begin = np.concatenate([b for _, b, _ in spans])
+    end = np.concatenate([e for _, _, e in spans])
+    gid = np.concatenate([ids, ids])
+    when = np.concatenate([begin, end])
+    delta = np.concatenate([np.ones(len(ids), np.int64), -np.ones(len(ids), np.int64)])
+    order = np.lexsort((delta, when, gid))
+    gid, delta = gid[order], delta[order]
+    # Each op's +1s and -1s cancel, so one running sum restarts at 0 at every op boundary.
+    running = np.cumsum(delta)
+    firsts = np.flatnonzero(np.concatenate([[True], gid[1:] != gid[:-1]]))
+    peaks = np.maximum.reduceat(running, firsts)
+    by_id = {int(g): max(1, int(p)) for g, p in zip(gid[firsts].tolist(), peaks.tolist(),
+                                                    strict=True)}
+    return {k: by_id.get(i, 1) for k, i in op_ids.items()}
+
+
+def _inside(times: NDArray[np.float64], steps: NDArray[np.float64]) -> NDArray[np.bool_]:
+    """Whether each time falls inside one of the (sorted, disjoint) steps."""
+    i = np.searchsorted(steps[:, 0], times, side="right") - 1
+    ok = i >= 0
+    return ok & (times < steps[np.maximum(i, 0), 1])
 
 
 def _per_device(scan: XSpaceScan, lines: list[tuple[Plane, Line]]) -> list[tuple[str, float, int]]:
@@ -290,6 +341,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         for k, v in h.op_time_ns.items():
             op_time[k] += v
             op_count[k] += h.op_count[k]
+            # Hosts run side by side: their executors add up.
             op_lines[k] += h.op_lines.get(k, 1)
         host_step = sum(steps_ms) / len(steps_ms) if steps_ms else None
         host_busy = sum(busy_ms) / len(busy_ms) if busy_ms else None
@@ -377,6 +429,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
             for (program, name), t in top_ops
         ],
         "op_time_ms_by_program": _by_program(op_time, denom),
+        "programs_in_steps": sorted(set().union(*(h.programs_in_steps for h in hosts)))
+        if hosts else [],
         "collectives": _collectives(op_time, op_lines, op_count, denom / stepped_hosts,
                                     host_step_ns),
     }

@@ -35,8 +35,9 @@ DETECTOR_P1_PERCENT = 3.0
 MATERIAL_DETECTOR_PERCENT = 1.0
 ROOFLINE_LOW_PERCENT = 50.0
 LARGE_MODULE_GIB = 0.5
-CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the largest compiled "
-                   f"program's live buffers are under {LARGE_MODULE_GIB:g} GiB")
+CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the live buffers of the "
+                   f"largest compiled program that ran in the measured steps (or, without "
+                   f"steps, in the capture) are under {LARGE_MODULE_GIB:g} GiB")
 
 _TRANSFER_CATEGORIES = ("copy-done", "copy-start", "host-to-device", "device-to-host", "infeed",
                         "outfeed", "send", "recv", "send-done", "recv-done", "memcpy")
@@ -115,12 +116,16 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
     capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
     source = "get_memory_profile" if peak is not None else None
+    program = None
     if peak is None:
         top_i, _ = stepped_module(snapshot)
         mib = ev.number(ev.get(snapshot, "get_peak_allocations",
                                f"summary.top_modules[{top_i}].total_hbm_mib"))
         peak = round(mib / 1024.0, 4) if mib is not None else None
         source = "get_peak_allocations" if peak is not None else None
+        if peak is not None:
+            program = ev.get(snapshot, "get_peak_allocations",
+                             f"summary.top_modules[{top_i}].module_name")
     if capacity is not None and capacity <= 0:
         capacity = None
     risk = oom_risk(peak, capacity)
@@ -139,6 +144,8 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "oom_risk": risk,
         "oom_risk_rule": rule,
         "peak_memory_source": source,
+        # The compiled program whose buffers peak_memory_gib is (get_peak_allocations only).
+        "peak_memory_program": program,
         # Where device idle came from, over what, and what every source said.
         "device_idle_source": chosen.label if chosen else None,
         "device_idle_window": chosen.window if chosen else None,
@@ -157,7 +164,10 @@ def stepped_module(snapshot: Mapping[str, Any]) -> tuple[int, int]:
     ran in the measured steps, so memory is judged on the training step and not on a setup
     program (weights init, RNG); (0, 0) when the timeline names no program."""
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
-    ran = {str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
+    # The programs with an op inside a measured step; without steps (or from an older
+    # snapshot), every program that ran while the profiler was on.
+    ran = {str(k) for k in hb.get("programs_in_steps") or ()} or {
+        str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
     top = ev.get(snapshot, "get_peak_allocations", "summary.top_modules", []) or []
     modules = ev.get(snapshot, "get_peak_allocations", "modules", []) or []
     if not ran:
@@ -201,19 +211,33 @@ class IdleSource:
 def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
     """Every measurement of device idle the profile has, the one to judge by first.
 
-    On CPU the timeline's host wait per step is the only one. Elsewhere: xprof's overview (per
-    step), the step trace when it has at least 3 steps, the op profile's IDLE row (over the
-    profiled window; not when IDLE is its only row, i.e. it saw no op at all), our timeline
-    (busy share of each host's active span), then a step trace of 1 or 2 steps.
+    On CPU: the timeline's host wait per step or, with no step markers, the busy share of
+    the active span (the capture window from the first op to the last). Elsewhere: xprof's
+    overview (per step), the step trace when it has at least 3 steps, the op profile's IDLE
+    row (over the profiled window; not when IDLE is its only row, i.e. it saw no op at all),
+    our timeline (busy share of each host's active span), then a step trace of 1 or 2 steps.
     """
     out: list[IdleSource] = []
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hosts = [h for h in hb.get("per_host") or []
+             if ev.number(h.get("busy_in_active_span_percent")) is not None]
+    timeline = None
+    if hosts:
+        busy = sum(float(h["busy_in_active_span_percent"]) for h in hosts) / len(hosts)
+        timeline = IdleSource("timeline (busy share of the active span)", 100.0 - busy,
+                              "capture window", (
+                                  ("get_step_trace",
+                                   "host_bound_analysis.per_host[0].busy_in_active_span_percent"),
+                                  ("get_step_trace",
+                                   "host_bound_analysis.per_host[0].active_span_ms")))
     if _is_cpu(snapshot):
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             out.append(IdleSource("timeline host wait per step", wait, "steps", (
                 ("get_step_trace", "host_bound_analysis.host_wait_percent"),
                 ("get_step_trace", "host_bound_analysis.steps_analyzed"))))
+        elif timeline is not None:
+            out.append(timeline)
         return out
     path = "performance_summary.device_idle_time_percent"
     overview = ev.percent(ev.get(snapshot, "get_xprof_overview", path))
@@ -243,16 +267,8 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
                 ("get_hlo_op_profile", "category_summary[category=IDLE].fraction_of_total_time"),
                 ("get_hlo_op_profile", "category_summary[category=IDLE].total_self_time_ms"),
                 ("get_hlo_op_profile", "total_profile_time_ms"))))
-    hosts = [h for h in hb.get("per_host") or []
-             if ev.number(h.get("busy_in_active_span_percent")) is not None]
-    if hosts:
-        busy = sum(float(h["busy_in_active_span_percent"]) for h in hosts) / len(hosts)
-        out.append(IdleSource("timeline (busy share of the active span)", 100.0 - busy,
-                              "capture window", (
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].busy_in_active_span_percent"),
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].active_span_ms"))))
+    if timeline is not None:
+        out.append(timeline)
     if step_source is not None and steps < MIN_STEPS_FOR_STEP_IDLE:
         out.append(step_source)
     return out
@@ -294,6 +310,7 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
     out += _roofline(snapshot, metrics)
     out += _memory(snapshot, metrics)
     out += _detectors(snapshot)
+    out += _custom_calls(snapshot)
     out += _suggestions(snapshot)
     order = {"P0": 0, "P1": 1, "P2": 2}
     out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
@@ -312,8 +329,11 @@ def share_of_one_whole(found: list[Hypothesis]) -> None:
     first; upper-bound estimates (roofline headroom) last. An impact that would pass 100% is
     cut to what is left, and says it was (`impact.overlap_trimmed_from`)."""
     left = 100.0
-    measured = [h for h in found if h.category not in _ESTIMATES]
-    for h in measured + [h for h in found if h.category in _ESTIMATES]:
+
+    def estimate(h: Hypothesis) -> bool:
+        return h.category in _ESTIMATES or bool(h.details.get("estimate"))
+    measured = [h for h in found if not estimate(h)]
+    for h in measured + [h for h in found if estimate(h)]:
         value = h.impact.get("value")
         if h.impact.get("unit") not in ("% of step", "% of device time") or value is None:
             continue
@@ -365,8 +385,8 @@ def _host_bound(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
 
 
 def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
-    if _is_cpu(snapshot):
-        return []  # On CPU, the host-bound analysis covers idle time.
+    if _is_cpu(snapshot) and metrics.get("device_idle_window") == "steps":
+        return []  # On CPU with steps, the host-bound analysis covers idle time.
     idle = metrics.get("device_idle_percent")
     if idle is None or idle < IDLE_P1_PERCENT:
         return []
@@ -375,7 +395,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
     per_step = window == "steps" and proof[0]["tool"] == "get_step_trace"
     steps = int(ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")) or 0)
     duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
-    if duty is not None:
+    if duty is not None and not _is_cpu(snapshot):  # xprof's device metrics are not CPU's
         proof.append(ev.cite(snapshot, "get_xprof_overview",
                              "performance_summary.device_duty_cycle_percent"))
     hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
@@ -412,7 +432,7 @@ def _idle(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypot
                        f"running (source: {metrics.get('device_idle_source')})"),
         details={"source": metrics.get("device_idle_source"), "window": window,
                  "sources": metrics.get("device_idle_sources"),
-                 "idle_devices": idle_devices},
+                 "idle_devices": idle_devices, "cpu": _is_cpu(snapshot)},
     )]
 
 
@@ -601,7 +621,8 @@ def _roofline(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[H
         evidence=proof,
         impact=_impact(100.0 - eff, "% of device time",
                        f"upper bound: at its roofline this work would take {eff:.2f}% of its "
-                       f"current device time, so up to {100.0 - eff:.1f}% is headroom{note}"),
+                       f"current device time, so up to {100.0 - eff:.1f}% is headroom{note}")
+        | {"upper_bound": True},
         details={"bound_by": bound, "ops_split": split, "caveats": caveats,
                  "operational_intensity_field": oi_field.split(".", 1)[1]},
     )]
@@ -613,8 +634,10 @@ def _memory(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hyp
     if risk in ("HIGH", "MEDIUM") and peak is not None and cap:
         proof = [ev.cite(snapshot, "get_memory_profile", "peak_memory_usage_gib"),
                  ev.cite(snapshot, "get_memory_profile", "memory_capacity_gib")]
-        if ev.get(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]") is not None:
-            proof.append(ev.cite(snapshot, "get_peak_allocations", "modules[0].top_buffers[0]"))
+        _, mi = stepped_module(snapshot)
+        buffer = f"modules[{mi}].top_buffers[0]"
+        if ev.get(snapshot, "get_peak_allocations", buffer) is not None:
+            proof.append(ev.cite(snapshot, "get_peak_allocations", buffer))
         return [Hypothesis(
             category="memory_pressure", priority="P0" if risk == "HIGH" else "P1",
             title=f"OOM risk {risk}: peak {peak:.2f} of {cap:.2f} GiB",
@@ -681,9 +704,13 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
         if pct is None:
             priority = "P2"
         else:
-            if pct < MATERIAL_DETECTOR_PERCENT and rank > 0:
+            # A fused transpose's share is its whole fusion's, an upper bound: below 1% it
+            # is noise even when it is the only one.
+            if pct < MATERIAL_DETECTOR_PERCENT and (rank > 0 or d.get("fused_with")):
                 continue
             priority = _priority(pct, DETECTOR_P0_PERCENT, DETECTOR_P1_PERCENT)
+            if d.get("fused_with") and priority == "P0":
+                priority = "P1"  # the fusion's whole time bounds the transpose's, above
         per_category[category] = rank + 1
         fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
                   "output_layout", "time_ms", "percent_of_step"]
@@ -697,7 +724,13 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             if other_tool != tool:
                 proof.append(ev.cite(snapshot, other_tool, f"detections[{j}].instruction"))
         labels = list(dict.fromkeys(_DETECTOR_TITLES[c["category"]] for c in causes))
-        share = f"{pct:.1f}% of step" if pct is not None else "time not measured"
+        fused = list(d.get("fused_with") or ())
+        if fused and tool == "detect_layout_mismatch_copies":
+            labels[0] = f"Transpose fused into the {'/'.join(fused[:3])} kernel"
+        # Without steps the op's time is a share of the capture window, not of a step.
+        window = d.get("share_of") == "capture window"
+        unit = "% of device time" if window else "% of step"
+        share = (f"{pct:.1f}{unit}" if pct is not None else "time not measured")
         links = len(d.get("chain") or ())
         what = f"{links}-link chain from {d.get('instruction')}" if links > 1 else str(
             d.get("instruction"))
@@ -705,13 +738,75 @@ def _detectors(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             category=category, priority=priority,
             title=f"{' and '.join(labels)}: {what} ({share})",
             evidence=proof,
-            impact=_impact(pct, "% of step",
-                           f"{d.get('time_ms')} ms ({share}) spent in {what}"
-                           if pct is not None else
+            impact=_impact(pct, unit,
+                           f"{d.get('time_ms')} ms ({share}"
+                           + (" over the capture window" if window else "")
+                           + f") spent in {what}"
+                           + (", the whole fusion's time: an upper bound on the transpose's"
+                              if fused else "") if pct is not None else
                            "not found on the timeline; impact not measured"),
-            details={"detection": d, "tool": tool, "index": i, "causes": causes},
+            details={"detection": d, "tool": tool, "index": i, "causes": causes,
+                     "estimate": bool(fused)},
         ))
+        if fused and pct is not None:
+            out[-1].impact["upper_bound"] = True
     return out
+
+
+CUSTOM_CALL_P1_PERCENT = 50.0
+CUSTOM_CALL_REPORT_PERCENT = 10.0
+_OP_PATH_CALL = re.compile(r"jit\((\w+)\)")
+
+
+def custom_call_api(source: str, primitive: str) -> str:
+    """The JAX function a custom call came from: the first `jit(name)` under the step's own
+    jit in its op path (`jit(step)/jit(solve)/lu` → `solve`), else its primitive."""
+    op_path = source.partition(" (")[2].rstrip(")") if " (" in source else source
+    calls = [c for c in _OP_PATH_CALL.findall(op_path) if not c.startswith("_")]
+    return calls[1] if len(calls) > 1 else primitive or (op_path.rsplit("/", 1)[-1])
+
+
+def custom_call_share(snapshot: Mapping[str, Any]) -> tuple[float, list[int]] | None:
+    """The timed custom calls' summed share of step (or window) time, and their indices."""
+    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
+    timed = [i for i, c in enumerate(calls) if isinstance(c, Mapping)
+             and ev.number(c.get("percent_of_step")) is not None]
+    if not timed:
+        return None
+    return sum(float(calls[i]["percent_of_step"]) for i in timed), timed
+
+
+def _custom_calls(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
+    """Custom calls (LAPACK, cuSOLVER, FFI): what share of the time XLA cannot see into."""
+    found = custom_call_share(snapshot)
+    if found is None or found[0] < CUSTOM_CALL_REPORT_PERCENT:
+        return []
+    share, timed = found
+    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls")
+    tool = "detect_layout_mismatch_copies"
+    proof = []
+    for i in timed[:4]:
+        proof += [ev.cite(snapshot, tool, f"custom_calls[{i}].{f}")
+                  for f in ("instruction", "target", "time_ms", "percent_of_step", "source")
+                  if calls[i].get(f) not in (None, "")]
+    window = calls[timed[0]].get("share_of") == "capture window"
+    unit = "% of device time" if window else "% of step"
+    names = list(dict.fromkeys(
+        custom_call_api(str(calls[i].get("source") or ""), str(calls[i].get("linalg") or ""))
+        or str(calls[i].get("target")) for i in timed))
+    return [Hypothesis(
+        category="other",
+        # A large share of opaque calls is worth the user's attention, but it measures no
+        # waste: never P0, and its share is counted after the measured waste.
+        priority="P1" if share >= CUSTOM_CALL_P1_PERCENT else "P2",
+        title=(f"Custom calls ({', '.join(names[:4])}) take {share:.1f}"
+               f"{unit}; XLA cannot fuse them and counts them as 0 FLOPs"),
+        evidence=proof,
+        impact=_impact(share, unit, f"{share:.1f}{unit} runs in {len(timed)} custom call(s) "
+                       "whose efficiency this profile cannot judge (no FLOP count)"),
+        details={"kind": "custom_calls", "estimate": True, "indices": timed,
+                 "apis": names},
+    )]
 
 
 _DETECTOR_TITLES = {
@@ -760,6 +855,11 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
                 # Waiting in a collective is not computing, as on devices (below).
                 util = round(max(0.0, util - collectives), 2)
                 util_source = ("XLA:CPU busy share of step outside collectives (timeline)")
+        elif metrics.get("device_idle_window") == "capture window" and (
+                metrics.get("device_idle_percent") is not None):
+            # No step markers: judged over the capture window instead.
+            util = round(100.0 - float(metrics["device_idle_percent"]), 2)
+            util_source = "XLA:CPU busy share of the capture window (timeline, no step markers)"
     else:
         # A busy device is not a computing one: time in copies, collectives and IDLE does not
         # count (a duty cycle of 86% is mostly copy-done on the TPU fixture).
@@ -815,8 +915,11 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     material = [h for h in found if h.category in DETECTOR_CATEGORY.values()
                 and h.priority in ("P0", "P1")]
     checks.append(_check("no detector finding has a material impact", len(material),
-                         "HLO detectors with a share of step time",
-                         None if not det_tools else not material, "0 findings >= 3% of step"))
+                         "HLO detectors with a share of step (or, without steps, window) time",
+                         None if not det_tools else not material,
+                         f"0 findings >= {DETECTOR_P1_PERCENT:g}% of "
+                         + ("step" if metrics.get("step_time_ms") is not None else
+                            "device time (capture window)")))
     for c in checks:
         if c["passed"] is None:
             not_judged.append(f"{c['check']}: {c['why_unknown']}")
@@ -829,6 +932,13 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
                           "time first)")
     for caveat in roofline_caveats(snapshot):
         not_judged.append(f"roofline FLOP rate: {caveat}")
+    calls = custom_call_share(snapshot)
+    if calls is not None and calls[0] >= CUSTOM_CALL_REPORT_PERCENT and not roofline_caveats(
+            snapshot):
+        not_judged.append(f"custom-call efficiency: custom calls run {calls[0]:.1f}% of the "
+                          f"{'step' if metrics.get('step_time_ms') is not None else 'window'} "
+                          "and XLA's cost model counts them as 0 FLOPs, so no FLOP rate or "
+                          "roofline bound is claimed for that time")
     if metrics.get("step_time_ms") is None:
         not_judged.append("step time: the trace has no step markers, so idle, utilization and "
                           "impacts are judged over the capture window (wrap each training step "

@@ -115,23 +115,27 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
             _until("continuous profiling to start", 60.0, lambda: any(
                 t.continuous != "OFF" for t in runtime.state.list_targets(run_name)), proc)
             _say("continuous profiling on (1 s windows in the SDK's ring)")
+            # The job registers its target before its first step compiles: wait for steps
+            # (their recorded step times, which the SDK persists) so the baseline is steady
+            # training, not compilation.
+            _until("the training loop's first steps", 120.0, lambda: len(
+                runtime.state.list_metrics(run_name, name="step_time", limit=20)) >= 20, proc)
+            # A healthy reference first, on demand (served from the ring, which holds the
+            # profiler); meanwhile the monitor learns its step-time baseline.
+            baseline, before = _baseline(runtime, run_name, proc)
+            _say(f"baseline (healthy): {_headline(before)}")
+            # Alert-triggered sessions are compared with it (`mldiag runs set-baseline`).
+            runtime.state.set_baseline(run_name, baseline.session)
+            _say(f"pinned {run_name}/{baseline.session} as the run's baseline")
+            time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
+            # Auto-capture is armed with the stall: an alert the monitor raises before it (a
+            # loaded machine slows healthy steps too) captures nothing, and cannot spend the
+            # cooldown that the stall's own alert needs.
             policy = AutoCapturePolicy(enabled=True, kind="auto", duration_s=2.0,
                                        cooldown_s=600.0, max_per_hour=4)
             runtime.state.set_auto_capture(run_name, policy.to_dict())
             _say("auto-capture policy: on degradation, snapshot 2 s of the ring (cooldown "
                  "10 min)")
-            # A healthy reference first, on demand (served from the ring, which holds the
-            # profiler); meanwhile the monitor learns its step-time baseline.
-            runtime.services.bus.publish(CaptureProfile(run=run_name, session="baseline",
-                                                        duration_s=1.0))
-            baseline = _until("the baseline capture's report", 120.0, lambda: (
-                s if (s := runtime.state.get_session(run_name, "baseline"))
-                and s.state in (REPORTED, FAILED) else None), proc)
-            if baseline.state == FAILED:
-                raise MldiagError(f"baseline capture FAILED: {baseline.reason}")
-            before = _analysis(baseline)
-            _say(f"baseline (healthy): {_headline(before)}")
-            time.sleep(max(0.0, 4.0 - (time.monotonic() - started)))
             flag.touch()
             _say("injecting an input-pipeline stall (the batch reader sleeps 80 ms a step); "
                  "waiting for the step-time monitor to raise an alert ...")
@@ -150,13 +154,48 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
     if final.state == FAILED:
         raise MldiagError(f"session {run_name}/{final.session} FAILED: {final.reason}")
     _print_report(final, f"{run_name}/{final.session}")
-    after = _analysis(final)
-    m0, m1 = before["metrics"], after["metrics"]
-    print(f"before → after the stall: step time {_num(m0.get('step_time_ms'))} → "
-          f"{_num(m1.get('step_time_ms'))} ms, device idle "
-          f"{_num(m0.get('device_idle_percent'))}% → {_num(m1.get('device_idle_percent'))}%")
+    _print_what_changed(final)
     _say(f"done in {time.monotonic() - started:.0f} s")
     return 0
+
+
+def _print_what_changed(final: SessionRecord) -> None:
+    """The report's "What changed" section: the diff against the pinned baseline."""
+    block = _analysis(final).get("regression") or {}
+    if not block.get("baseline"):
+        print(f"what changed: {block.get('reason') or 'no comparison in the report'}")
+        return
+    print(f"what changed since {block['baseline']['run']}/{block['baseline']['session']}:")
+    print(f"  {block['headline']}")
+    for item in block.get("explanation", [])[:3]:
+        share = item.get("share_of_delta")
+        print(f"  {item['rank']}. {item['delta_ms']:+.2f} ms"
+              + (f" ({share:.0%})" if share is not None else "")
+              + f"  {item['change'].replace('`', '')}")
+    diff = Path(final.report_path.removeprefix("file://")).with_name("diff.html")
+    print(f"diff: {diff}")
+
+
+def _baseline(runtime: Any, run_name: str, proc: subprocess.Popen[bytes]
+              ) -> tuple[SessionRecord, dict[str, Any]]:
+    """Capture the healthy reference; again (up to 3 times) while a capture holds no
+    training step yet (on a loaded machine the job may still be compiling)."""
+    for attempt in range(1, 4):
+        name = "baseline" if attempt == 1 else f"baseline-{attempt}"
+        runtime.services.bus.publish(CaptureProfile(run=run_name, session=name,
+                                                    duration_s=1.0))
+        def done(name: str = name) -> SessionRecord | None:
+            s = runtime.state.get_session(run_name, name)
+            return s if s is not None and s.state in (REPORTED, FAILED) else None
+
+        session: SessionRecord = _until("the baseline capture's report", 120.0, done, proc)
+        if session.state == FAILED:
+            raise MldiagError(f"baseline capture FAILED: {session.reason}")
+        analysis = _analysis(session)
+        if (analysis.get("metrics") or {}).get("step_time_ms") is not None or attempt == 3:
+            return session, analysis
+        _say(f"{name} holds no training step yet (the job is still starting); again")
+    raise AssertionError("unreachable")
 
 
 def _analysis(s: SessionRecord) -> dict[str, Any]:
@@ -189,8 +228,10 @@ def _print_report(final: SessionRecord, label: str) -> None:
 
 def _drop_demo(args: argparse.Namespace, settings: Settings) -> int:
     script = WORKLOADS / f"{args.workload}.py"
-    if not script.is_file() or args.workload.startswith("_") or args.workload == "demo_train":
-        names = sorted(p.stem for p in WORKLOADS.glob("[!_]*.py") if p.stem != "demo_train")
+    # demo_train is the live demo's job, and regression writes a pair of profiles for diffs.
+    paired = ("demo_train", "regression")
+    if not script.is_file() or args.workload.startswith("_") or args.workload in paired:
+        names = sorted(p.stem for p in WORKLOADS.glob("[!_]*.py") if p.stem not in paired)
         raise MldiagError(f"unknown workload {args.workload!r} (choose from {', '.join(names)})")
     runtime = bootstrap(settings, listener=lambda s: print("  " + describe_transition(s),
                                                            flush=True))

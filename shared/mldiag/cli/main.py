@@ -18,6 +18,7 @@ from mldiag.cli import (
     continuous,
     dead_letters,
     demo,
+    diff,
     machine_learning_run,
     metrics,
     profiler_session,
@@ -41,6 +42,7 @@ COMMANDS = {
     "continuous": continuous,
     "dead-letters": dead_letters,
     "demo": demo,
+    "diff": diff,
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,

@@ -1,5 +1,5 @@
-"""`mldiag runs create|list|describe` (gcloud: `machine-learning-run list|describe`): the
-runs the state store knows."""
+"""`mldiag runs create|list|describe|set-baseline` (gcloud: `machine-learning-run
+list|describe`): the runs the state store knows."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import argparse
 import time
 from typing import Any
 
+from mldiag.analysis.triage import OPTIMAL
 from mldiag.bootstrap import control_plane, open_state
 from mldiag.cli import _control, _gcloud
 from mldiag.errors import MldiagError
-from mldiag.model import RunRecord, check_name
+from mldiag.model import REPORTED, RunRecord, check_name
 from mldiag.settings import Settings
 
 
@@ -29,6 +30,15 @@ def register(sub: Any) -> None:
                    "captures")
     add_list_arguments(verbs.add_parser("list", help="list runs"))
     add_describe_arguments(verbs.add_parser("describe", help="one run and its sessions"))
+    b = verbs.add_parser("set-baseline", help="pin the session its degraded sessions are "
+                         "compared with", description="Alert-triggered sessions of the run are "
+                         "compared with this session (default: the run's most recent OPTIMAL "
+                         "session). --clear goes back to the default.")
+    b.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    b.add_argument("name", metavar="RUN")
+    b.add_argument("session", metavar="SESSION", nargs="?")
+    b.add_argument("--clear", action="store_true", help="unpin: compare with the most recent "
+                   "OPTIMAL session again")
 
 
 def add_list_arguments(ls: argparse.ArgumentParser) -> None:
@@ -72,9 +82,32 @@ def _create(args: argparse.Namespace) -> int:
     return 0
 
 
+def _set_baseline(args: argparse.Namespace) -> int:
+    if bool(args.session) == bool(args.clear):
+        raise MldiagError("pass SESSION, or --clear to unpin the baseline")
+    plane = control_plane(Settings.from_env(home=args.home))
+    if plane.state.get_run(args.name) is None:
+        raise MldiagError(f"unknown run {args.name!r}")
+    if not args.session:
+        plane.state.set_baseline(args.name, "")
+        print(f"run {args.name}: baseline unpinned (the most recent OPTIMAL session)")
+        return 0
+    s = plane.state.get_session(args.name, args.session)
+    if s is None:
+        raise MldiagError(f"unknown session {args.name}/{args.session}")
+    if s.state != REPORTED:
+        raise MldiagError(f"session {s.key} is {s.state}: a baseline needs a report")
+    plane.state.set_baseline(args.name, args.session)
+    note = "" if s.verdict == OPTIMAL else f" (its verdict is {s.verdict}, not OPTIMAL)"
+    print(f"run {args.name}: baseline {args.session}{note}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.verb == "create":
         return _create(args)
+    if args.verb == "set-baseline":
+        return _set_baseline(args)
     state = open_state(_control.settings_of(args))
     if args.verb == "list":
         runs = state.list_runs()
@@ -103,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"  auto-capture: {'ON' if policy.enabled else 'OFF'} ({policy.kind}, "
           f"{policy.duration_s:g} s, cooldown {policy.cooldown_s:g} s, "
           f"max {policy.max_per_hour}/hour)")
+    print(f"  baseline: {found.baseline or 'the most recent OPTIMAL session'}")
     targets = state.list_targets(found.name)
     print(f"  targets: {len(targets)}")
     for s in sessions:

@@ -15,6 +15,7 @@ from mldiag.access import (
     BROWSE,
     CAPTURE,
     PROFILE,
+    REPORT,
     SHARE,
     SHARE_DEFAULT_S,
     Grant,
@@ -27,7 +28,7 @@ from mldiag.access import (
 from mldiag.capture.requests import capture_request, continuous_request
 from mldiag.console import views
 from mldiag.console.auth import console_of, require
-from mldiag.console.pages import get_session
+from mldiag.console.pages import compared, get_session
 from mldiag.errors import MldiagError
 
 router = APIRouter(prefix="/api/v1", tags=["api"])
@@ -138,6 +139,37 @@ def session_detail(run: str, session: str, request: Request,
                    principal: Principal = Depends(require(BROWSE))) -> dict[str, Any]:
     console = console_of(request)
     return views.session_view(console, principal, get_session(console, run, session))
+
+
+@router.get("/runs/{run}/compare")
+def compare(run: str, a: str, b: str, request: Request,
+            principal: Principal = Depends(require(REPORT))) -> dict[str, Any]:
+    """diff.json of session `b` against session `a` of the run, from their stored
+    snapshots: KPI, op, kernel, HLO, finding and config deltas and the ranked explanation."""
+    return compared(console_of(request), run, a, b)
+
+
+class BaselineBody(BaseModel):
+    session: str = Field("", pattern=r"^(|[A-Za-z0-9][A-Za-z0-9._:@+=,-]{0,254})$",
+                         description="a REPORTED session of the run; empty to unpin")
+
+
+@router.post("/runs/{run}/baseline")
+def post_baseline(run: str, body: BaselineBody, request: Request,
+                  principal: Principal = Depends(require(CAPTURE))) -> dict[str, Any]:
+    """Pin the session the run's alert-triggered sessions are compared with (editors)."""
+    console = console_of(request)
+    _run_or_404(request, run)
+    if body.session:
+        s = get_session(console, run, body.session)
+        if s.state != "REPORTED":
+            raise HTTPException(409, f"session {s.key} is {s.state}: a baseline needs a report")
+    record = console.plane.state.set_baseline(run, body.session)
+    if record is None:
+        raise HTTPException(404, f"no run {run!r}")
+    return {"run": run, "baseline": record.baseline,
+            "message": f"baseline of {run}: {record.baseline}" if record.baseline else
+            f"baseline of {run} unpinned (the most recent OPTIMAL session)"}
 
 
 @router.post("/runs/{run}/captures", status_code=202)

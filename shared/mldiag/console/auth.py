@@ -17,11 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
-import threading
-import time
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
@@ -29,6 +25,7 @@ from fastapi import HTTPException, Request
 
 from mldiag.access import ALL_RUNS, ANONYMOUS, Principal, hash_secret
 from mldiag.console.context import Console
+from mldiag.identity import InvalidToken, KeysUnavailable, verify_jwt
 
 log = logging.getLogger(__name__)
 
@@ -63,43 +60,18 @@ def _email_principal(console: Console, email: str, via: str) -> Principal:
     return Principal(email, grants, via=via)
 
 
-_jwks: dict[str, tuple[float, Any]] = {}
-_jwks_lock = threading.Lock()
-JWKS_TTL_S = 3600.0
-
-
-def _jwk_set(url: str) -> Any:
-    """IAP's public keys (a JWK set), fetched once an hour, not per request."""
-    import jwt
-
-    with _jwks_lock:
-        cached = _jwks.get(url)
-        if cached is not None and time.monotonic() - cached[0] < JWKS_TTL_S:
-            return cached[1]
-        with urllib.request.urlopen(url, timeout=10) as f:  # noqa: S310 - a configured URL
-            keys = jwt.PyJWKSet.from_dict(json.loads(f.read()))
-        _jwks[url] = (time.monotonic(), keys)
-        return keys
-
-
 def verify_iap(console: Console, assertion: str) -> str | None:
     """The email in a valid IAP JWT (ES256, IAP's issuer, this console's audience)."""
-    import jwt
-
     settings = console.settings
     if not settings.iap_audience:
         log.error("MLDIAG_CONSOLE_AUTH=iap without MLDIAG_IAP_AUDIENCE: every IAP request is "
                   "refused")
         return None
     try:
-        kid = jwt.get_unverified_header(assertion).get("kid")
-        key = next((k for k in _jwk_set(settings.iap_certs_url).keys if k.key_id == kid), None)
-        if key is None:
-            return None
-        claims = jwt.decode(assertion, key.key, algorithms=["ES256"],
-                            audience=settings.iap_audience, issuer=IAP_ISSUER,
-                            options={"require": ["exp", "iat", "aud", "iss"]})
-    except (jwt.PyJWTError, OSError, ValueError) as e:
+        claims = verify_jwt(assertion, certs_url=settings.iap_certs_url,
+                            audience=settings.iap_audience, issuers=(IAP_ISSUER,),
+                            algorithms=["ES256"])
+    except (InvalidToken, KeysUnavailable) as e:
         log.info("IAP assertion refused: %s", e)
         return None
     email = claims.get("email")

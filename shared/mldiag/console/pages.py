@@ -149,6 +149,21 @@ def report(request: Request, s: SessionRecord) -> Response:
     return Response(body, media_type="text/html; charset=utf-8")
 
 
+def diff_page(request: Request, s: SessionRecord) -> Response:
+    """The stored diff.html of an alert-triggered session (against its run's baseline)."""
+    console = console_of(request)
+    if s.state != "REPORTED" or not s.hosts:
+        raise HTTPException(404, "this session has no report yet")
+    try:
+        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/diff.html")
+    except FileNotFoundError as e:
+        raise HTTPException(404, "this session has no diff: only sessions captured on a "
+                            "degradation alert are compared with a baseline (compare any "
+                            "two from the run's page)") from e
+    request.state.csp = report_csp()
+    return Response(body, media_type="text/html; charset=utf-8")
+
+
 def download(request: Request, s: SessionRecord, host: str) -> Response:
     console = console_of(request)
     record = s.hosts.get(host)
@@ -179,6 +194,53 @@ def session_route(run: str, session: str, request: Request,
 def report_route(run: str, session: str, request: Request,
                  principal: Principal = Depends(require(REPORT))) -> Response:
     return report(request, get_session(console_of(request), run, session))
+
+
+@router.get("/runs/{run}/sessions/{session}/diff.html", response_class=HTMLResponse)
+def diff_route(run: str, session: str, request: Request,
+               principal: Principal = Depends(require(REPORT))) -> Response:
+    return diff_page(request, get_session(console_of(request), run, session))
+
+
+def compared(console: Console, run: str, a: str, b: str) -> dict[str, Any]:
+    """The diff.json document of two REPORTED sessions of `run`, from their stored
+    snapshots; 404 for an unknown session, 409 for one that has no report."""
+    from mldiag.regression import NotComparable, compare_sessions
+
+    sa, sb = get_session(console, run, a), get_session(console, run, b)
+    try:
+        return compare_sessions(console.plane.storage, console.plane.state, sa, sb)
+    except NotComparable as e:
+        raise HTTPException(409, str(e)) from e
+
+
+@router.get("/runs/{run}/compare", response_class=HTMLResponse)
+def compare_page(run: str, request: Request, a: str = "", b: str = "",
+                 principal: Principal = Depends(require(REPORT))) -> Response:
+    """Pick two sessions of the run; their diff below, in a sandboxed frame."""
+    console = console_of(request)
+    record = console.plane.state.get_run(run)
+    if record is None:
+        raise HTTPException(404, f"no run {run!r}")
+    reported = [x for x in sorted(console.plane.state.list_sessions(run=run),
+                                  key=lambda x: x.created_at, reverse=True)
+                if x.state == "REPORTED"]
+    headline = ""
+    if a and b:
+        headline = compared(console, run, a, b)["headline"]
+    return render(request, "console/compare.html", run=record.name, a=a, b=b,
+                  sessions=[views.session_row(x) for x in reported], headline=headline,
+                  baseline=record.baseline)
+
+
+@router.get("/runs/{run}/compare/diff.html", response_class=HTMLResponse)
+def compare_report(run: str, a: str, b: str, request: Request,
+                   principal: Principal = Depends(require(REPORT))) -> Response:
+    from mldiag.analysis.diff_html import render_diff_html
+
+    body = render_diff_html(compared(console_of(request), run, a, b))
+    request.state.csp = report_csp()
+    return Response(body, media_type="text/html; charset=utf-8")
 
 
 @router.get("/runs/{run}/sessions/{session}/hosts/{host}/xplane.pb")

@@ -64,6 +64,11 @@ def shared_report(request: Request, principal: Principal = Depends(link_principa
     return pages.report(request, _session(request, principal))
 
 
+@router.get(PREFIX + "/diff.html", response_class=HTMLResponse)
+def shared_diff(request: Request, principal: Principal = Depends(link_principal)) -> Response:
+    return pages.diff_page(request, _session(request, principal))
+
+
 @router.get(PREFIX + "/hosts/{host}/xplane.pb")
 def shared_download(host: str, request: Request,
                     principal: Principal = Depends(link_principal)) -> Response:

@@ -120,6 +120,9 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
         "auto_capture": run.policy.to_dict(),
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
         "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
+        # The session alert-triggered sessions are compared with: pinned, else "" (the most
+        # recent OPTIMAL one).
+        "baseline": run.baseline,
     })
     # What the workload recorded with the SDK's metrics.record (its newest points: a long
     # run's history is for `mldiag metrics show`), and step time charted.
@@ -155,5 +158,21 @@ def session_view(console: Console, principal: Principal, s: SessionRecord) -> di
                       "fix": f.get("fix") or f.get("recommendation")}
                      for f in (analysis or {}).get("findings", [])],
         "can_view_profile": may_profile,
+        "regression": _regression(s, analysis),
     })
     return view
+
+
+def _regression(s: SessionRecord, analysis: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What changed since the run's baseline, for an alert-triggered session's report: the
+    baseline and the diff's sentence, or why there is no baseline."""
+    block = (analysis or {}).get("regression")
+    if not isinstance(block, dict):
+        return None
+    baseline = block.get("baseline") or {}
+    return {"baseline": (f"{baseline.get('run')}/{baseline.get('session')}"
+                         if baseline else None),
+            "baseline_session": baseline.get("session") if baseline else None,
+            "why": baseline.get("why", "") if baseline else "",
+            "headline": block.get("headline", ""), "reason": block.get("reason", ""),
+            "has_diff": bool(baseline)}

@@ -290,6 +290,20 @@ class FirestoreStateStore:
 
         return self._tx(ref, tx)
 
+    def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        ref = self._run_ref(run)
+
+        def tx(transaction: Any) -> RunRecord | None:
+            snap = ref.get(transaction=transaction)
+            if not snap.exists:
+                return None
+            stored = self._run(snap)
+            stored.baseline = session
+            transaction.set(ref, self._run_doc(stored))
+            return stored
+
+        return self._tx(ref, tx)
+
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
                         max_per_hour: int, key: str = "") -> bool:
         ref = self.client.collection(CAPTURES).document(doc_id(run))

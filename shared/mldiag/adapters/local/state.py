@@ -145,6 +145,17 @@ class SqliteStateStore:
                        (json.dumps(stored.to_dict()), run))
             return stored
 
+    def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        with self._tx() as db:
+            row = db.execute("SELECT data FROM runs WHERE name = ?", (run,)).fetchone()
+            if row is None:
+                return None
+            stored = RunRecord(**json.loads(row[0]))
+            stored.baseline = session
+            db.execute("UPDATE runs SET data = ? WHERE name = ?",
+                       (json.dumps(stored.to_dict()), run))
+            return stored
+
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
                         max_per_hour: int, key: str = "") -> bool:
         with self._tx() as db:

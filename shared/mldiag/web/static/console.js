@@ -1,7 +1,8 @@
 // The console's only script (served from /static, so the CSP needs no inline script).
 // - [data-poll]: refresh states from the JSON API every 2 s, without a reload;
 // - form.action: POST the action bar's forms to the API with the page's CSRF token, and
-//   follow a capture to its session's page once the session exists;
+//   follow a capture to its session's page once the session exists, or reload the page
+//   (`data-reload`: pinning a run's baseline);
 // - button.share / button.revoke: create and revoke share links.
 "use strict";
 (function () {
@@ -106,6 +107,7 @@
         try {
           const out = await api(form.dataset.api, "POST", body);
           text(status, out.message || "done");
+          if (form.dataset.reload) { window.location.reload(); return; }
           if (form.dataset.follow && body.session) {
             const name = encodeURIComponent(body.session);
             if (form.dataset.followApi) await appears(form.dataset.followApi + name);

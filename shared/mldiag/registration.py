@@ -1,0 +1,279 @@
+"""The registration stage: what a workload may do to its own runs, and nothing else.
+
+On Google Cloud a workload (the SDK inside a training job) holds no role on Firestore or the
+profile bucket. It calls the IAM-authenticated `register` function instead, with a Google ID
+token of its service account, and this stage decides (DESIGN.md "Tenancy"):
+
+- the first identity that registers a run owns it (a conditional create, `RunOwners.bind`),
+  whether the run is new, created by an admin (`mldiag runs create`) or discovered from the
+  bucket; every later call about that run from another identity is refused;
+- the owner may register and update its run, its auto-capture policy and its targets,
+  heartbeat them, list its own targets, create its programmatic sessions, record that a
+  host's upload failed and record its metrics;
+- it uploads through signed URLs that allow one `PUT` of exactly
+  `<prefix>/<run>/plugins/profile/<session>/<host>.xplane.pb` (`UploadSigner`), so a workload
+  never reads, overwrites or deletes any other object.
+
+`handle(request, caller, services)` takes the request body (a JSON object with `op`) and the
+verified caller; it returns the JSON answer or raises a `RegistrationError` with its HTTP
+status. `authenticate` turns the `Authorization` header into the caller.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mldiag.errors import MldiagError
+from mldiag.model import (
+    CAPTURING,
+    AutoCapturePolicy,
+    HostRecord,
+    MetricPoint,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+    check_name,
+)
+from mldiag.ports import RunOwners, StateStore, UploadSigner
+from mldiag.settings import Settings
+
+XPLANE_CONTENT_TYPE = "application/octet-stream"
+# A signed upload URL lives this long: long enough for a 2 GiB upload on a slow link.
+UPLOAD_URL_TTL_S = 3600.0
+# What a workload may change on its own targets after registering them.
+TARGET_UPDATE_FIELDS = frozenset({"last_heartbeat", "pid", "continuous", "continuous_since"})
+CONTINUOUS_STATES = frozenset({"OFF", "RING", "NATIVE"})
+
+
+class RegistrationError(MldiagError):
+    """A refused registration request; `status` is its HTTP status."""
+
+    status = 400
+
+
+class NotAuthenticated(RegistrationError):
+    status = 401
+
+
+class NotYourRun(RegistrationError):
+    status = 403
+
+
+@dataclass
+class Registrar:
+    """The registration stage's services: the state store, the run owners and the signer."""
+
+    settings: Settings
+    state: StateStore
+    owners: RunOwners
+    uploads: UploadSigner
+    clock: Callable[[], float] = time.time
+
+
+def authenticate(authorization: str, settings: Settings) -> str:
+    """The service-account email of a `Bearer <Google ID token>` header minted for this
+    function (MLDIAG_REGISTRATION_URL is its audience); NotAuthenticated otherwise.
+    KeysUnavailable (Google's keys cannot be fetched) propagates: a transient error."""
+    from mldiag.identity import InvalidToken, verify_google_id_token
+
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise NotAuthenticated("send `Authorization: Bearer <Google ID token>` whose audience "
+                               "is this function's URL")
+    try:
+        return verify_google_id_token(token.strip(), settings.registration_url,
+                                      settings.id_token_certs_url)
+    except InvalidToken as e:
+        raise NotAuthenticated(f"Google ID token refused: {e}") from e
+
+
+def _record[R](kind: type[R], data: Any, what: str) -> R:
+    """A model record from a JSON object, refusing fields the record does not have."""
+    if not isinstance(data, Mapping):
+        raise RegistrationError(f"{what} must be a JSON object")
+    known = {f.name for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RegistrationError(f"{what}: unknown field(s) {', '.join(unknown)}")
+    try:
+        return kind(**data)
+    except (TypeError, ValueError) as e:
+        raise RegistrationError(f"{what}: {e}") from e
+
+
+def _name(kind: str, value: Any) -> str:
+    try:
+        return check_name(kind, value)
+    except ValueError as e:
+        raise RegistrationError(str(e)) from e
+
+
+def _field(body: Mapping[str, Any], key: str, kind: type, what: str = "") -> Any:
+    value = body.get(key)
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+        raise RegistrationError(f"{what or key} must be a {kind.__name__}")
+    return value
+
+
+def _owned(services: Registrar, run: str, caller: str) -> RunRecord:
+    """The run, when `caller` owns it; NotYourRun otherwise (also for unknown runs, so that
+    a caller learns nothing about runs that are not its own)."""
+    owner = services.owners.owner(run)
+    record = services.state.get_run(run) if owner == caller else None
+    if record is None:
+        raise NotYourRun(f"run {run!r} is not registered by {caller}")
+    return record
+
+
+def _register_run(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    run = _record(RunRecord, body.get("run"), "run")
+    _name("run", run.name)
+    # The prefix comes before the run in every object name the function signs.
+    for segment in run.storage_prefix.split("/") if run.storage_prefix else ():
+        _name("storage prefix segment", segment)
+    owner = services.owners.bind(run.name, caller, services.clock())
+    if owner != caller:
+        raise NotYourRun(f"run {run.name!r} is not registered by {caller}")
+    stored = services.state.register_run(dataclasses.replace(
+        run, discovered=False, auto_capture={}, created_at=run.created_at or services.clock()))
+    return {"run": stored.to_dict()}
+
+
+def _set_auto_capture(body: Mapping[str, Any], caller: str,
+                      services: Registrar) -> dict[str, Any]:
+    run = _name("run", body.get("run"))
+    _owned(services, run, caller)
+    policy = body.get("policy")
+    try:
+        checked = AutoCapturePolicy.from_dict(dict(policy) if isinstance(policy, Mapping)
+                                              else None)
+    except (TypeError, ValueError) as e:
+        raise RegistrationError(f"policy: {e}") from e
+    stored = services.state.set_auto_capture(run, checked.to_dict())
+    assert stored is not None  # _owned found it
+    return {"run": stored.to_dict()}
+
+
+def _upsert_target(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    target = _record(TargetRecord, body.get("target"), "target")
+    _owned(services, _name("run", target.run), caller)
+    _name("host", target.host)
+    services.state.upsert_target(target)
+    return {"target": target.to_dict()}
+
+
+def _update_target(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    run = _name("run", body.get("run"))
+    _owned(services, run, caller)
+    host = _name("host", body.get("host"))
+    port = _field(body, "port", int)
+    fields = body.get("fields")
+    if not isinstance(fields, Mapping) or not fields:
+        raise RegistrationError("fields must be a non-empty JSON object")
+    refused = sorted(set(fields) - TARGET_UPDATE_FIELDS)
+    if refused:
+        raise RegistrationError(f"a workload may not change {', '.join(refused)} (only "
+                                f"{', '.join(sorted(TARGET_UPDATE_FIELDS))})")
+    if "continuous" in fields and fields["continuous"] not in CONTINUOUS_STATES:
+        raise RegistrationError(f"continuous must be one of {', '.join(sorted(CONTINUOUS_STATES))}")
+    updated = services.state.update_target(run, host, port, **dict(fields))
+    return {"target": updated.to_dict() if updated is not None else None}
+
+
+def _list_targets(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    run = _name("run", body.get("run"))
+    _owned(services, run, caller)
+    return {"targets": [t.to_dict() for t in services.state.list_targets(run)]}
+
+
+def _create_session(body: Mapping[str, Any], caller: str,
+                    services: Registrar) -> dict[str, Any]:
+    data = body.get("session")
+    if not isinstance(data, Mapping):
+        raise RegistrationError("session must be a JSON object")
+    try:
+        record = SessionRecord.from_dict(dict(data))
+    except (TypeError, ValueError, KeyError) as e:
+        raise RegistrationError(f"session: {e}") from e
+    _owned(services, _name("run", record.run), caller)
+    _name("session", record.session)
+    # A workload announces its own programmatic captures; the pipeline does the rest.
+    if record.kind != "programmatic" or record.state != CAPTURING or record.hosts:
+        raise RegistrationError("a workload creates only programmatic sessions, CAPTURING, "
+                                "with no hosts yet")
+    for host in record.expected_hosts:
+        _name("host", host)
+    stored, created = services.state.create_session(record)
+    return {"session": stored.to_dict(), "created": created}
+
+
+def _object_name(run: RunRecord, session: str, host: str) -> str:
+    parts = [run.storage_prefix, run.name, "plugins", "profile", session, f"{host}.xplane.pb"]
+    return "/".join(p for p in parts if p)
+
+
+def _host_failed(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    run = _owned(services, _name("run", body.get("run")), caller)
+    session = _name("session", body.get("session"))
+    host = _name("host", body.get("host"))
+    reason = _field(body, "reason", str)
+    now = services.clock()
+    stored, new = services.state.register_host(run.name, session, host, HostRecord(
+        object_name=_object_name(run, session, host), generation="", size=0, arrived_at=now,
+        status="FAILED", reason=reason[:2000]), now)
+    return {"session": stored.to_dict(), "new": new}
+
+
+# Points of one record_metrics request (the SDK's writer sends at most 1000 a batch).
+MAX_METRIC_POINTS = 5000
+
+
+def _record_metrics(body: Mapping[str, Any], caller: str,
+                    services: Registrar) -> dict[str, Any]:
+    run = _owned(services, _name("run", body.get("run")), caller)
+    raw = body.get("points")
+    if not isinstance(raw, list) or len(raw) > MAX_METRIC_POINTS:
+        raise RegistrationError(f"points must be a list of at most {MAX_METRIC_POINTS} "
+                                "metric points")
+    points = [_record(MetricPoint, p, "metric point") for p in raw]
+    services.state.record_metrics(run.name, points)
+    return {"recorded": len(points)}
+
+
+def _upload_url(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    run = _owned(services, _name("run", body.get("run")), caller)
+    name = _object_name(run, _name("session", body.get("session")),
+                        _name("host", body.get("host")))
+    url = services.uploads.upload_url(name, content_type=XPLANE_CONTENT_TYPE,
+                                      expires_s=UPLOAD_URL_TTL_S)
+    return {"object": name, "url": url, "method": "PUT",
+            "headers": {"Content-Type": XPLANE_CONTENT_TYPE},
+            "expires_at": services.clock() + UPLOAD_URL_TTL_S}
+
+
+OPERATIONS: dict[str, Callable[[Mapping[str, Any], str, Registrar], dict[str, Any]]] = {
+    "create_session": _create_session,
+    "host_failed": _host_failed,
+    "list_targets": _list_targets,
+    "record_metrics": _record_metrics,
+    "register_run": _register_run,
+    "set_auto_capture": _set_auto_capture,
+    "update_target": _update_target,
+    "upload_url": _upload_url,
+    "upsert_target": _upsert_target,
+}
+
+
+def handle(request: Any, caller: str, services: Registrar) -> dict[str, Any]:
+    """Carry out one registration request of `caller` (a verified service-account email)."""
+    if not isinstance(request, Mapping):
+        raise RegistrationError("the request body must be a JSON object with `op`")
+    op = request.get("op")
+    handler = OPERATIONS.get(op) if isinstance(op, str) else None
+    if handler is None:
+        raise RegistrationError(f"unknown op {op!r}; one of {', '.join(OPERATIONS)}")
+    return handler(request, caller, services)

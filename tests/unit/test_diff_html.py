@@ -1,0 +1,74 @@
+"""diff.html and the report's "What changed" section: self-contained, escaped, honest."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from mldiag.analysis.diff import build_diff
+from mldiag.analysis.diff_html import render_diff_html
+from mldiag.analysis.diff_sides import Side
+from mldiag.analysis.html import render_summary_html
+from tests.unit.snapshots import analysis, cpu_snapshot, hlo
+from tests.unit.test_html import IMG, IMG_ESCAPED, SCRIPT, SCRIPT_ESCAPED, _assert_safe_document
+
+DATA = Path(__file__).parent / "data"
+
+
+def _doc(label: str = "r/before") -> dict[str, Any]:
+    a = cpu_snapshot(step_ms=5.0, wait_ms=0.2, ops={"dot.1": 4.8},
+                     hlo_text=hlo(["f32[64,64]{1,0}"], {"dot.1": "dot"}))
+    b = cpu_snapshot(step_ms=9.2, wait_ms=0.2, ops={"dot.1": 4.9, "wrapped_copy": 4.1},
+                     hlo_text=hlo(["f32[64,64]{0,1}"], {"wrapped_copy": "fusion:copy",
+                                                       "dot.1": "dot"}))
+    finding = {"id": "F1", "category": "layout_copy", "priority": "P0", "title": SCRIPT,
+               "evidence": []}
+    return build_diff(Side(label, a, analysis(a)),
+                      Side("r/after", b, analysis(b, "NEEDS_ATTENTION", [finding]),
+                           context={"configs": {"note": IMG}}))
+
+
+def test_diff_html_is_a_safe_self_contained_page_in_the_reports_style():
+    page = render_diff_html(_doc(label=IMG))
+    _assert_safe_document(page)
+    assert IMG not in page and IMG_ESCAPED in page
+    assert SCRIPT not in page and SCRIPT_ESCAPED in page
+    # The report's stylesheet, under the same hash-only policy.
+    summary = render_summary_html({}, {})
+    style = re.findall(r"<style>(.*?)</style>", page, re.S)
+    assert style == re.findall(r"<style>(.*?)</style>", summary, re.S)
+    assert 'content="default-src \'none\'; style-src \'sha256-' in page
+    for section in ("What changed", "KPIs", "Op deltas", "HLO changes", "Kernel deltas",
+                    "Findings", "Config and environment"):
+        assert f"<h2>{section}</h2>" in page
+    assert "layout change" in page and "<code>wrapped_copy</code>" in page
+    assert "diff_sessions" in page  # where mldiag goes further than xprof's diff
+
+
+def test_the_report_of_a_compared_session_starts_with_what_changed():
+    snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
+    report = json.loads((DATA / "analysis_tpu.json").read_text())
+    doc = _doc()
+    report["regression"] = {
+        "baseline": {"run": "r", "session": "before", "version": 1, "status": "OPTIMAL",
+                     "why": "most recent OPTIMAL session"},
+        "headline": doc["headline"], "explanation": doc["explanation"],
+        "comparability": doc["comparability"], "diff_html": "diff.html"}
+    page = render_summary_html(report, snapshot)
+    assert page.index('id="what-changed"') < page.index('id="summary"')
+    assert '<a href="#what-changed">What changed</a>' in page
+    assert 'href="diff.html"' in page and "most recent OPTIMAL session" in page
+    section = page[page.index('id="what-changed"'):page.index('id="summary"')]
+    assert "layout change recompiled" in section
+
+
+def test_a_report_without_a_baseline_says_so():
+    snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
+    report = json.loads((DATA / "analysis_tpu.json").read_text())
+    report["regression"] = {"baseline": None, "reason": "No baseline to compare with: run r "
+                            "has no healthy (OPTIMAL) session before this one."}
+    page = render_summary_html(report, snapshot)
+    section = page[page.index('id="what-changed"'):page.index('id="summary"')]
+    assert "No baseline to compare with" in section and "diff.html" not in section
