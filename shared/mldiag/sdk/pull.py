@@ -38,6 +38,9 @@ log = logging.getLogger(__name__)
 
 # How often a busy profiler is tried again while a pulled capture waits for it.
 BUSY_RETRY_S = 0.2
+# A poll that keeps failing (the state store or the register function is down) is logged at
+# most this often.
+WARN_EVERY_S = 60.0
 
 
 class Puller:
@@ -69,12 +72,15 @@ class Puller:
         self._continuous.shutdown(wait=True)
 
     def _loop(self) -> None:
+        warned = 0.0
         while not self._stop.wait(self.poll_s):
             try:
                 requests = take_requests(self.run.plane.state, self.run.name, self.run.host,
                                          time.time())
             except Exception as e:  # noqa: BLE001 - polled again next time; training goes on
-                log.warning("mldiag: could not look for capture requests: %s", e)
+                if time.monotonic() - warned >= WARN_EVERY_S:  # not once per poll
+                    warned = time.monotonic()
+                    log.warning("mldiag: could not look for capture requests: %s", e)
                 continue
             for request in requests:
                 self.served += 1
