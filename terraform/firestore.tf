@@ -35,6 +35,7 @@ locals {
     captures_times        = { collection = "captures", field = "times" }
     captures_keys         = { collection = "captures", field = "keys" }
     metrics_points        = { collection = "metrics", field = "points" }
+    requests_data         = { collection = "requests", field = "data" }
   }
 }
 
@@ -83,10 +84,10 @@ resource "google_firestore_field" "unindexed" {
   index_config {}
 }
 
-# Claims, dead letters and failure counters carry a `purge_at` timestamp (mldiag.adapters.gcp.state.TTL_FIELDS):
+# Claims, dead letters, failure counters and pull targets' mailboxes carry a `purge_at` timestamp (mldiag.adapters.gcp.state.TTL_FIELDS):
 # Firestore deletes them after it, so these collections do not grow for ever.
 resource "google_firestore_field" "ttl" {
-  for_each   = toset(["claims", "dead_letters", "failures"])
+  for_each   = toset(["claims", "dead_letters", "failures", "requests"])
   project    = var.project
   database   = google_firestore_database.main.name
   collection = each.value

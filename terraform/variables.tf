@@ -92,7 +92,7 @@ variable "functions_dist_dir" {
 }
 
 variable "capture_vpc_connector" {
-  description = "Optional Serverless VPC Access connector (projects/P/locations/R/connectors/C) through which on_capture_request reaches the workloads' profiler ports (host:9999)."
+  description = "Optional Serverless VPC Access connector (projects/P/locations/R/connectors/C) through which on_capture_request reaches plain profiler servers (host:9999) for push captures; workloads running the mldiag SDK pull their requests and need none."
   type        = string
   default     = null
 }
@@ -210,7 +210,7 @@ variable "capture_allowed_networks" {
 }
 
 variable "capture_allowed_ports" {
-  description = "Ports the capture stage may connect to on targets (profiler servers, SDK control endpoints), as a-b ranges separated by commas."
+  description = "Ports the capture stage may connect to on push targets (plain profiler servers; SDK targets pull their requests), as a-b ranges separated by commas."
   type        = string
   default     = "1024-65535"
 }

@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         # noise (healthy steps 60% slower on a busy 2-core box) from raising the alert.
         monitor={"sustain_s": 4.0, "warmup": 10, "threshold": 1.0})
     print(f"demo_train: run {run.name} registered, target {run.host} "
-          f"(profiler :{args.port}, control :{run.target.control_port})", flush=True)
+          f"(profiler :{args.port}; mldiag's captures by pull)", flush=True)
 
     key = jax.random.key(0)
     params = (jax.random.normal(key, (WIDTH, WIDTH)) / WIDTH**0.5,

@@ -83,6 +83,10 @@ class AutoCapturePolicy:
         return cls(**{k: v for k, v in (data or {}).items() if k in known})
 
 
+PUSH, PULL = "push", "pull"
+DELIVERIES = (PUSH, PULL)
+
+
 @dataclass
 class TargetRecord:
     """A profiler endpoint of a run (`host:port`), registered by the SDK inside the workload."""
@@ -100,7 +104,12 @@ class TargetRecord:
     continuous_since: float = 0.0
     # Where the capture stage reaches the target; `host` is its name in profile file names.
     address: str = "127.0.0.1"
-    # The SDK's control endpoint (continuous profiling, snapshots); 0 when it has none.
+    # How capture requests reach it: "push", the capture stage connects to its profiler
+    # server (a plain `jax.profiler.start_server`); "pull", the mldiag SDK in the workload
+    # takes its requests from the state store and uploads itself, so nothing connects in.
+    delivery: str = "push"
+    # The control endpoint of SDKs from before pull delivery, kept only so that their old
+    # records still load: mldiag never connects to it, and stores no token any more.
     control_port: int = 0
     control_token: str = ""
     platform: str = ""  # cpu | gpu | tpu: the JAX backend of the target's devices
@@ -125,7 +134,14 @@ class TargetRecord:
         for what, port, low in (("port", self.port, 1), ("control_port", self.control_port, 0)):
             if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= 65535:
                 return f"bad {what} {port!r} for target {self.host!r}"
+        if self.delivery not in DELIVERIES:
+            return f"bad delivery {self.delivery!r} for target {self.host!r} (push or pull)"
         return ""
+
+    @property
+    def pulls(self) -> bool:
+        """Whether the workload takes its own requests (the mldiag SDK)."""
+        return self.delivery == PULL
 
     @property
     def service_addr(self) -> str:
@@ -134,6 +150,62 @@ class TargetRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+# What a pull target can be asked to do.
+REQUEST_ACTIONS = ("on_demand", "snapshot", "continuous_start", "continuous_stop")
+# Requests a target's mailbox holds at most: a workload that takes none is stuck or gone, and
+# more would only pile up (the capture stage fails the host with the reason instead).
+MAX_PENDING_REQUESTS = 16
+
+
+@dataclass
+class ControlRequest:
+    """One request for a pull target, kept in the state store until the workload takes it.
+
+    `on_demand`: trace `duration_s` from `start_at` (epoch seconds); `snapshot`: the newest
+    `duration_s` (None: all) of the continuous ring; `continuous_start|stop`: the ring, with
+    `options` (window_s, max_bytes, tracer levels). `wait_s` bounds how long a busy profiler
+    is waited for. Nobody can take it after `expires_at`; the capture stage then fails the
+    host with "no answer".
+    """
+
+    id: str
+    run: str
+    host: str
+    action: str
+    created_at: float
+    expires_at: float
+    session: str = ""
+    start_at: float = 0.0
+    duration_s: float | None = None
+    wait_s: float = 0.0
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def problem(self) -> str:
+        """Why this cannot be a request ("" when it can)."""
+        try:
+            check_name("run", self.run)
+            check_name("host", self.host)
+            if self.session:
+                check_name("session", self.session)
+        except ValueError as e:
+            return str(e)
+        if not self.id or len(self.id) > 200:
+            return f"bad request id {self.id!r}"
+        if self.action not in REQUEST_ACTIONS:
+            return f"unknown request action {self.action!r} (one of {', '.join(REQUEST_ACTIONS)})"
+        if self.action in ("on_demand", "snapshot") and not self.session:
+            return f"a {self.action} request needs a session"
+        return ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ControlRequest:
+        known = {f for f in cls.__dataclass_fields__}
+        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 REASON_MAX = 500

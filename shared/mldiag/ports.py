@@ -15,7 +15,14 @@ from typing import Any, Protocol
 from mldiag.analysis.followups import FollowUps
 from mldiag.analysis.triage import Triage
 from mldiag.messages import Message
-from mldiag.model import HostRecord, MetricPoint, RunRecord, SessionRecord, TargetRecord
+from mldiag.model import (
+    ControlRequest,
+    HostRecord,
+    MetricPoint,
+    RunRecord,
+    SessionRecord,
+    TargetRecord,
+)
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,25 @@ class StateStore(Protocol):
         ...
 
     def list_targets(self, run: str) -> list[TargetRecord]: ...
+
+    def put_request(self, request: ControlRequest, now: float) -> bool:
+        """Leave a request in its pull target's mailbox (`request.run`, `request.host`).
+
+        Idempotent by `request.id`. Requests expired at `now` are dropped first; False, and
+        nothing stored, when the mailbox still holds MAX_PENDING_REQUESTS live ones.
+        ValueError on a request with a `problem()`."""
+        ...
+
+    def take_requests(self, run: str, host: str, now: float) -> list[ControlRequest]:
+        """Remove and return the live requests of (run, host), oldest first, in one atomic
+        step (expired ones are dropped): of concurrent takers, each request goes to exactly
+        one, so a request is served once however many processes poll."""
+        ...
+
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        """Remove one request nobody took yet (its asker stopped waiting); False when it is
+        not pending (taken, expired and dropped, or never put)."""
+        ...
 
     def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
         """Insert a session unless one of that name exists: (stored session, created)."""

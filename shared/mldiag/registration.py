@@ -8,8 +8,9 @@ token of its service account, and this stage decides (DESIGN.md "Tenancy"):
   whether the run is new, created by an admin (`mldiag runs create`) or discovered from the
   bucket; every later call about that run from another identity is refused;
 - the owner may register and update its run, its auto-capture policy and its targets,
-  heartbeat them, list its own targets, create its programmatic sessions, record that a
-  host's upload failed and record its metrics;
+  heartbeat them, list its own targets, take the capture requests left for them (pull
+  delivery, `take_requests`), create its programmatic sessions, record that a host's upload
+  failed and record its metrics;
 - it uploads through signed URLs that allow one `PUT` of exactly
   `<prefix>/<run>/plugins/profile/<session>/<host>.xplane.pb` (`UploadSigner`), so a workload
   never reads, overwrites or deletes any other object.
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mldiag.capture import pull
 from mldiag.errors import MldiagError
 from mldiag.model import (
     CAPTURING,
@@ -44,8 +46,10 @@ from mldiag.settings import Settings
 XPLANE_CONTENT_TYPE = "application/octet-stream"
 # A signed upload URL lives this long: long enough for a 2 GiB upload on a slow link.
 UPLOAD_URL_TTL_S = 3600.0
-# What a workload may change on its own targets after registering them.
-TARGET_UPDATE_FIELDS = frozenset({"last_heartbeat", "pid", "continuous", "continuous_since"})
+# What a workload may change on its own targets after registering them (`last_request` and
+# `last_error` answer a pulled continuous start/stop).
+TARGET_UPDATE_FIELDS = frozenset({"last_heartbeat", "pid", "continuous", "continuous_since",
+                                  "last_request", "last_error"})
 CONTINUOUS_STATES = frozenset({"OFF", "RING", "NATIVE"})
 
 
@@ -184,6 +188,15 @@ def _update_target(body: Mapping[str, Any], caller: str, services: Registrar) ->
     return {"target": updated.to_dict() if updated is not None else None}
 
 
+def _take_requests(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    """The capture requests waiting for one of the caller's targets, taken (pull delivery:
+    mldiag.capture.pull); each goes to exactly one caller."""
+    run = _owned(services, _name("run", body.get("run")), caller)
+    host = _name("host", body.get("host"))
+    taken = pull.take_requests(services.state, run.name, host, services.clock())
+    return {"requests": [r.to_dict() for r in taken]}
+
+
 def _list_targets(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
     run = _name("run", body.get("run"))
     _owned(services, run, caller)
@@ -262,6 +275,7 @@ OPERATIONS: dict[str, Callable[[Mapping[str, Any], str, Registrar], dict[str, An
     "record_metrics": _record_metrics,
     "register_run": _register_run,
     "set_auto_capture": _set_auto_capture,
+    "take_requests": _take_requests,
     "update_target": _update_target,
     "upload_url": _upload_url,
     "upsert_target": _upsert_target,

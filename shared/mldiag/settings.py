@@ -27,7 +27,7 @@ class Settings:
     MLDIAG_IAP_CERTS_URL, MLDIAG_ID_TOKEN_AUDIENCE, MLDIAG_CONSOLE_SECRET, MLDIAG_PUBLIC_URL,
     MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER,
     MLDIAG_CAPTURE_ALLOWED_NETWORKS, MLDIAG_CAPTURE_ALLOWED_PORTS, MLDIAG_CAPTURE_ALLOW_LOOPBACK,
-    MLDIAG_REGISTRATION_URL, MLDIAG_ID_TOKEN_CERTS_URL.
+    MLDIAG_REGISTRATION_URL, MLDIAG_ID_TOKEN_CERTS_URL, MLDIAG_PULL_ANSWER_S, MLDIAG_PULL_POLL_S.
     """
 
     home: Path = Path(".mldiag")
@@ -69,6 +69,11 @@ class Settings:
     target_stale_s: float = 60.0
     # How long a capture waits for a target's profiler that another session holds.
     capture_wait_s: float = 120.0
+    # Pull targets (the mldiag SDK): how long the capture stage waits, past the end of the
+    # capture, for the workload's answer before it fails the host with "no answer"; and how
+    # often the SDK looks for requests.
+    pull_answer_s: float = 60.0
+    pull_poll_s: float = 1.0
     # Collection's memory budget (bytes, or "6G"/"512M"); empty: what the cgroup or host
     # allows. Jobs that would exceed it wait, are skipped, or are stopped (see workers.py).
     memory_budget: str = ""

@@ -25,7 +25,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,6 +39,7 @@ from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.investigator import RuleBasedInvestigator
 from mldiag.analysis.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.capture import pull
 from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.remote import CaptureFailed, ProfilerBusy
@@ -66,8 +67,10 @@ from mldiag.model import (
     CAPTURING,
     FAILED,
     INVESTIGATING,
+    MAX_PENDING_REQUESTS,
     REPORTED,
     XPLANE_SUFFIXES,
+    ControlRequest,
     HostRecord,
     SessionRecord,
     TargetRecord,
@@ -750,7 +753,7 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
         record.state, record.reason = FAILED, (
             f"run {run.name} has no live profiler targets (none registered, or no heartbeat "
             f"within {services.settings.target_stale_s:g} s): start the workload with "
-            "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
+            "mldiag.sdk.machinelearning_run(...)")
         services.state.create_session(record)
         _give_back_reservation(services, msg)
         return
@@ -761,7 +764,8 @@ def on_capture_request(msg: CaptureProfile | ContinuousProfiling, services: Serv
     if stored.state != CAPTURING:
         return
     key = f"capture:{run.name}/{msg.session}"
-    lease = max(services.settings.lease_s, msg.duration_s + _turn_wait_s(services, msg) + 180.0)
+    lease = max(services.settings.lease_s, msg.duration_s + _turn_wait_s(services, msg)
+                + services.settings.pull_answer_s + 180.0)
     with claimed(services, key, lease_s=lease) as mine:
         if not mine:
             return
@@ -783,10 +787,16 @@ def _check_xspace(data: bytes, host: str) -> None:
 
 def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
                  targets: list[TargetRecord]) -> None:
-    """Capture every target in parallel from one start time; keep what succeeds."""
+    """Capture every target in parallel from one start time; keep what succeeds.
+
+    Push targets are called (their profiler server); pull targets get a request in their
+    mailbox and answer with their upload, or their host FAILED, which this waits for."""
     directory = session_dir(prefix, msg.run, msg.session)
-    # One start time for all, far enough ahead that every request reaches its target first.
-    start_at = services.clock() + 0.5 + 0.05 * len(targets)
+    # One start time for all, far enough ahead that every request reaches its target first
+    # (a pull target looks for requests every pull_poll_s).
+    pulled = [t for t in targets if t.pulls]
+    lead = services.settings.pull_poll_s + 0.5 if pulled else 0.5
+    start_at = services.clock() + lead + 0.05 * len(targets)
 
     egress = EgressPolicy.from_settings(services.settings)
     cap = services.settings.max_host_bytes
@@ -801,18 +811,25 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
         return ""
 
     failures: dict[str, str] = {}
-    if targets:
-        # One thread per target: they wait on the network, and all must start together.
-        with ThreadPoolExecutor(len(targets), thread_name_prefix="capture") as pool:
-            futures = {t.host: pool.submit(one, t) for t in targets}
-            for host, future in futures.items():
-                try:
-                    future.result()
-                except MldiagError as e:
-                    failures[host] = f"{host}: {e}"
-                except Exception as e:  # noqa: BLE001 - one host's failure must not lose the rest
-                    log.exception("capture %s/%s: %s", msg.run, msg.session, host)
-                    failures[host] = f"{host}: {type(e).__name__}: {e}"
+    waiting = _ask_pull_targets(services, msg, pulled, start_at, failures)
+    pushed = [t for t in targets if not t.pulls]
+    with ThreadPoolExecutor(max(1, len(pushed)), thread_name_prefix="capture") as pool:
+        # One thread per push target: they wait on the network, and all must start together.
+        futures = {t.host: pool.submit(one, t) for t in pushed}
+        if waiting:
+            unanswered = pull.await_answers(
+                services.state, services.settings, msg.run, waiting,
+                lambda host, _: _host_answered(services, msg, directory, host),
+                services.clock)
+            failures |= {host: f"{host}: {reason}" for host, reason in unanswered.items()}
+        for host, future in futures.items():
+            try:
+                future.result()
+            except MldiagError as e:
+                failures[host] = f"{host}: {e}"
+            except Exception as e:  # noqa: BLE001 - one host's failure must not lose the rest
+                log.exception("capture %s/%s: %s", msg.run, msg.session, host)
+                failures[host] = f"{host}: {type(e).__name__}: {e}"
     for host, reason in failures.items():
         log.warning("capture %s/%s: %s", msg.run, msg.session, reason)
         record = HostRecord(object_name=f"{directory}/{host}.xplane.pb", generation="",
@@ -830,6 +847,37 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
         complete_session(services, s)
 
 
+def _ask_pull_targets(services: Services, msg: CaptureProfile, targets: list[TargetRecord],
+                      start_at: float, failures: dict[str, str]
+                      ) -> dict[str, tuple[ControlRequest, float]]:
+    """Leave each pull target its capture request; host -> (request, deadline) of those that
+    got one (a full mailbox is a failure: the workload is not taking its requests)."""
+    settings = services.settings
+    waiting: dict[str, tuple[ControlRequest, float]] = {}
+    for target in targets:
+        request = pull.capture_request(msg, target, start_at=start_at,
+                                       wait_s=_turn_wait_s(services, msg),
+                                       now=services.clock(), answer_s=settings.pull_answer_s)
+        if services.state.put_request(request, services.clock()):
+            waiting[target.host] = (request, pull.capture_deadline(request,
+                                                                   settings.pull_answer_s))
+        else:
+            failures[target.host] = (
+                f"{target.host}: {MAX_PENDING_REQUESTS} requests already wait for it: the "
+                "workload is not taking its requests (stuck, or gone without a goodbye)")
+    return waiting
+
+
+def _host_answered(services: Services, msg: CaptureProfile, directory: str, host: str) -> bool:
+    """Whether a pull target has answered: its upload is in the bucket (its registration is
+    on_profile_object's, which must not wait behind this stage for a free worker), or it
+    recorded its host FAILED."""
+    if services.storage.stat(f"{directory}/{host}.xplane.pb") is not None:
+        return True
+    s = services.state.get_session(msg.run, msg.session)
+    return s is None or host in s.hosts or s.state != CAPTURING
+
+
 def _give_back_reservation(services: Services, msg: CaptureProfile) -> None:
     """A failed automatic capture does not count for its run's cooldown or hourly cap: an
     alert storm against a busy or dead target must not use up the quota."""
@@ -840,7 +888,7 @@ def _give_back_reservation(services: Services, msg: CaptureProfile) -> None:
 def _uses_profiler(msg: CaptureProfile, target: TargetRecord) -> bool:
     """Whether this capture runs a trace on the target's profiler server, which serves one
     session at a time (snapshots and the ring read what is already recorded)."""
-    return msg.capture == "on_demand" and target.continuous == "OFF"
+    return msg.capture == "on_demand" and target.continuous == "OFF" and not target.pulls
 
 
 def _turn_wait_s(services: Services, msg: CaptureProfile) -> float:
@@ -924,13 +972,50 @@ def continuous(msg: ContinuousProfiling, services: Services) -> None:
                                      continuous_since=since, last_error="",
                                      last_request=msg.request_id)
 
-    with ThreadPoolExecutor(min(16, len(targets)), thread_name_prefix="continuous") as pool:
-        list(pool.map(one, targets))
+    pulled = [t for t in targets if t.pulls]
+    with ThreadPoolExecutor(min(16, max(1, len(targets) - len(pulled))),
+                            thread_name_prefix="continuous") as pool:
+        list(pool.map(one, [t for t in targets if not t.pulls]))
+    if pulled:
+        errors += _continuous_by_pull(services, msg, pulled)
     if len(errors) == len(targets):
         raise PermanentFailure(f"continuous {msg.action} failed on every target: "
                                + "; ".join(errors))
     for error in errors:
         log.warning("continuous %s on run %s: %s", msg.action, run.name, error)
+
+
+def _continuous_by_pull(services: Services, msg: ContinuousProfiling,
+                        targets: list[TargetRecord]) -> list[str]:
+    """Ask pull targets to start or stop their ring and wait for their answers (each writes
+    the request's id, and any error, on its target record); the errors, one per host."""
+    settings = services.settings
+    request_id = msg.request_id or uuid.uuid4().hex
+    msg_ = replace(msg, request_id=request_id)
+    waiting: dict[str, tuple[ControlRequest, float]] = {}
+    errors: list[str] = []
+    by_host = {t.host: t for t in targets}
+    for target in targets:
+        request = pull.continuous_request(msg_, target, now=services.clock(),
+                                          answer_s=settings.pull_answer_s)
+        if services.state.put_request(request, services.clock()):
+            waiting[target.host] = (request, request.created_at + settings.pull_answer_s)
+        else:
+            errors.append(f"{target.host}: {MAX_PENDING_REQUESTS} requests already wait for "
+                          "it: the workload is not taking its requests")
+    unanswered = pull.await_answers(
+        services.state, settings, msg.run, waiting,
+        lambda _, t: t is not None and t.last_request == request_id, services.clock)
+    for host, reason in unanswered.items():
+        t = by_host[host]
+        services.state.update_target(t.run, t.host, t.port,
+                                     last_error=f"continuous {msg.action}: {reason}",
+                                     last_request=request_id)
+        errors.append(f"{host}: {reason}")
+    answered = {t.host: t for t in services.state.list_targets(msg.run)
+                if t.host in waiting and t.host not in unanswered}
+    errors += [f"{h}: {t.last_error}" for h, t in sorted(answered.items()) if t.last_error]
+    return errors
 
 
 HANDLERS: dict[type[Message], Callable[[Any, Services], None]] = {

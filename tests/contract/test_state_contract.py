@@ -18,8 +18,10 @@ from mldiag.model import (
     CAPTURING,
     FAILED,
     INVESTIGATING,
+    MAX_PENDING_REQUESTS,
     REPORTED,
     REQUESTED,
+    ControlRequest,
     HostRecord,
     MetricPoint,
     RunRecord,
@@ -388,6 +390,104 @@ def test_eight_threads_taking_over_an_expired_claim_give_one_winner(state: Subje
     assert s.claim("event#2", "dead", lease_s=1, now=0)
     won = contend(8, lambda i: stores[i % 2].claim("event#2", f"w{i}", lease_s=60, now=5))
     assert sum(won) == 1
+
+
+# Pull targets' requests
+
+
+def request(i: int, host: str = "w0", *, run: str = "r", expires_at: float = 1000.0,
+            created_at: float | None = None) -> ControlRequest:
+    return ControlRequest(id=f"req-{host}-{i}", run=run, host=host, action="on_demand",
+                          session=f"s{i}", created_at=float(i) if created_at is None
+                          else created_at, expires_at=expires_at, start_at=5.0,
+                          duration_s=1.5, wait_s=2.0, options={"host_tracer_level": 3})
+
+
+def test_requests_are_taken_once_oldest_first_and_whole(state: Subject) -> None:
+    s = state.adapter
+    assert s.take_requests("r", "w0", now=1.0) == []
+    for i in (2, 0, 1):
+        assert s.put_request(request(i), now=1.0)
+    assert s.put_request(request(0, host="w1"), now=1.0)
+    assert s.put_request(request(0, run="other"), now=1.0)
+    taken = s.take_requests("r", "w0", now=1.0)
+    assert [r.id for r in taken] == ["req-w0-0", "req-w0-1", "req-w0-2"]
+    assert taken[0] == request(0)  # every field comes back as it went in
+    assert s.take_requests("r", "w0", now=1.0) == []
+    # Other targets' and other runs' mailboxes are their own.
+    assert [r.id for r in s.take_requests("r", "w1", now=1.0)] == ["req-w1-0"]
+    assert [r.run for r in s.take_requests("other", "w0", now=1.0)] == ["other"]
+
+
+def test_a_request_put_twice_is_kept_once(state: Subject) -> None:
+    s = state.adapter
+    assert s.put_request(request(0), now=1.0) and s.put_request(request(0), now=1.0)
+    assert len(s.take_requests("r", "w0", now=1.0)) == 1
+
+
+def test_expired_requests_are_never_taken(state: Subject) -> None:
+    s = state.adapter
+    assert s.put_request(request(0, expires_at=10.0), now=1.0)
+    assert s.put_request(request(1, expires_at=30.0), now=1.0)
+    assert [r.id for r in s.take_requests("r", "w0", now=20.0)] == ["req-w0-1"]
+    assert s.put_request(request(2, expires_at=10.0), now=1.0)
+    assert s.take_requests("r", "w0", now=10.0) == []  # expired at exactly expires_at
+
+
+def test_a_mailbox_holds_a_bounded_number_of_live_requests(state: Subject) -> None:
+    s = state.adapter
+    for i in range(MAX_PENDING_REQUESTS):
+        assert s.put_request(request(i, expires_at=50.0), now=1.0)
+    assert not s.put_request(request(99, expires_at=50.0), now=1.0)
+    assert s.put_request(request(0, expires_at=50.0), now=1.0)  # already there: still true
+    # Once the pending ones expire, there is room again.
+    assert s.put_request(request(100, expires_at=90.0), now=60.0)
+    assert [r.id for r in s.take_requests("r", "w0", now=61.0)] == ["req-w0-100"]
+
+
+def test_a_withdrawn_request_is_never_taken(state: Subject) -> None:
+    s = state.adapter
+    for i in range(3):
+        assert s.put_request(request(i), now=1.0)
+    assert s.withdraw_request("r", "w0", "req-w0-1")
+    assert not s.withdraw_request("r", "w0", "req-w0-1")
+    assert not s.withdraw_request("r", "w1", "req-w0-0")  # another mailbox
+    assert [r.id for r in s.take_requests("r", "w0", now=1.0)] == ["req-w0-0", "req-w0-2"]
+    assert not s.withdraw_request("r", "w0", "req-w0-0")  # taken
+
+
+def test_bad_requests_are_refused(state: Subject) -> None:
+    s = state.adapter
+    for bad, why in (({"host": "a/b"}, "host"), ({"action": "reboot"}, "unknown request"),
+                     ({"session": ""}, "needs a session"), ({"id": ""}, "request id")):
+        fields = {**request(0).to_dict(), **bad}
+        with pytest.raises(ValueError, match=why):
+            s.put_request(ControlRequest(**fields), now=1.0)
+
+
+def test_two_pollers_serve_each_request_exactly_once(state: Subject) -> None:
+    s, stores = state.adapter, (state.adapter, state.twin)
+    for i in range(MAX_PENDING_REQUESTS):
+        assert s.put_request(request(i), now=1.0)
+    taken = contend(8, lambda i: [r.id for r in stores[i % 2].take_requests("r", "w0",
+                                                                            now=1.0)])
+    ids = [i for batch in taken for i in batch]
+    assert sorted(ids) == sorted(f"req-w0-{i}" for i in range(MAX_PENDING_REQUESTS))
+
+
+def test_puts_racing_a_poller_lose_no_request(state: Subject) -> None:
+    stores = (state.adapter, state.twin)
+    seen: list[str] = []
+
+    def work(i: int) -> None:
+        if i % 2:
+            seen.extend(r.id for r in stores[0].take_requests("r", "w0", now=1.0))
+        else:
+            assert stores[1].put_request(request(i), now=1.0)
+
+    contend(8, work)
+    seen.extend(r.id for r in state.adapter.take_requests("r", "w0", now=1.0))
+    assert sorted(seen) == [f"req-w0-{i}" for i in range(0, 8, 2)]
 
 
 # Failure counters and dead letters

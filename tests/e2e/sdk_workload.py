@@ -1,9 +1,11 @@
 """A JAX job that uses mldiag.sdk, for the capture tests (run as a subprocess).
 
-    python sdk_workload.py --run R [--port P] [--programmatic SESSION] [--seconds S] [--busy S]
+    python sdk_workload.py --run R [--port P] [--no-server] [--programmatic SESSION]
+                           [--seconds S] [--busy S]
 
-It registers the run (host name from $MLDIAG_HOST_NAME), serves on-demand captures on
-`--port`, and trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
+It registers the run (host name from $MLDIAG_HOST_NAME), takes its capture requests by pull,
+runs JAX's profiler server on `--port` unless `--no-server` (on_demand_xprof=False), and
+trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
 `--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`. With
 `--busy S` its own `jax.profiler.start_trace` holds the profiler for the first S seconds (what
 a user's `jax.profiler.trace` does), so remote captures meet a busy profiler.
@@ -32,13 +34,14 @@ def main() -> int:
     parser.add_argument("--process-index-list", default="")
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--busy", type=float, default=0.0)
+    parser.add_argument("--no-server", action="store_true")
     parser.add_argument("--wait-targets", type=int, default=1,
                         help="start the programmatic capture once this many targets are live "
                         "(what jax.distributed's start-up barrier gives a real multi-host job)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    run = machinelearning_run(name=args.run, on_demand_xprof=True, port=args.port,
-                              heartbeat_s=1.0)
+    run = machinelearning_run(name=args.run, on_demand_xprof=not args.no_server,
+                              port=args.port, heartbeat_s=1.0)
     busy_until = 0.0
     if args.busy:
         jax.profiler.start_trace(tempfile.mkdtemp(prefix="busy-"))

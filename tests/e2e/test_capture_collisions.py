@@ -1,5 +1,6 @@
-"""Captures that meet a busy profiler, with a real JAX process: a second capture waits its
-turn, a profiler held by the workload itself is named as such, never "unreachable"."""
+"""Captures that meet a busy profiler, with a real JAX process (an SDK target, which runs
+its pulled captures itself): a second capture waits its turn, a profiler held by the workload
+itself is named as such, never "unreachable"."""
 
 from __future__ import annotations
 
@@ -59,8 +60,10 @@ def test_a_busy_profiler_is_named_and_captures_wait_their_turn(
     bus.publish(CaptureProfile(run=RUN, session="busy", duration_s=0.5))
     host = host_of(runtime, "busy")
     assert host.status == "FAILED"
-    assert "another profiling session is active on" in host.reason
-    assert "ALREADY_EXISTS" in host.reason and "unreachable" not in host.reason
+    # The SDK tried its own profiler for the request's 1 s and says who holds it.
+    assert "another profiling session is active on w0" in host.reason
+    assert "Only one profile may be run at a time" in host.reason
+    assert "unreachable" not in host.reason and "no answer" not in host.reason
     s = runtime.state.get_session(RUN, "busy")
     assert s is not None and s.state == FAILED
     # Waiting long enough, a capture gets the profiler once the workload lets it go.

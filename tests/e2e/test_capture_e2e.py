@@ -1,5 +1,8 @@
 """Capture with real JAX processes using the SDK: on-demand, continuous snapshots, programmatic
-capture, CLI errors, and the demo (degradation → alert → auto-capture → report)."""
+capture, CLI errors, and the demo (degradation → alert → auto-capture → report).
+
+SDK targets take their requests by pull: nothing connects into them, they keep no secret in
+the state store, and a workload that stops answering is reported as such."""
 
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.cli.main import main
+from mldiag.messages import CaptureProfile
 from mldiag.model import FAILED, REPORTED, SessionRecord, TargetRecord
 from mldiag.settings import Settings
 
@@ -202,15 +207,123 @@ def test_demo_names_the_injected_stall_at_p0_and_cleans_up(tmp_path: Path) -> No
 def test_tpu_targets_use_xprofs_native_continuous_profiling(
         runtime: LocalRuntime, launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
     # xprof's native continuous profiling is TPU-only: on a CPU profiler server it answers OK
-    # and records nothing. Posing as a TPU target drives the native path against a real server
-    # and shows that an empty native snapshot fails the host with the reason.
+    # and records nothing. A plain profiler server (a push target, no SDK) posing as a TPU
+    # drives the native path against a real server (the workload's own JAX server) and shows
+    # that an empty native snapshot fails the host with the reason.
     launch("w0")
-    (target,) = runtime.state.list_targets(RUN)
-    runtime.state.update_target(RUN, target.host, target.port, platform="tpu")
-    assert cli(runtime, "continuous", "start", "--run", RUN) == 0
-    assert runtime.state.list_targets(RUN)[0].continuous == "NATIVE"
-    assert cli(runtime, "capture", "nat1", "--run", RUN, "--kind", "snapshot") == 1
+    (sdk,) = runtime.state.list_targets(RUN)
+    runtime.state.upsert_target(TargetRecord(run=RUN, host="tpu0", port=sdk.port,
+                                             platform="tpu", last_heartbeat=time.time() + 600))
+    args = ("--run", RUN, "--targets", "tpu0")
+    assert cli(runtime, "continuous", "start", *args) == 0
+    assert pushed(runtime, "tpu0").continuous == "NATIVE"
+    assert cli(runtime, "capture", "nat1", *args, "--kind", "snapshot") == 1
     s = finished(runtime, "nat1")
-    assert s.state == FAILED and "wrote no .xplane.pb" in s.hosts["w0"].reason
-    assert cli(runtime, "continuous", "stop", "--run", RUN) == 0
-    assert runtime.state.list_targets(RUN)[0].continuous == "OFF"
+    assert s.state == FAILED and "wrote no .xplane.pb" in s.hosts["tpu0"].reason
+    assert cli(runtime, "continuous", "stop", *args) == 0
+    assert pushed(runtime, "tpu0").continuous == "OFF"
+
+
+def test_a_plain_profiler_server_is_still_captured_by_push_within_the_byte_cap(
+        runtime: LocalRuntime, launch: Launch) -> None:
+    # A workload without the SDK: only JAX's profiler server (here the one a workload runs
+    # with on_demand_xprof=True), registered as a push target.
+    launch("w0")
+    (sdk,) = runtime.state.list_targets(RUN)
+    runtime.state.upsert_target(TargetRecord(run=RUN, host="plain0", port=sdk.port,
+                                             last_heartbeat=time.time() + 600))
+    assert cli(runtime, "capture", "push1", "--run", RUN, "--targets", "plain0",
+               "--duration", "1s") == 0
+    s = finished(runtime, "push1")
+    assert s.state == REPORTED and s.hosts["plain0"].status == "ARRIVED"
+    # The answer is capped before it is read.
+    runtime.services.settings = replace(runtime.services.settings, max_host_bytes=1024)
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="push-big", duration_s=0.5,
+                                                targets=["plain0"]))
+    s = finished(runtime, "push-big")
+    assert s.state == FAILED and "over the 1,024-byte cap" in s.hosts["plain0"].reason
+
+
+def pushed(runtime: LocalRuntime, host: str) -> TargetRecord:
+    (target,) = [t for t in runtime.state.list_targets(RUN) if t.host == host]
+    return target
+
+
+def listening_ports(pid: int) -> set[int]:
+    """The TCP ports process `pid` listens on (from /proc: its sockets in LISTEN state)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: LISTEN
+                ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def test_sdk_targets_pull_their_captures_and_expose_nothing(
+        runtime: LocalRuntime, launch: Launch, capsys: pytest.CaptureFixture[str]) -> None:
+    proc = launch("w0", "--no-server")
+    (target,) = runtime.state.list_targets(RUN)
+    assert target.delivery == "pull"
+    # No secret at rest: the stored record carries no control endpoint or token at all.
+    rows = runtime.state.connection().execute("SELECT data FROM targets").fetchall()
+    stored = json.loads(rows[0][0])
+    assert stored["control_token"] == "" and stored["control_port"] == 0
+    # Nothing listens in the workload: no control endpoint, and (without on_demand_xprof) no
+    # profiler server.
+    assert listening_ports(proc.pid) == set()
+    assert cli(runtime, "capture", "od-pull", "--run", RUN, "--duration", "1s") == 0
+    s = finished(runtime, "od-pull")
+    assert s.state == REPORTED and s.hosts["w0"].status == "ARRIVED"
+    assert (runtime.storage.root / RUN / "plugins/profile/od-pull/w0.xplane.pb").is_file()
+    assert cli(runtime, "targets", "list", "--run", RUN) == 0
+    out = capsys.readouterr().out
+    assert "DELIVERY" in out and " pull " in out
+    assert listening_ports(proc.pid) == set()
+
+
+def test_a_capture_the_workload_cannot_take_fails_its_host_with_the_workloads_reason(
+        runtime: LocalRuntime, launch: Launch) -> None:
+    launch("w0", "--no-server")
+    # Past the CLI's check, the request reaches the workload, which has no ring to cut from.
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="snap-off", capture="snapshot"))
+    s = finished(runtime, "snap-off")
+    assert s.state == FAILED
+    assert s.hosts["w0"].reason.startswith("w0: continuous profiling is off on w0")
+    assert "no answer" not in s.reason
+
+
+def test_a_workload_that_stopped_answering_fails_its_host_and_never_serves_the_request(
+        runtime: LocalRuntime, launch: Launch) -> None:
+    launch("w0", "--no-server")
+    stuck = launch("w1", "--no-server")
+    dead = launch("w2", "--no-server")
+    os.kill(stuck.pid, signal.SIGSTOP)  # alive, but takes nothing (its heartbeat stops too)
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait()
+    started = time.monotonic()
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="gone", duration_s=1.0,
+                                                targets=["w0", "w1", "w2"]))
+    s = finished(runtime, "gone")
+    assert s.state == REPORTED, s.reason
+    assert {h: r.status for h, r in s.hosts.items()} == {
+        "w0": "ARRIVED", "w1": "FAILED", "w2": "FAILED"}
+    assert s.hosts["w1"].reason.startswith("w1: no answer from w1 within ")
+    assert "it never took the request, last heartbeat" in s.hosts["w1"].reason
+    assert s.hosts["w2"].reason.startswith("w2: no answer from w2 within ")
+    assert f"its process {dead.pid} is gone" in s.hosts["w2"].reason
+    assert time.monotonic() - started < 30  # told by the heartbeat, not the full deadline
+    # Woken up, the workload finds its request expired: it never uploads that capture.
+    os.kill(stuck.pid, signal.SIGCONT)
+    wait_for("w1's heartbeat", lambda: time.time() - pushed(runtime, "w1").last_heartbeat < 1.5)
+    time.sleep(2.0)  # more than one poll
+    assert not (runtime.storage.root / RUN / "plugins/profile/gone/w1.xplane.pb").exists()
+    assert runtime.state.take_requests(RUN, "w1", time.time()) == []

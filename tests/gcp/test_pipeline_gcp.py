@@ -288,7 +288,8 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
         deployment: Deployment) -> None:
     """The SDK on MLDIAG_BACKEND=gcp registers its run and target in Firestore; a workload-
     monitoring alert on degradation-alerts becomes, through the functions, an on-demand
-    capture of that process, uploaded to the bucket and analysed there."""
+    capture request that the process takes from Firestore, runs, and uploads to the bucket,
+    where it is analysed."""
     import os
     import signal
     import socket
@@ -310,7 +311,9 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
         target = wait_for(lambda: next((t for t in deployment.state.list_targets(run)
                                         if t.pid == proc.pid), None),
                           "the SDK to register its target in Firestore", timeout=120)
-        assert (target.host, target.platform, target.control_port > 0) == ("w0", "cpu", True)
+        # It takes its capture requests from Firestore itself: no endpoint, no token stored.
+        assert (target.host, target.platform, target.delivery) == ("w0", "cpu", "pull")
+        assert (target.control_port, target.control_token) == (0, "")
         deployment.state.set_auto_capture(run, AutoCapturePolicy(
             enabled=True, kind="on_demand", duration_s=1.0).to_dict())
         alert = {"type": "PERFORMANCE_DEGRADATION", "startTime": "2026-11-29T12:00:00Z",

@@ -36,6 +36,7 @@ from mldiag.adapters.gcp.state import FirestoreStateStore
 from mldiag.bootstrap import control_plane
 from mldiag.model import (
     CAPTURING,
+    ControlRequest,
     HostRecord,
     MetricPoint,
     RunRecord,
@@ -197,6 +198,9 @@ def test_another_workload_cannot_read_or_change_that_run(function: dict[str, Any
     alice.register_run(RunRecord(name="shared-name"))
     alice.upsert_target(target("shared-name"))
     alice_storage.write_bytes("shared-name/plugins/profile/s1/host0.xplane.pb", b"alice's")
+    function["state"].put_request(ControlRequest(
+        id="alice-req", run="shared-name", host="host0", action="snapshot", session="s5",
+        created_at=time.time(), expires_at=time.time() + 600), time.time())
     bob, bob_storage = workload(function, BOB)
 
     attempts: dict[str, Callable[[], Any]] = {
@@ -216,6 +220,7 @@ def test_another_workload_cannot_read_or_change_that_run(function: dict[str, Any
             "shared-name/plugins/profile/s2/bob.xplane.pb", b"bob's"),
         "record metrics": lambda: bob.record_metrics("shared-name", [
             MetricPoint(name="loss", at=0.0, value=1.0)]),
+        "take its capture requests": lambda: bob.take_requests("shared-name", "host0", 0.0),
     }
     for what, attempt in attempts.items():
         with pytest.raises(RegistrationRefused) as refused:
@@ -229,6 +234,8 @@ def test_another_workload_cannot_read_or_change_that_run(function: dict[str, Any
         ("host0", True)]
     assert state.get_session("shared-name", "s9") is None
     assert state.list_metrics("shared-name") == []
+    # Alice's request still waits for her, and only she takes it.
+    assert [r.id for r in alice.take_requests("shared-name", "host0", 0.0)] == ["alice-req"]
     assert _download(function, "shared-name/plugins/profile/s1/host0.xplane.pb") == b"alice's"
     # Bob's own run works as Alice's does.
     bob.register_run(RunRecord(name="bob-run"))
@@ -345,7 +352,8 @@ def test_the_sdk_registers_heartbeats_and_uploads_through_the_function(
                         lambda audience: id_token(key, ALICE, audience))
     monkeypatch.setenv("MLDIAG_TARGET_ADDRESS", "127.0.0.1")
     settings = Settings(backend="gcp", project=emu.project, bucket=BUCKET,
-                        topic_prefix="tenancy-", registration_url=function["url"])
+                        topic_prefix="tenancy-", registration_url=function["url"],
+                        pull_poll_s=0.2)
     run = machinelearning_run("sdk-run", gcs_path=f"gs://{BUCKET}/team", settings=settings,
                               host_name="worker0", monitor=False, heartbeat_s=0.2)
     try:
@@ -362,6 +370,16 @@ def test_the_sdk_registers_heartbeats_and_uploads_through_the_function(
         while state.list_targets("sdk-run")[0].last_heartbeat == first:
             assert time.time() < deadline, "no heartbeat reached the state store"
             time.sleep(0.1)
+        # A pulled request, taken through the function and answered on the target.
+        now = time.time()
+        assert state.put_request(ControlRequest(
+            id="start-1", run="sdk-run", host="worker0", action="continuous_start",
+            created_at=now, expires_at=now + 60, options={"window_s": 0.5}), now)
+        deadline = time.time() + 30
+        while (t := state.list_targets("sdk-run")[0]).last_request != "start-1":
+            assert time.time() < deadline, "the SDK did not take its request"
+            time.sleep(0.1)
+        assert (t.continuous, t.last_error, t.control_token) == ("RING", "", "")
     finally:
         run.close()
     assert state.list_targets("sdk-run")[0].last_heartbeat == 0.0  # marked stopped

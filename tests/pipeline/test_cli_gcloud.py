@@ -42,7 +42,6 @@ def rt(make_runtime: MakeRuntime, listener: int) -> LocalRuntime:
     runtime = make_runtime()
     runtime.state.ensure_run(RUN, discovered=False)
     runtime.state.upsert_target(TargetRecord(run=RUN, host="h0", port=listener,
-                                             control_port=listener, control_token="t",
                                              last_heartbeat=time.time() + 3600))
     return runtime
 

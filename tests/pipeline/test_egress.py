@@ -1,8 +1,9 @@
 """The capture stage cannot be aimed: a target record is workload-written data.
 
 Reproduces the attack the review found on loopback: a target record pointing at a server
-that answers 302 to an internal service. That service must receive nothing (no request, no
-bearer token), and the bucket must hold nothing but profiles."""
+that answers 302 to an internal service. SDK targets now take their requests by pull and
+mldiag has no control-endpoint client, so that service receives nothing (no request, no
+bearer token), and the bucket holds nothing but profiles."""
 
 from __future__ import annotations
 
@@ -61,12 +62,11 @@ def internal() -> Iterator[tuple[ThreadingHTTPServer, type]]:
     server.shutdown()
 
 
-def _capture(rt: Any, address: str, port: int, session: str) -> Any:
+def _capture(rt: Any, address: str, port: int, session: str, **record: Any) -> Any:
     rt.state.ensure_run(RUN, discovered=False)
-    rt.state.upsert_target(TargetRecord(run=RUN, host="h0", port=closed_port(),
-                                        address=address, control_port=port,
-                                        control_token="victim-token", continuous="RING",
-                                        last_heartbeat=time.time() + 3600))
+    rt.state.upsert_target(TargetRecord(run=RUN, host="h0", address=address,
+                                        last_heartbeat=time.time() + 3600,
+                                        **{"port": port, **record}))
     rt.start()
     rt.services.bus.publish(CaptureProfile(run=RUN, session=session, duration_s=0.2))
     s = wait_until(lambda: (x := rt.state.get_session(RUN, session)) and x.state == FAILED
@@ -82,42 +82,23 @@ def closed_port() -> int:
         return int(s.getsockname()[1])
 
 
-def test_a_redirect_is_refused_and_the_token_reaches_nobody_else(
+def test_an_old_records_control_endpoint_is_never_called_and_its_token_goes_nowhere(
         make_runtime: MakeRuntime, internal: tuple[ThreadingHTTPServer, type]) -> None:
+    # The attack the review reproduced: a record whose control endpoint answers 302 to an
+    # internal service. mldiag no longer has a control-endpoint client at all.
     inner, inner_seen = internal
     location = f"http://127.0.0.1:{inner.server_address[1]}/admin/export"
     evil, evil_seen = serve((302, {"Location": location}, b""))
     try:
         rt = make_runtime()
-        s = _capture(rt, "127.0.0.1", evil.server_address[1], "redirected")
+        s = _capture(rt, "127.0.0.1", closed_port(), "redirected",
+                     control_port=evil.server_address[1], control_token="victim-token",
+                     continuous="RING")
     finally:
         evil.shutdown()
-    assert "redirect refused" in s.reason and "302" in s.reason
-    assert inner_seen.seen == []  # the internal service received nothing, token or not
-    assert [p for _, p, _ in evil_seen.seen] == ["/capture"]
+    assert "from before pull delivery" in s.reason and "no longer connects" in s.reason
+    assert evil_seen.seen == [] and inner_seen.seen == []  # nobody was called, token or not
     assert not [o for o in rt.storage.list(f"{RUN}/") if o.name.endswith(".xplane.pb")]
-
-
-def test_an_answer_that_is_not_a_profile_is_never_stored(make_runtime: MakeRuntime) -> None:
-    evil, _ = serve((200, {"Content-Type": "text/plain"}, b"SECRET internal export" * 100))
-    try:
-        rt = make_runtime()
-        s = _capture(rt, "127.0.0.1", evil.server_address[1], "not-a-profile")
-    finally:
-        evil.shutdown()
-    assert "not a profile, nothing was stored" in s.reason
-    assert rt.storage.list(f"{RUN}/") == [] or not [
-        o for o in rt.storage.list(f"{RUN}/") if o.name.endswith(".xplane.pb")]
-
-
-def test_an_oversized_answer_is_cut_off_at_the_cap(make_runtime: MakeRuntime) -> None:
-    evil, _ = serve((200, {"Content-Length": str(10 * 1024**3)}, b""))
-    try:
-        rt = make_runtime(max_host_bytes=1024**2)
-        s = _capture(rt, "127.0.0.1", evil.server_address[1], "oversized")
-    finally:
-        evil.shutdown()
-    assert "over the 1,048,576-byte cap" in s.reason
 
 
 def test_metadata_link_local_and_public_addresses_are_refused(
@@ -144,7 +125,7 @@ def test_metadata_link_local_and_public_addresses_are_refused(
     assert wide.check("203.0.113.7", 9999) == "203.0.113.7"
 
 
-def test_targets_list_never_prints_the_control_token(
+def test_targets_list_never_prints_an_old_records_control_token(
         make_runtime: MakeRuntime, capsys: pytest.CaptureFixture[str]) -> None:
     from mldiag.cli.main import main
 

@@ -210,7 +210,7 @@ def test_a_metric_only_run_does_not_profile(sdk_home: Path,
     assert run.wait_uploads(timeout=10) == []
     assert sdk_state.get_session("r", "nothing") is None
     # Nothing to capture from: no target for on-demand captures to pick or sessions to wait on.
-    assert sdk_state.list_targets("r") == [] and run.control is None
+    assert sdk_state.list_targets("r") == [] and run.puller is None
     metrics.record(MetricType.LOSS, 0.25, step=3)
     flush_to(run)
     assert [(p.name, p.value) for p in sdk_state.list_metrics("r")] == [("loss", 0.25)]

@@ -1,9 +1,9 @@
 """Reaching a target's profiler: xprof's remote trace and native continuous-profiling APIs.
 
-Both talk gRPC to the profiler server that `jax.profiler.start_server(port)` (the SDK's
-`on_demand_xprof=True`) runs inside the workload. The native continuous-profiling API works
-on TPU only: on CPU it answers OK and records nothing, so the capture stage uses it only for
-TPU targets and the SDK's ring buffer everywhere else.
+Both talk gRPC to the profiler server that `jax.profiler.start_server(port)` runs inside a
+push target (a workload without the mldiag SDK; SDK targets pull their requests instead). The
+native continuous-profiling API works on TPU only: on CPU it answers OK and records nothing,
+so the capture stage uses it only for TPU push targets.
 
 A busy profiler (another session holds it) and a dead one raise the same error in xprof's
 client; a server that still accepts connections is the busy one (`ProfilerBusy`).
@@ -52,11 +52,15 @@ def _plugin() -> Any:
     return _pywrap_profiler_plugin
 
 
-def _read_single_xplane(logdir: Path, what: str) -> bytes:
+def _read_single_xplane(logdir: Path, what: str, max_bytes: int | None = None) -> bytes:
     found = sorted(logdir.glob("plugins/profile/*/*.xplane.pb")) + sorted(
         logdir.glob("*.xplane.pb"))
     if not found:
         raise CaptureFailed(f"{what}: the profiler wrote no .xplane.pb")
+    size = found[-1].stat().st_size
+    if max_bytes is not None and size > max_bytes:
+        raise CaptureFailed(f"{what}: answer of {size:,} bytes is over the {max_bytes:,}-byte "
+                            "cap")
     data = found[-1].read_bytes()
     if not data:
         # A known failure of long captures: the file exists and holds nothing.
@@ -78,8 +82,9 @@ def _classify(service_addr: str, e: RuntimeError) -> CaptureFailed:
 
 def remote_trace(service_addr: str, duration_s: float, *, delay_s: float = 0.0,
                  host_tracer_level: int = 2, device_tracer_level: int = 1,
-                 python_tracer_level: int = 0) -> bytes:
-    """Trace the target for `duration_s`, starting `delay_s` from now; the xplane bytes."""
+                 python_tracer_level: int = 0, max_bytes: int | None = None) -> bytes:
+    """Trace the target for `duration_s`, starting `delay_s` from now; the xplane bytes
+    (CaptureFailed over `max_bytes`)."""
     options = {"host_tracer_level": host_tracer_level,
                "device_tracer_level": device_tracer_level,
                "python_tracer_level": python_tracer_level,
@@ -90,7 +95,7 @@ def remote_trace(service_addr: str, duration_s: float, *, delay_s: float = 0.0,
                             options)
         except RuntimeError as e:
             raise _classify(service_addr, e) from e
-        return _read_single_xplane(Path(tmp), f"remote trace of {service_addr}")
+        return _read_single_xplane(Path(tmp), f"remote trace of {service_addr}", max_bytes)
 
 
 def native_start(service_addr: str, *, duration_ms: int = 2000, host_tracer_level: int = 2,
@@ -113,11 +118,11 @@ def native_stop(service_addr: str) -> None:
         raise _classify(service_addr, e) from e
 
 
-def native_snapshot(service_addr: str) -> bytes:
+def native_snapshot(service_addr: str, max_bytes: int | None = None) -> bytes:
     """The target's continuous-profiling buffer, as xplane bytes."""
     with tempfile.TemporaryDirectory(prefix="mldiag-snapshot-") as tmp:
         try:
             _plugin().get_snapshot(service_addr, tmp)
         except RuntimeError as e:
             raise _classify(service_addr, e) from e
-        return _read_single_xplane(Path(tmp), f"snapshot of {service_addr}")
+        return _read_single_xplane(Path(tmp), f"snapshot of {service_addr}", max_bytes)

@@ -42,7 +42,7 @@ def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[
     targets = plane.state.list_targets(run)
     if not targets:
         raise MldiagError(f"run {run!r} has no profiler targets: start the workload with "
-                          "mldiag.sdk.machinelearning_run(..., on_demand_xprof=True)")
+                          "mldiag.sdk.machinelearning_run(...)")
     unknown = sorted(set(hosts) - {t.host for t in targets})
     if unknown:
         raise MldiagError(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
@@ -55,6 +55,8 @@ def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None
     why = liveness(t, plane.settings)
     if why:
         return f"target down: {t.host} ({t.address}:{t.port}) {why}"
+    if t.pulls:
+        return ""  # it takes its requests itself: there is nothing to connect to
     why = reachable(t.address, port or t.port)
     if why:
         return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"
@@ -89,8 +91,7 @@ def capture_request(plane: ControlPlane, run: str, session: str, *, kind: str = 
             down.append(f"continuous profiling is off on {t.host}: nothing to snapshot (run "
                         f"`mldiag continuous start --run {t.run}`)")
             continue
-        port = t.control_port if t.continuous == "RING" else t.port
-        reason = target_down(plane, t, port=port)
+        reason = target_down(plane, t)
         if reason:
             down.append(reason)
     if len(down) == len(targets):
@@ -119,8 +120,7 @@ def continuous_request(plane: ControlPlane, run: str, action: str, *,
             limits.check_ring_bytes(options["max_bytes"])
     run_record = get_run(plane, run)
     targets = select_targets(plane, run_record.name, hosts)
-    down = [r for r in (target_down(plane, t, port=t.control_port or t.port)
-                        for t in targets) if r]
+    down = [r for r in (target_down(plane, t) for t in targets) if r]
     if len(down) == len(targets):
         raise MldiagError("; ".join(down))
     # The stage acts on the newest record of each host; wait for exactly those.

@@ -1,12 +1,16 @@
 """One capture on one target, by whichever means the target offers.
 
+Pull targets (the mldiag SDK) are never connected to: `mldiag.capture.pull` leaves them a
+request. A push target is a plain `jax.profiler.start_server` reached through the egress
+policy:
+
 | request | target's continuous state | how |
 |---|---|---|
 | on-demand | OFF | xprof remote trace on the profiler server, from the aligned start |
-| on-demand | RING | the SDK's control endpoint serves the next `duration` from its ring |
-| snapshot | RING | the SDK's control endpoint: the newest windows, no waiting |
+| on-demand | NATIVE | the native buffer after `duration` (TPU) |
 | snapshot | NATIVE | xprof's continuous-profiling snapshot (TPU) |
 | snapshot | OFF | fails: nothing is being recorded |
+| any | RING | fails: an SDK from before pull delivery; mldiag does not call its endpoint |
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import TargetRecord
 
 if TYPE_CHECKING:
-    from mldiag.capture.client import TargetClient
     from mldiag.settings import Settings
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -58,17 +61,11 @@ def liveness(target: TargetRecord, settings: Settings, now: float | None = None)
     return ""
 
 
-def _client(target: TargetRecord, timeout_s: float, egress: EgressPolicy | None,
-            max_bytes: int) -> TargetClient:
-    from mldiag.capture.client import TargetClient
-
-    if not target.control_port:
-        raise remote.CaptureFailed(
-            f"target {target.host} has no mldiag control endpoint (registered by another "
-            "SDK?): continuous profiling needs mldiag.sdk.machinelearning_run")
-    ip = egress.check(target.address, target.control_port) if egress else None
-    return TargetClient(target.address, target.control_port, target.control_token,
-                        timeout_s=timeout_s, ip=ip, max_bytes=max_bytes)
+def _legacy(target: TargetRecord) -> remote.CaptureFailed:
+    return remote.CaptureFailed(
+        f"target {target.host} was registered by an mldiag SDK from before pull delivery (its "
+        "ring is behind a control endpoint, which mldiag no longer connects to): restart the "
+        "workload with this SDK, which takes its requests itself")
 
 
 def _profiler(target: TargetRecord, egress: EgressPolicy | None) -> str:
@@ -81,51 +78,55 @@ def _profiler(target: TargetRecord, egress: EgressPolicy | None) -> str:
 
 def capture(target: TargetRecord, msg: CaptureProfile, start_at: float, *,
             egress: EgressPolicy | None = None, max_bytes: int = 2 * 1024**3) -> bytes:
-    """The target's xplane for this request; raises an MldiagError with the reason.
+    """The xplane of a push target (its profiler server) for this request; raises an
+    MldiagError with the reason. Pull targets are asked through `mldiag.capture.pull`.
 
     With `egress`, the target's address is checked (and pinned) before any connection."""
-    def client(timeout_s: float) -> TargetClient:
-        return _client(target, timeout_s, egress, max_bytes)
-
+    if target.pulls:
+        raise ValueError(f"target {target.host} takes its requests itself (pull delivery)")
+    if target.continuous == "RING":
+        raise _legacy(target)
     if msg.capture == "snapshot":
         if target.continuous == "NATIVE":
-            return remote.native_snapshot(_profiler(target, egress))
-        if target.continuous != "RING":
-            raise remote.CaptureFailed(
-                f"target {target.host}: continuous profiling is off, so there is no snapshot "
-                f"to take (start it with `mldiag continuous start --run {target.run}`)")
-        return client(60.0).snapshot(msg.duration_s)
-    if target.continuous == "RING":
-        # The profiler is busy with the ring: serve the request from it instead of refusing.
-        ring = client(msg.duration_s + 90.0)
-        time.sleep(max(0.0, start_at - time.time()))
-        return ring.capture(msg.duration_s)
+            return remote.native_snapshot(_profiler(target, egress), max_bytes)
+        raise remote.CaptureFailed(
+            f"target {target.host}: continuous profiling is off, so there is no snapshot "
+            f"to take (start it with `mldiag continuous start --run {target.run}`)")
     if target.continuous == "NATIVE":
         addr = _profiler(target, egress)
         time.sleep(max(0.0, start_at - time.time()) + msg.duration_s)
-        return remote.native_snapshot(addr)
+        return remote.native_snapshot(addr, max_bytes)
     return remote.remote_trace(
         _profiler(target, egress), msg.duration_s, delay_s=max(0.0, start_at - time.time()),
         host_tracer_level=msg.host_tracer_level, device_tracer_level=msg.device_tracer_level,
-        python_tracer_level=msg.python_tracer_level)
+        python_tracer_level=msg.python_tracer_level, max_bytes=max_bytes)
 
 
 def set_continuous(target: TargetRecord, msg: ContinuousProfiling, *,
                    egress: EgressPolicy | None = None) -> str:
-    """Start or stop continuous profiling on a target; returns its new state."""
+    """Start or stop continuous profiling on a push target; returns its new state.
+
+    A plain profiler server has only xprof's native continuous profiling, which is TPU-only;
+    elsewhere the SDK's ring is the way, asked for by pull."""
+    if target.pulls:
+        raise ValueError(f"target {target.host} takes its requests itself (pull delivery)")
     levels: dict[str, Any] = {"host_tracer_level": msg.host_tracer_level,
                               "device_tracer_level": msg.device_tracer_level,
                               "python_tracer_level": msg.python_tracer_level}
     if msg.action == "start":
-        if target.platform == "tpu":
-            remote.native_start(_profiler(target, egress),
-                                duration_ms=int(msg.window_s * 1000), **levels)
-            return "NATIVE"
-        _client(target, 30.0, egress, 1024**2).start_continuous(
-            window_s=msg.window_s, max_bytes=msg.max_bytes, **levels)
-        return "RING"
+        if target.continuous == "RING":
+            raise _legacy(target)
+        if target.platform != "tpu":
+            platform = target.platform or "an unknown platform"
+            raise remote.CaptureFailed(
+                f"target {target.host} is a plain profiler server on {platform}: xprof's "
+                "native continuous profiling works on TPU only; run the workload with "
+                "mldiag.sdk.machinelearning_run for its ring")
+        remote.native_start(_profiler(target, egress), duration_ms=int(msg.window_s * 1000),
+                            **levels)
+        return "NATIVE"
     if target.continuous == "NATIVE":
         remote.native_stop(_profiler(target, egress))
-    else:
-        _client(target, 30.0, egress, 1024**2).stop_continuous()
+    elif target.continuous == "RING":
+        raise _legacy(target)
     return "OFF"

@@ -1,5 +1,6 @@
 """`mldiag targets list --run R` (gcloud: `profiler-target list --machine-learning-run R`):
-the profiler endpoints registered for a run."""
+the profiler targets registered for a run, with how each gets its capture requests (`pull`:
+the mldiag SDK takes them itself; `push`: the capture stage calls its profiler server)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     status = {(t.host, t.port): liveness(t, settings, now) for t in targets}
     if args.format:
-        # Never a secret: the control endpoint's token stays in the state store.
+        # Never a secret: an old record's control-endpoint token is not printed.
         _gcloud.emit([{"name": t.host, **{k: v for k, v in t.to_dict().items()
                                           if k != "control_token"},
                        "status": "down" if status[t.host, t.port] else "up",
@@ -47,15 +48,15 @@ def run(args: argparse.Namespace) -> int:
     if not targets:
         print(f"run {args.run} has no registered targets (sessions settle on a time window)")
         return 0
-    print(f"{'TARGET':<28} {'ADDRESS':<22} {'PROC':>4} {'PLATFORM':<8} {'FRAMEWORK':<14} "
-          f"{'CONTINUOUS':<10} {'STATUS':<6} LAST HEARTBEAT")
+    print(f"{'TARGET':<28} {'ADDRESS':<22} {'DELIVERY':<8} {'PROC':>4} {'PLATFORM':<8} "
+          f"{'FRAMEWORK':<14} {'CONTINUOUS':<10} {'STATUS':<6} LAST HEARTBEAT")
     for t in targets:
         beat = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t.last_heartbeat)) \
             if t.last_heartbeat else "-"
         fw = f"{t.framework} {t.framework_version}".strip() or "-"
         down = status[t.host, t.port]
-        print(f"{t.host:<28} {t.address + ':' + str(t.port):<22} {t.process_index:>4} "
-              f"{t.platform or '-':<8} {fw:<14} {t.continuous:<10} "
+        print(f"{t.host:<28} {t.address + ':' + str(t.port):<22} {t.delivery:<8} "
+              f"{t.process_index:>4} {t.platform or '-':<8} {fw:<14} {t.continuous:<10} "
               f"{'down' if down else 'up':<6} {beat}")
         if down:
             print(f"  down: {down}")

@@ -44,7 +44,7 @@ def target_view(console: Console, t: TargetRecord) -> dict[str, Any]:
             "up": up, "last_heartbeat": _iso(t.last_heartbeat),
             "heartbeat_age_s": None if age is None else round(age, 1),
             "continuous": t.continuous, "continuous_since": _iso(t.continuous_since),
-            "last_error": t.last_error}
+            "delivery": t.delivery, "last_error": t.last_error}
 
 
 def _top_finding(analysis: dict[str, Any] | None) -> str:

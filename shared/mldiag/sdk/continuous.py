@@ -166,6 +166,18 @@ class _Recorder:
         return self._session is not None
 
 
+def recorder(scratch: Path, *, host_tracer_level: int = 2, device_tracer_level: int = 1,
+             python_tracer_level: int = 0) -> _Recorder:
+    """A one-off trace of this process with these tracer levels (what a pulled on-demand
+    capture records when the ring is off): `start()`, then `stop()` gives the XSpace bytes.
+    ValueError on bad levels."""
+    opts = _Options(2.0, limits.MIN_RING_BYTES,
+                    _level("host_tracer_level", host_tracer_level, 3),
+                    _level("device_tracer_level", device_tracer_level, 1),
+                    _level("python_tracer_level", python_tracer_level, 1))
+    return _Recorder(_profile_options(opts), scratch)
+
+
 class RingBuffer:
     """Continuous profiling of this process into a ring of trace windows on local disk."""
 

@@ -8,7 +8,6 @@ import enum
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -23,6 +22,7 @@ from mldiag.messages import DegradationDetected
 from mldiag.model import (
     CAPTURING,
     FAILED,
+    PULL,
     REQUESTED,
     AutoCapturePolicy,
     HostRecord,
@@ -47,7 +47,7 @@ from mldiag.settings import Settings
 if TYPE_CHECKING:
     from mldiag.bootstrap import ControlPlane
     from mldiag.sdk.continuous import RingBuffer
-    from mldiag.sdk.control import ControlServer
+    from mldiag.sdk.pull import Puller
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class MLRun:
     namespace: str | None = None
     monitor: StepTimeMonitor | None = None
     ring: RingBuffer | None = None
-    control: ControlServer | None = None
+    puller: Puller | None = None
     profiler_server: Any = None
     alerts: list[DegradationDetected] = field(default_factory=list)
     _executor: ThreadPoolExecutor = field(
@@ -289,7 +289,8 @@ class MLRun:
                 log.warning("mldiag heartbeat failed: %s", e)
 
     def close(self) -> None:
-        """Finish uploads, stop continuous profiling, the control endpoint and heartbeats."""
+        """Stop taking capture requests, finish uploads, stop continuous profiling and
+        heartbeats."""
         global _current
         if self._closed:
             return
@@ -299,6 +300,9 @@ class MLRun:
         metrics.flush_to(self)
         self._closed = True
         self._stop.set()
+        if self.puller is not None:
+            # No new requests; those taken finish (their uploads join the pending ones).
+            self.puller.stop()
         # Uploads first: one may still be cutting its trace from the ring.
         for f in list(self._pending):
             try:
@@ -308,8 +312,6 @@ class MLRun:
         self._executor.shutdown(wait=True)
         if self.ring is not None and self.ring.active:
             self.ring.stop()
-        if self.control is not None:
-            self.control.stop()
         if self.profiler_server is not None:
             import jax
 
@@ -319,7 +321,8 @@ class MLRun:
             # Only if the record is still ours: a newer process may own this host and port.
             mine = [t for t in self.plane.state.list_targets(self.name)
                     if t.host == self.host and t.port == self.target.port
-                    and t.pid == self.target.pid and t.control_port == self.target.control_port]
+                    and t.pid == self.target.pid
+                    and t.registered_at == self.target.registered_at]
             if mine:
                 self.plane.state.update_target(self.name, self.host, self.target.port,
                                                continuous="OFF", last_heartbeat=0.0)
@@ -467,7 +470,7 @@ def machinelearning_run(
     from mldiag.bootstrap import control_plane
     from mldiag.sdk import metrics
     from mldiag.sdk.continuous import RingBuffer
-    from mldiag.sdk.control import ControlServer
+    from mldiag.sdk.pull import Puller
 
     with _current_lock:
         previous = _current
@@ -498,29 +501,21 @@ def machinelearning_run(
         port = int(os.environ.get("MLDIAG_PROFILER_PORT") or 9999)
     address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
         "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
-    # The control endpoint and the monitor report to the run, built once the servers are up.
+    # The monitor reports to the run, built once the server is up.
     holder: list[MLRun] = []
     # Bad monitor options fail here, before any server starts or the target is registered.
     step_monitor = (StepTimeMonitor(lambda found: holder[0]._alert(found),
                                     **(monitor if isinstance(monitor, dict) else {}))
                     if monitor else None)
+    # mldiag's own captures come by pull (mldiag.sdk.pull): nothing listens for them. JAX's
+    # profiler server is only for tools that push (TensorBoard, the XProf UI's capture).
     server = jax.profiler.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
-    token = secrets.token_urlsafe(24)
-    control: ControlServer | None = None
-    control_port = 0
-    if not metric_only_run:
-        # A fixed control port (MLDIAG_CONTROL_PORT) lets a firewall open just that port.
-        control = ControlServer(ring, token, host=address,
-                                port=int(os.environ.get("MLDIAG_CONTROL_PORT") or 0),
-                                on_change=lambda state: holder[0]._set_continuous(state))
-        control_port = control.start()
     target = TargetRecord(
         run=stored_name, host=host, port=port, process_index=jax.process_index(),
         framework="jax", framework_version=jax.__version__, last_heartbeat=now,
-        address=address, control_port=control_port, control_token=token,
-        platform=jax.devices()[0].platform, pid=os.getpid(), registered_at=now,
-        heartbeat_s=heartbeat_s)
+        address=address, delivery=PULL, platform=jax.devices()[0].platform,
+        pid=os.getpid(), registered_at=now, heartbeat_s=heartbeat_s)
     if not metric_only_run:
         # A metric-only run profiles nothing: no target to capture from or to wait for.
         plane.state.upsert_target(target)
@@ -539,7 +534,7 @@ def machinelearning_run(
         accelerator_orchestrator=accelerator_orchestrator,
         application_framework=application_framework, rl_orchestrator=rl_orchestrator,
         control_plane_url=base_url, cluster_id=cluster_id, workload_id=workload_id,
-        namespace=namespace, ring=ring, control=control, profiler_server=server,
+        namespace=namespace, ring=ring, profiler_server=server,
         _record=record)
     object.__setattr__(run.configs, "_on_change", run._save_configs)
     holder.append(run)
@@ -548,6 +543,8 @@ def machinelearning_run(
     if not metric_only_run:
         threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
                          daemon=True).start()
+        run.puller = Puller(run, settings.pull_poll_s)
+        run.puller.start()
     with _current_lock:
         _current = run
     metrics.clear()
@@ -559,6 +556,6 @@ def machinelearning_run(
         except BaseException:
             run.close()  # bad ring options: leave no server or live target behind
             raise
-    log.info("mldiag: run %s registered; target %s (%s:%d, control %d)", stored_name, host,
-             address, port, control_port)
+    log.info("mldiag: run %s registered; target %s takes its capture requests by pull%s",
+             stored_name, host, f" (profiler server on :{port})" if server else "")
     return run

@@ -4,8 +4,9 @@ With MLDIAG_REGISTRATION_URL set, `bootstrap.control_plane` gives the SDK these 
 instead of Firestore and GCS, so a workload needs no role on either (DESIGN.md "Tenancy"):
 
 - `RegistrationStateStore`: the state-store calls the SDK makes (register its run and
-  auto-capture policy, register, heartbeat and list its targets, create its programmatic
-  sessions, record a failed upload), each one a request to the function;
+  auto-capture policy, register, heartbeat and list its targets, take their capture requests,
+  create its programmatic sessions, record a failed upload), each one a request to the
+  function;
 - `SignedUrlStorage`: `write_bytes` of a profile asks the function for a signed URL for exactly
   that object, then `PUT`s the bytes to it.
 
@@ -26,6 +27,7 @@ from typing import Any
 
 from mldiag.errors import MldiagError
 from mldiag.model import (
+    ControlRequest,
     HostRecord,
     MetricPoint,
     RunRecord,
@@ -140,6 +142,11 @@ class RegistrationStateStore:
     def list_targets(self, run: str) -> list[TargetRecord]:
         answer = self.client.call("list_targets", run=run)
         return [TargetRecord(**t) for t in answer["targets"]]
+
+    def take_requests(self, run: str, host: str, now: float) -> list[ControlRequest]:
+        """This target's capture requests (pull delivery), taken; `now` is the function's."""
+        answer = self.client.call("take_requests", run=run, host=host)
+        return [ControlRequest.from_dict(r) for r in answer["requests"]]
 
     def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
         answer = self.client.call("create_session", session=record.to_dict())

@@ -14,6 +14,8 @@ Layout (document ids are the natural keys, escaped by `doc_id`):
 - `captures/{run}`: the times of a run's recent automatic captures, and under
   `captures/{run}/keys/{sha256(key)}` the alerts that reserved one;
 - `dead_letters/{auto id}`: messages given up on, with the reason;
+- `requests/{run}~{host}`: a pull target's mailbox, its pending ControlRequests as a JSON list
+  in `data`, changed only by conditional writes (so a request is taken once);
 - `runs/{run}/metrics/{auto id}`: the SDK's recorded metrics, one document per metric, host
   and written batch (up to `METRIC_CHUNK` points as JSON in `points`, with `name`, `host`,
   `t0` and `t1`), so a loop recording every step costs a few writes a second, not one per
@@ -40,6 +42,8 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from mldiag.model import (
+    MAX_PENDING_REQUESTS,
+    ControlRequest,
     HostRecord,
     MetricPoint,
     RunRecord,
@@ -54,6 +58,7 @@ T = TypeVar("T")
 RUNS, TARGETS, SESSIONS = "runs", "targets", "sessions"
 CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
 FAILURES = "failures"
+REQUESTS = "requests"
 METRICS = "metrics"
 # Points per metrics document: about 150 bytes each as JSON, well under the 1 MiB limit.
 METRIC_CHUNK = 2000
@@ -61,7 +66,10 @@ METRIC_CHUNK = 2000
 CLAIM_RETENTION_S = 30 * 86400.0
 DEAD_LETTER_RETENTION_S = 90 * 86400.0
 # (collection, field) pairs with a TTL policy: terraform's firestore.tf mirrors this.
-TTL_FIELDS = ((CLAIMS, "purge_at"), (DEAD_LETTERS, "purge_at"), (FAILURES, "purge_at"))
+TTL_FIELDS = ((CLAIMS, "purge_at"), (DEAD_LETTERS, "purge_at"), (FAILURES, "purge_at"),
+              (REQUESTS, "purge_at"))
+# A pull target's mailbox outlives its last request by this long, then Firestore deletes it.
+MAILBOX_RETENTION_S = 7 * 86400.0
 # Longer than Pub/Sub retains a message (7 days): no redelivery outlives its counter.
 FAILURE_RETENTION_S = 8 * 86400.0
 
@@ -99,7 +107,7 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
         {"collectionGroup": group, "fieldPath": path, "indexes": []}
         for group, path in ((RUNS, "data"), (TARGETS, "data"), (SESSIONS, "data"),
                             (DEAD_LETTERS, "payload"), (CAPTURES, "times"),
-                            (CAPTURES, "keys"), (METRICS, "points"))
+                            (CAPTURES, "keys"), (METRICS, "points"), (REQUESTS, "data"))
     ],
 }
 
@@ -373,6 +381,64 @@ class FirestoreStateStore:
         docs = self._run_ref(run).collection(TARGETS).stream()
         targets = usable_targets(TargetRecord(**json.loads(d.get("data"))) for d in docs)
         return sorted(targets, key=lambda t: (t.host, t.port))
+
+    # Pull targets' requests
+
+    def _mailbox_ref(self, run: str, host: str) -> Any:
+        return self.client.collection(REQUESTS).document(f"{doc_id(run)}~{doc_id(host)}")
+
+    @staticmethod
+    def _pending(snap: Any) -> list[ControlRequest]:
+        if not snap.exists:
+            return []
+        return [ControlRequest.from_dict(d) for d in json.loads(snap.get("data") or "[]")]
+
+    def _mailbox_doc(self, run: str, host: str, pending: Sequence[ControlRequest],
+                     now: float) -> dict[str, Any]:
+        return {"run": run, "host": host, "n": len(pending),
+                "data": json.dumps([r.to_dict() for r in pending], sort_keys=True,
+                                   allow_nan=False),
+                "purge_at": _purge_at(now, MAILBOX_RETENTION_S)}
+
+    def put_request(self, request: ControlRequest, now: float) -> bool:
+        if request.problem():
+            raise ValueError(request.problem())
+        ref = self._mailbox_ref(request.run, request.host)
+
+        def change(snap: Any) -> tuple[bool, dict[str, Any] | None]:
+            pending = [r for r in self._pending(snap) if r.expires_at > now]
+            if any(r.id == request.id for r in pending):
+                return True, None
+            if len(pending) >= MAX_PENDING_REQUESTS:
+                return False, None
+            return True, self._mailbox_doc(request.run, request.host, [*pending, request], now)
+
+        return self._swap(ref, change, f"requests of {request.run}/{request.host}")
+
+    def take_requests(self, run: str, host: str, now: float) -> list[ControlRequest]:
+        ref = self._mailbox_ref(run, host)
+
+        def change(snap: Any) -> tuple[list[ControlRequest], dict[str, Any] | None]:
+            pending = self._pending(snap)
+            if not pending:
+                return [], None  # the usual poll: one read, no write
+            live = sorted((r for r in pending if r.expires_at > now),
+                          key=lambda r: (r.created_at, r.id))
+            return live, self._mailbox_doc(run, host, [], now)
+
+        return self._swap(ref, change, f"requests of {run}/{host}")
+
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        ref = self._mailbox_ref(run, host)
+
+        def change(snap: Any) -> tuple[bool, dict[str, Any] | None]:
+            pending = self._pending(snap)
+            kept = [r for r in pending if r.id != request_id]
+            if len(kept) == len(pending):
+                return False, None
+            return True, self._mailbox_doc(run, host, kept, time.time())
+
+        return self._swap(ref, change, f"requests of {run}/{host}")
 
     # Sessions
 

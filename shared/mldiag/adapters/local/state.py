@@ -17,6 +17,8 @@ from typing import Any
 
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 from mldiag.model import (
+    MAX_PENDING_REQUESTS,
+    ControlRequest,
     HostRecord,
     MetricPoint,
     RunRecord,
@@ -45,6 +47,9 @@ CREATE TABLE IF NOT EXISTS metrics (
     id INTEGER PRIMARY KEY AUTOINCREMENT, run TEXT NOT NULL, name TEXT NOT NULL,
     t0 REAL NOT NULL, t1 REAL NOT NULL, points TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS metrics_by_run ON metrics (run, name, t1);
+CREATE TABLE IF NOT EXISTS requests (
+    run TEXT NOT NULL, host TEXT NOT NULL, id TEXT NOT NULL, created_at REAL NOT NULL,
+    expires_at REAL NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run, host, id));
 CREATE TABLE IF NOT EXISTS failures (key TEXT PRIMARY KEY, count INTEGER NOT NULL,
     at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS dead_letters (
@@ -203,6 +208,40 @@ class SqliteStateStore:
         rows = self.connection().execute(
             "SELECT data FROM targets WHERE run = ? ORDER BY host, port", (run,)).fetchall()
         return usable_targets(TargetRecord(**json.loads(r[0])) for r in rows)
+
+    # Pull targets' requests
+
+    def put_request(self, request: ControlRequest, now: float) -> bool:
+        if request.problem():
+            raise ValueError(request.problem())
+        with self._tx() as db:
+            db.execute("DELETE FROM requests WHERE run = ? AND host = ? AND expires_at <= ?",
+                       (request.run, request.host, now))
+            if db.execute("SELECT 1 FROM requests WHERE run = ? AND host = ? AND id = ?",
+                          (request.run, request.host, request.id)).fetchone():
+                return True
+            (pending,) = db.execute("SELECT COUNT(*) FROM requests WHERE run = ? AND host = ?",
+                                    (request.run, request.host)).fetchone()
+            if pending >= MAX_PENDING_REQUESTS:
+                return False
+            db.execute("INSERT INTO requests (id, run, host, created_at, expires_at, data) "
+                       "VALUES (?, ?, ?, ?, ?, ?)",
+                       (request.id, request.run, request.host, request.created_at,
+                        request.expires_at, json.dumps(request.to_dict())))
+            return True
+
+    def take_requests(self, run: str, host: str, now: float) -> list[ControlRequest]:
+        with self._tx() as db:
+            rows = db.execute(
+                "DELETE FROM requests WHERE run = ? AND host = ? RETURNING expires_at, "
+                "created_at, id, data", (run, host)).fetchall()
+        live = sorted((r for r in rows if r[0] > now), key=lambda r: (r[1], r[2]))
+        return [ControlRequest.from_dict(json.loads(r[3])) for r in live]
+
+    def withdraw_request(self, run: str, host: str, request_id: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM requests WHERE run = ? AND host = ? AND id = ?",
+                              (run, host, request_id)).rowcount > 0
 
     # Sessions
 

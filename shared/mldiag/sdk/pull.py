@@ -1,0 +1,183 @@
+"""The SDK's side of pull delivery: this process takes its own capture requests.
+
+A daemon thread looks for this target's requests every `MLDIAG_PULL_POLL_S` (locally in the
+state store; on Google Cloud through the registration function, the same path as the
+heartbeat) and runs each in this process, off the training thread:
+
+- `on_demand`: a trace of `duration_s` from the request's start time, cut from the ring while
+  continuous profiling runs; a profiler held by someone else is waited for until the
+  request's `start_at + wait_s`;
+- `snapshot`: the newest `duration_s` of the ring;
+- `continuous_start|stop`: the ring, with the requested options.
+
+A capture is uploaded like a programmatic one (`<run>/plugins/profile/<session>/<host>.xplane.pb`)
+and a failure is recorded on its host with the reason; continuous requests answer on the
+target record (`continuous`, `last_request`, `last_error`). Nothing here raises into the
+training loop, and nothing listens on a socket.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from mldiag.capture.pull import take_requests
+from mldiag.model import ControlRequest
+from mldiag.sdk.continuous import ContinuousError, recorder
+
+if TYPE_CHECKING:
+    from mldiag.sdk.run import MLRun
+
+log = logging.getLogger(__name__)
+
+# How often a busy profiler is tried again while a pulled capture waits for it.
+BUSY_RETRY_S = 0.2
+# A poll that keeps failing (the state store or the register function is down) is logged at
+# most this often.
+WARN_EVERY_S = 60.0
+
+
+class Puller:
+    """Takes and runs the requests of one run's target in this process."""
+
+    def __init__(self, run: MLRun, poll_s: float) -> None:
+        self.run = run
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        # Captures may wait (for their start time, a busy profiler, the ring): two at once.
+        self._captures = ThreadPoolExecutor(2, thread_name_prefix="mldiag-pull-capture")
+        # Continuous start/stop in the order they were asked for.
+        self._continuous = ThreadPoolExecutor(1, thread_name_prefix="mldiag-pull-continuous")
+        # This process's own traces take turns: the profiler holds one session at a time.
+        self._trace_lock = threading.Lock()
+        self.served = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="mldiag-pull", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop taking requests and finish those taken (their uploads are the run's)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._captures.shutdown(wait=True)
+        self._continuous.shutdown(wait=True)
+
+    def _loop(self) -> None:
+        warned = 0.0
+        while not self._stop.wait(self.poll_s):
+            try:
+                requests = take_requests(self.run.plane.state, self.run.name, self.run.host,
+                                         time.time())
+            except Exception as e:  # noqa: BLE001 - polled again next time; training goes on
+                if time.monotonic() - warned >= WARN_EVERY_S:  # not once per poll
+                    warned = time.monotonic()
+                    log.warning("mldiag: could not look for capture requests: %s", e)
+                continue
+            for request in requests:
+                self.served += 1
+                log.info("mldiag: %s request %s (session %s)", request.action, request.id,
+                         request.session or "-")
+                pool = self._continuous if request.action.startswith("continuous_") \
+                    else self._captures
+                pool.submit(self._serve, request)
+
+    def _serve(self, request: ControlRequest) -> None:
+        try:
+            if request.action == "on_demand":
+                self._on_demand(request)
+            elif request.action == "snapshot":
+                self._snapshot(request)
+            else:
+                self._set_continuous(request)
+        except Exception as e:  # noqa: BLE001 - reported on the session or target
+            reason = str(e) if isinstance(e, ContinuousError | ValueError) else (
+                f"{type(e).__name__}: {e}")
+            log.error("mldiag: %s request %s failed: %s", request.action, request.id, reason)
+            self._report_failure(request, reason)
+
+    def _report_failure(self, request: ControlRequest, reason: str) -> None:
+        try:
+            if request.session:
+                self.run.fail_host(request.session, reason)
+            else:
+                self.run.plane.state.update_target(
+                    self.run.name, self.run.host, self.run.target.port,
+                    last_error=f"{request.action.replace('_', ' ')}: {reason}",
+                    last_request=request.id)
+        except Exception as e:  # noqa: BLE001 - the log above holds the reason
+            log.error("mldiag: could not record the failure of request %s: %s", request.id, e)
+
+    # Captures
+
+    def _snapshot(self, request: ControlRequest) -> None:
+        ring = self.run.ring
+        if ring is None or not ring.active:
+            raise ContinuousError(
+                f"continuous profiling is off on {self.run.host}, so there is no snapshot to "
+                f"take (start it with `mldiag continuous start --run {self.run.name}`)")
+        capture = ring.snapshot_capture(request.duration_s)
+        self.run.upload(request.session, capture.data)
+
+    def _on_demand(self, request: ControlRequest) -> None:
+        duration = float(request.duration_s or 0.0)
+        ring = self.run.ring
+        if ring is not None and ring.active:
+            # The profiler is the ring's: serve the interval from its windows.
+            start = max(request.start_at, time.time())
+            window_s = float(ring.status().get("window_s") or 2.0)
+            timeout = (start + duration - time.time()) + 2 * window_s + 10.0
+            self.run.upload(request.session,
+                            lambda: ring.collect(start, start + duration, timeout))
+            return
+        self.run.upload(request.session, self._trace(request, duration))
+
+    def _trace(self, request: ControlRequest, duration: float) -> bytes:
+        give_up = request.start_at + request.wait_s
+        with self._trace_lock:
+            if self._stop.wait(max(0.0, request.start_at - time.time())):
+                raise ContinuousError(f"{self.run.host} is shutting down (its run was closed)")
+            scratch = Path(tempfile.mkdtemp(prefix="mldiag-pull-"))
+            try:
+                trace = recorder(scratch, **_levels(request.options))
+                while True:
+                    try:
+                        trace.start()
+                        break
+                    except RuntimeError as e:
+                        if time.time() >= give_up or self._stop.is_set():
+                            waited = max(0.0, time.time() - request.start_at)
+                            raise ContinuousError(
+                                f"another profiling session is active on {self.run.host} "
+                                f"(still after {waited:.0f} s): {e}") from e
+                        self._stop.wait(BUSY_RETRY_S)
+                # A trace that started runs its duration, even while the run closes: its
+                # upload is what the session waits for.
+                time.sleep(duration)
+                return trace.stop()
+            finally:
+                shutil.rmtree(scratch, ignore_errors=True)
+
+    # Continuous profiling
+
+    def _set_continuous(self, request: ControlRequest) -> None:
+        if request.action == "continuous_start":
+            self.run.start_continuous(**request.options)
+        else:
+            self.run.stop_continuous()
+        # The answer the capture stage (and `mldiag continuous`) waits for.
+        self.run.plane.state.update_target(self.run.name, self.run.host, self.run.target.port,
+                                           last_request=request.id, last_error="")
+
+
+def _levels(options: dict[str, Any]) -> dict[str, int]:
+    keys = ("host_tracer_level", "device_tracer_level", "python_tracer_level")
+    return {k: int(options[k]) for k in keys if k in options}
