@@ -671,6 +671,32 @@ def test_cpu_overview_shows_only_meaningful_fields(analysis, snapshot):
     assert "0.0%" not in overview
 
 
+def test_the_overviews_own_step_set_is_named_when_it_disagrees(analysis, snapshot):
+    """One step set per page: the overview's op_stats steps are said to differ from the
+    annotated steps every other figure uses."""
+    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_snapshot["tools"]["get_xprof_overview"] = {
+        "name": "get_xprof_overview", "status": "DATA", "elapsed_ms": 5.0,
+        "data": {"performance_summary": {"steptime_ms_average": "36.8"},
+                 "run_environment": {"device_type": "CPU"}}}
+    old = cpu_snapshot["tools"].get("get_step_trace") or {}
+    trace = dict(old.get("data") or {})
+    trace["summary"] = {**(trace.get("summary") or {}), "total_steps": 8,
+                        "step_time_ms_average": 44.6565}
+    cpu_snapshot["tools"]["get_step_trace"] = {**old, "name": "get_step_trace",
+                                               "status": "DATA", "data": trace}
+    overview = _section_html(render_summary_html(cpu_analysis, cpu_snapshot), "overview",
+                             "roofline")
+    assert ("XProf's overview step time (36.8 ms) averages the steps of its op_stats step "
+            "database, a different set from the annotated steps; every other step figure on "
+            "this page, get_step_trace's included, is over the 8 annotated steps (44.66 ms "
+            "on average).") in overview
+    trace["summary"]["step_time_ms_average"] = 36.9  # within 2%: nothing to say
+    overview = _section_html(render_summary_html(cpu_analysis, cpu_snapshot), "overview",
+                             "roofline")
+    assert "op_stats step database" not in overview
+
+
 def test_gpu_overview_hides_mxu_and_tpu_overview_keeps_it(analysis, snapshot):
     gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
 

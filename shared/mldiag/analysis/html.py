@@ -1450,6 +1450,17 @@ def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -
     # XProf reports 0.00 ms when the trace has no steps: that is "unknown", not zero.
     step_text = f"{perf.get('steptime_ms_average')} ms" if step else None
     note = ""
+    # One step set per page: every other step figure comes from the annotated steps
+    # (get_step_trace and our timeline); say so when the overview's own set disagrees.
+    trace = _map(_map(_data(_tool(snapshot, "get_step_trace"))).get("summary"))
+    ours, count = _measured(trace.get("step_time_ms_average")), trace.get("total_steps")
+    step_note = ""
+    if step and ours and abs(step - ours) > 0.02 * ours:
+        step_note = (f"<p class=\"why\">XProf's overview step time ({step_text}) averages the "
+                     "steps of its op_stats step database, a different set from the annotated "
+                     "steps; every other step figure on this page, get_step_trace's included, "
+                     f"is over the {_e(count)} annotated steps ({_ms_text(ours)} on "
+                     "average).</p>")
     if cpu:
         # Duty cycle, idle, MXU, cores... are device counters XProf does not fill for CPU
         # profiles; they read 0 and would only mislead.
@@ -1490,7 +1501,7 @@ def _render_overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -
     return _tool_block(
         "overview",
         "XProf overview",
-        (f'<div class="facts">{cells}</div>' if cells else "") + note,
+        (f'<div class="facts">{cells}</div>' if cells else "") + note + step_note,
     )
 
 
