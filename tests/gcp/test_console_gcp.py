@@ -4,12 +4,9 @@ against keys served on loopback, as IAP's public keys would be."""
 
 from __future__ import annotations
 
-import json
-import threading
 import time
 from collections import deque
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -30,6 +27,7 @@ from mldiag.settings import Settings
 from mldiag.stages import Services
 from mldiag.viewer import MANIFEST, cache_prefix
 from tests.emulators import Emulators
+from tests.gcp.conftest import jwks_endpoint
 
 pytestmark = pytest.mark.emulator
 TPU_XPLANE_NAME = "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
@@ -51,28 +49,11 @@ class Queue:
 @pytest.fixture(scope="module")
 def keys() -> Iterator[dict[str, Any]]:
     """An ES256 key pair and a loopback endpoint serving its public JWK set."""
-    import jwt
     from cryptography.hazmat.primitives.asymmetric import ec
 
     key = ec.generate_private_key(ec.SECP256R1())
-    jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(key.public_key()))
-    body = json.dumps({"keys": [{**jwk, "kid": "k1", "alg": "ES256", "use": "sig"}]}).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield {"key": key, "url": f"http://127.0.0.1:{server.server_address[1]}/jwk",
-           "other": ec.generate_private_key(ec.SECP256R1())}
-    server.shutdown()
+    with jwks_endpoint(key.public_key(), kid="k1", alg="ES256") as url:
+        yield {"key": key, "url": url, "other": ec.generate_private_key(ec.SECP256R1())}
 
 
 def iap_jwt(key: Any, email: str, *, audience: str = AUDIENCE, kid: str = "k1") -> str:

@@ -15,7 +15,6 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -47,6 +46,7 @@ from mldiag.registration import Registrar
 from mldiag.settings import Settings
 from tests.conftest import REPO
 from tests.emulators import Emulators
+from tests.gcp.conftest import jwks_endpoint
 
 pytestmark = pytest.mark.emulator
 BUCKET = "mldiag-tenancy"
@@ -64,27 +64,9 @@ def _rsa() -> Any:
 @pytest.fixture(scope="module")
 def google_keys() -> Iterator[dict[str, Any]]:
     """An RS256 key and a loopback endpoint serving its JWK set, as Google serves its own."""
-    import jwt
-
     key = _rsa()
-    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(key.public_key()))
-    body = json.dumps({"keys": [{**jwk, "kid": "g1", "alg": "RS256", "use": "sig"}]}).encode()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield {"key": key, "url": f"http://127.0.0.1:{server.server_address[1]}/certs",
-           "other": _rsa()}
-    server.shutdown()
+    with jwks_endpoint(key.public_key(), kid="g1", alg="RS256") as url:
+        yield {"key": key, "url": url, "other": _rsa()}
 
 
 def id_token(key: Any, email: str, audience: str, *, kid: str = "g1", verified: bool = True,

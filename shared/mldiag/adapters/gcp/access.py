@@ -28,6 +28,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
+from mldiag.adapters.gcp.firestore_client import LazyFirestore
 from mldiag.adapters.gcp.state import doc_id
 
 T = TypeVar("T")
@@ -53,7 +54,7 @@ def grant_id(principal: str, role: str, run: str) -> str:
     return hashlib.sha256(json.dumps([principal, role, run]).encode()).hexdigest()
 
 
-class FirestoreAccessStore:
+class FirestoreAccessStore(LazyFirestore):
     """The access port on a Firestore database (Native mode). Safe to share between threads.
 
     `client` is a `google.cloud.firestore.Client` (built from `project` and `database` when
@@ -62,21 +63,9 @@ class FirestoreAccessStore:
 
     def __init__(self, *, client: firestore.Client | None = None, project: str | None = None,
                  database: str = "(default)", max_attempts: int = 20) -> None:
-        self._client = client
-        self._project = project
-        self._database = database
+        super().__init__(client=client, project=project, database=database)
         self.max_attempts = max_attempts
-        self._lock = threading.Lock()
         self._doc_locks = [threading.Lock() for _ in range(16)]
-
-    @property
-    def client(self) -> firestore.Client:
-        # Built on first use, not in the constructor: nothing connects at bootstrap.
-        with self._lock:
-            if self._client is None:
-                self._client = firestore.Client(project=self._project or None,
-                                                database=self._database)
-            return self._client
 
     def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
         """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction.

@@ -19,29 +19,19 @@ from typing import Any
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from mldiag.adapters.gcp.firestore_client import LazyFirestore
 from mldiag.adapters.gcp.state import doc_id
 from mldiag.adapters.gcp.storage import validate_object_name
 
 RUN_OWNERS = "run_owners"
 
 
-class FirestoreRunOwners:
+class FirestoreRunOwners(LazyFirestore):
     """The RunOwners port on Firestore (`run_owners/{run}`: `owner`, `bound_at`)."""
 
     def __init__(self, *, client: firestore.Client | None = None, project: str | None = None,
                  database: str = "(default)") -> None:
-        self._client = client
-        self._project = project
-        self._database = database
-        self._lock = threading.Lock()
-
-    @property
-    def client(self) -> firestore.Client:
-        with self._lock:
-            if self._client is None:
-                self._client = firestore.Client(project=self._project or None,
-                                                database=self._database)
-            return self._client
+        super().__init__(client=client, project=project, database=database)
 
     def _ref(self, run: str) -> Any:
         return self.client.collection(RUN_OWNERS).document(doc_id(run))

@@ -41,6 +41,7 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
+from mldiag.adapters.gcp.firestore_client import LazyFirestore
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
     ControlRequest,
@@ -151,7 +152,7 @@ _RESERVATION_KEY_S = 7 * 86400.0
 _CONTENDED_ROUNDS = 10
 
 
-class FirestoreStateStore:
+class FirestoreStateStore(LazyFirestore):
     """The state port on a Firestore database (Native mode). Safe to share between threads.
 
     `client` is a `google.cloud.firestore.Client` (built from `project` and `database` when
@@ -161,22 +162,10 @@ class FirestoreStateStore:
 
     def __init__(self, *, client: firestore.Client | None = None, project: str | None = None,
                  database: str = "(default)", max_attempts: int = 20) -> None:
-        self._client = client
-        self._project = project
-        self._database = database
+        super().__init__(client=client, project=project, database=database)
         self.max_attempts = max_attempts
         self._listeners: list[Callable[[SessionRecord], None]] = []
-        self._lock = threading.Lock()
         self._doc_locks = [threading.Lock() for _ in range(64)]
-
-    @property
-    def client(self) -> firestore.Client:
-        # Built on first use, not in the constructor: nothing connects at bootstrap.
-        with self._lock:
-            if self._client is None:
-                self._client = firestore.Client(project=self._project or None,
-                                                database=self._database)
-            return self._client
 
     def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
         """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction.
