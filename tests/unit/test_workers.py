@@ -8,7 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.workers import ERROR, Job, parse_bytes, rss_bytes, run_jobs
+from mldiag.analysis.workers import (
+    ERROR,
+    Job,
+    parse_bytes,
+    rss_bytes,
+    run_jobs,
+    worker_allocator,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 GiB = 1024**3
@@ -115,3 +122,42 @@ def test_workspaces_left_by_killed_processes_are_swept(tmp_path):
     removed = sweep_stale_roots(tmp_path)
     assert sorted(p.name for p in removed) == sorted([gone.name, old.name])
     assert mine.is_dir() and new.is_dir() and not gone.exists() and not old.exists()
+
+
+def _libs(out) -> list[str]:
+    assert out["libs"].status == "DATA", out["libs"].value
+    return [os.path.basename(p) for p in out["libs"].value]
+
+
+def test_workers_run_with_the_installed_fast_malloc_and_this_process_keeps_its_own(
+        monkeypatch):
+    monkeypatch.setenv("MLDIAG_WORKER_MALLOC", "auto")
+    allocator = worker_allocator()
+    if allocator is None:
+        pytest.skip("neither tcmalloc nor jemalloc is installed (scripts/test installs "
+                    "libtcmalloc-minimal4)")
+    libs = _libs(_run([_job("libs", "mapped_libs")]))
+    real = os.path.realpath(allocator)  # maps name the file, not the soname's link
+    assert os.path.basename(real) in libs
+    with open("/proc/self/maps") as f:
+        assert real not in f.read()
+
+
+def test_the_fast_malloc_can_be_turned_off(monkeypatch):
+    monkeypatch.setenv("MLDIAG_WORKER_MALLOC", "off")
+    assert worker_allocator() is None
+    libs = _libs(_run([_job("libs", "mapped_libs")]))
+    assert not [lib for lib in libs if "tcmalloc" in lib or "jemalloc" in lib]
+
+
+def test_a_named_malloc_that_cannot_be_preloaded_leaves_the_worker_on_glibc(
+        monkeypatch, tmp_path):
+    missing = tmp_path / "libnothere.so"
+    monkeypatch.setenv("MLDIAG_WORKER_MALLOC", str(missing))
+    assert worker_allocator() is None  # not there: not preloaded
+    not_a_library = tmp_path / "libbroken.so"
+    not_a_library.write_text("not an ELF file\n")
+    monkeypatch.setenv("MLDIAG_WORKER_MALLOC", str(not_a_library))
+    assert worker_allocator() == str(not_a_library)
+    # ld.so ignores a preload that fails (with a message on stderr): the job still runs.
+    assert "libbroken.so" not in _libs(_run([_job("libs", "mapped_libs")]))

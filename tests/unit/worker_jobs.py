@@ -35,3 +35,9 @@ def crash(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
 
 def fail(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> None:
     raise ValueError("bad input, line 1\nline 2")
+
+
+def mapped_libs(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> list[str]:
+    """The shared objects this worker has mapped (its allocator among them)."""
+    with open("/proc/self/maps") as f:
+        return sorted({line.split()[-1] for line in f if ".so" in line})

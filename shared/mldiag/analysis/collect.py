@@ -25,7 +25,14 @@ from mldiag.analysis.profile_input import (
     resolve_session,
     validate_xplane,
 )
-from mldiag.analysis.workers import Job, Outcome, default_budget_bytes, reason_of, run_jobs
+from mldiag.analysis.workers import (
+    Job,
+    Outcome,
+    default_budget_bytes,
+    reason_of,
+    run_jobs,
+    worker_allocator,
+)
 from mldiag.analysis.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
 from mldiag.errors import ProfileUnreadable
 
@@ -385,6 +392,9 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
         "session_bytes": session_bytes,
         "memory_budget_bytes": budget,
         "worker_peak_rss_bytes": max(peaks) if peaks else None,
+        # The malloc the workers ran with (workers.worker_allocator): it moves their time and
+        # memory by a third on large profiles, so figures are compared like for like.
+        "worker_malloc": os.path.basename(worker_allocator() or "") or "glibc",
         "jobs": {o.name: {"status": o.status, "elapsed_ms": o.elapsed_ms,
                           **({"peak_rss_bytes": o.peak_rss_bytes} if o.peak_rss_bytes else {})}
                  for o in sorted(outcomes.values(), key=lambda o: o.name)},
