@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mldiag.analysis.timeline import _covered, _merge
-from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan
+from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan, _varints_at
 from tests.conftest import SHARED_FIXTURES
 
 FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
@@ -133,3 +135,37 @@ def test_an_ops_executors_are_its_most_overlapping_executions() -> None:
     spans.append((np.array([1, 1]), np.array([0.0, 10.0]), np.array([5.0, 15.0])))
     spans.append((np.array([1]), np.array([5.0]), np.array([10.0])))
     assert _max_concurrency(ids, spans) == {gather: 8, eigh: 1}
+
+
+def _encode(value: int) -> bytes:
+    value &= (1 << 64) - 1  # negative int64s are written as 10-byte varints
+    out = bytearray()
+    while True:
+        out.append((value & 0x7F) | (0x80 if value > 0x7F else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+@given(st.lists(st.one_of(st.integers(0, 2**7), st.integers(0, 2**56 + 5),
+                          st.integers(-(2**63), 2**63 - 1)), min_size=1, max_size=60),
+       st.integers(0, 3))
+@settings(max_examples=200, deadline=None)
+def test_varints_decode_as_protobuf_writes_them_at_every_length(values, pad):
+    # One buffer of varints back to back, so some sit within 8 bytes of its end.
+    blob = b"".join(_encode(v) for v in values) + b"\x00" * pad
+    starts, pos = [], 0
+    for v in values:
+        starts.append(pos)
+        pos += len(_encode(v))
+    buf = np.frombuffer(blob, dtype=np.uint8)
+    got, after = _varints_at(buf, np.array(starts, dtype=np.int64))
+    # Read back as int64, as the fields are declared: a negative one is itself again.
+    assert [int(g) for g in got] == values
+    assert list(after) == [s + len(_encode(v)) for s, v in zip(starts, values, strict=True)]
+
+
+def test_a_varint_that_runs_past_the_buffer_is_minus_one():
+    buf = np.frombuffer(b"\x01" * 9 + b"\xff\xff", dtype=np.uint8)
+    got, _ = _varints_at(buf, np.array([0, 9, 10, 11, -1], dtype=np.int64))
+    assert list(got) == [1, -1, -1, -1, -1]

@@ -481,14 +481,15 @@ def _encode_varint(value: int) -> bytes:
 def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
     """Decode the varint at each position; returns (values, positions after them).
 
-    A varint that runs past the buffer decodes as -1.
+    A varint that runs past the buffer (or is longer than 10 bytes) decodes as -1. Most
+    varints here (lengths, ids) fit one byte: only the others take the loop. (Reading 8 bytes
+    per position as one word and decoding with bit operations was tried: slower here.)
     """
     n = len(buf)
-    inside = pos < n
+    inside = (pos >= 0) & (pos < n)
     first = buf[np.where(inside, pos, 0)].astype(np.int64)
     value = np.where(inside, first & 0x7F, -1)
     cur = pos + 1
-    # Most varints here (lengths, ids) fit one byte: only the others take the loop.
     idx = np.flatnonzero(inside & (first >= 0x80))
     shift = 7
     while len(idx) and shift < 7 * _MAX_VARINT:
@@ -501,6 +502,8 @@ def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
         cur[idx] += 1
         idx = idx[b >= 0x80]
         shift += 7
+    if len(idx):
+        value[idx] = -1  # more than 10 bytes: not a varint
     return value, cur
 
 
