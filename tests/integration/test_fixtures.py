@@ -154,3 +154,21 @@ def test_a_stuck_op_stats_build_is_killed_and_the_analysis_still_finishes(tpu_lo
     assert [k["job"] for k in killed] == ["op_stats"]
     # The next analysis starts clean.
     assert collect(tpu_logdir)["tools"]["get_xprof_overview"]["status"] == "DATA"
+
+
+@pytest.mark.parametrize("logdir_fixture", ["tpu_logdir", "gpu_logdir"])
+def test_smart_suggestions_beside_the_op_stats_build_are_those_after_it(
+        logdir_fixture: str, request: pytest.FixtureRequest):
+    # collect() converts them in a run directory of their own while op_stats are built,
+    # which is only right if the converter does not read the saved op_stats.
+    from mldiag.analysis.profile_input import resolve_session
+    from mldiag.analysis.xprof_tools import XprofWorkspace
+
+    session = resolve_session(request.getfixturevalue(logdir_fixture))
+    with XprofWorkspace(session) as ws:
+        beside = ws.fetch_tool_data("smart_suggestion", run_dir=ws.side_run_dir("smart"))
+        assert not list(ws.run_dir.glob("*op_stats*"))
+        ws.precompute_op_stats()
+        after = ws.fetch_tool_data("smart_suggestion")
+    assert beside == after
+    assert "suggestions" in after

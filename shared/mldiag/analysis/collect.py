@@ -19,6 +19,7 @@ from typing import Any
 
 import mldiag
 from mldiag.analysis import detectors, hlo_digest
+from mldiag.analysis.jobs import pick_step_trace
 from mldiag.analysis.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -119,6 +120,8 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
     jobs += [
         job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats_reduced" if reduce else "op_stats"],
             total, prepare_timeout_s),
+        # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
+        job("step_trace_pods", "xprof", opstats),
         job("device_information", "xprof", opstats),
         job("hosts", "xprof", opstats),
         job("roofline", "xprof", opstats),
@@ -126,15 +129,14 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         job("list_hlo_modules", "xprof", opstats),
         job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
         job("peak_allocations", "xprof", opstats),
-        job("smart_suggestions", "xprof", opstats, _RSS_PER_BYTE["smart_suggestions"], total),
         job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
-        # The second worker: the timeline pass (our own, on the original files) and the
-        # converters that read the xplanes rather than op_stats.
+        # The second worker, beside the op_stats build: the timeline pass (our own, on the
+        # original files; first, so the events it reuses are freed) and the converters that
+        # read the xplanes rather than op_stats.
         job("timeline_pass", "xplane", pre, _RSS_PER_BYTE["timeline"], largest),
+        job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total),
         job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
-        # xprof's step trace is mostly Python over every step's row (10 s for 48,000 steps):
-        # here it runs beside the converters of the first worker instead of after them.
         job("xprof_step_trace", "xplane", opstats),
     ]
     return jobs
@@ -143,7 +145,7 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
 # Each collection tool and the jobs it is made of.
 _TOOL_JOBS: dict[str, tuple[str, ...]] = {
     "get_xprof_overview": ("op_stats",),
-    "get_step_trace": ("xprof_step_trace", "timeline_pass"),
+    "get_step_trace": ("xprof_step_trace", "timeline_pass", "step_trace_pods"),
     "get_kpi_metrics": ("kpi_metrics",),
     "get_device_information": ("device_information",),
     "get_hosts": ("hosts",),
@@ -219,17 +221,18 @@ class _Assembler:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
         main = parts[0]
         if tool == "get_step_trace":
-            return self._step_trace(parts[0], parts[1], elapsed)
+            return self._step_trace(parts[0], parts[1], parts[2], elapsed)
         if tool in _DETECTORS:
             return tool_result(tool, lambda: self._detect(tool, *parts)) | {"elapsed_ms": elapsed}
         return _as_result(tool, main, elapsed)
 
     @staticmethod
-    def _step_trace(xprof_part: Outcome, tl: Outcome, elapsed: float) -> dict[str, Any]:
-        for part in (xprof_part, tl):
+    def _step_trace(xprof_part: Outcome, tl: Outcome, pods: Outcome,
+                    elapsed: float) -> dict[str, Any]:
+        for part in (xprof_part, pods, tl):
             if part.status == ERROR:
                 return _as_result("get_step_trace", part, elapsed)
-        data = dict(xprof_part.value)
+        data = dict(pick_step_trace(pods.value, xprof_part.value))
         analysis = tl.value if tl.status == DATA else {}
         data["host_bound_analysis"] = analysis
         # No steps anywhere still leaves the timeline's busy share of the capture window,

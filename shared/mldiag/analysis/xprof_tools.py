@@ -221,23 +221,37 @@ class XprofWorkspace:
             raise NoData(str(data.get("message") or "no data"))
         return data
 
-    def fetch_tool_data(self, tb_tool: str) -> dict[str, Any]:
-        """Raw converter output for a TensorBoard-plugin tool such as `smart_suggestion`."""
+    def fetch_tool_data(self, tb_tool: str, run_dir: Path | None = None) -> dict[str, Any]:
+        """Raw converter output for a TensorBoard-plugin tool such as `smart_suggestion`,
+        converted in this workspace's run directory or in `run_dir` (see `side_run_dir`)."""
         from xprof.cli.internal.oss import xprof_client
 
-        _, raw = xprof_client.get_client().fetch(tb_tool, str(self.run_dir))
-        return self.scrub(_parse(raw))
+        where = run_dir or self.run_dir
+        _, raw = xprof_client.get_client().fetch(tb_tool, str(where))
+        data = self.scrub(_parse(raw))
+        if run_dir is not None:
+            data = _replace_path(data, str(run_dir), str(self.session.path))
+        return data
+
+    def side_run_dir(self, name: str) -> Path:
+        """A second run directory of this workspace, with links to the xplanes of the first
+        (the reduced copies where the collection made them), for a converter that must not
+        share the first's saved results: xprof clears a run directory's saved `*.pb` before
+        a fresh conversion, which would delete op_stats being built beside it."""
+        if self._root is None:
+            raise RuntimeError("XprofWorkspace used outside its context")
+        run_dir = self._root / name / "plugins" / "profile" / self.session.name
+        run_dir.mkdir(parents=True, exist_ok=True)
+        for xplane in self.session.xplanes:
+            link = run_dir / xplane.name
+            if not link.is_symlink():
+                link.symlink_to((self.run_dir / xplane.name).resolve())
+        return run_dir
 
     def scrub(self, value: Any) -> Any:
         """Replace the private workspace path with the session's real path, so results do
         not depend on where this analysis happened to run."""
-        if isinstance(value, str):
-            return value.replace(str(self.run_dir), str(self.session.path))
-        if isinstance(value, dict):
-            return {k: self.scrub(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.scrub(v) for v in value]
-        return value
+        return _replace_path(value, str(self.run_dir), str(self.session.path))
 
     def precompute_op_stats(self) -> dict[str, Any]:
         """Build the shared inputs once, before tools run in parallel; returns the overview.
@@ -251,6 +265,16 @@ class XprofWorkspace:
 
         hlo_tools.generate_hlo_protos(str(self.run_dir))
         return overview
+
+
+def _replace_path(value: Any, old: str, new: str) -> Any:
+    if isinstance(value, str):
+        return value.replace(old, new)
+    if isinstance(value, dict):
+        return {k: _replace_path(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_path(v, old, new) for v in value]
+    return value
 
 
 def _parse(raw: Any) -> dict[str, Any]:

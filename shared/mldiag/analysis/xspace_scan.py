@@ -109,21 +109,68 @@ def _signed(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-@dataclass
 class Events:
-    """The events of one line as columns (one entry per event, in file order)."""
+    """The events of one line as columns (one entry per event, in file order).
 
-    metadata_id: I64
-    offset_ps: I64
-    duration_ps: I64
-    # Where each event's stats start and its body ends, in bytes of the file.
-    stats_start: I64
-    body_end: I64
-    # Where each event's field starts (its tag byte), for byte-level copies.
-    tag_at: I64 = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    Which metadata each event points at, and where its bytes are, are decoded at once; its
+    offset, duration and where its stats start on first use. Offsets and durations are the
+    long varints, most of the decoding time, and copying or filtering events (the reduction
+    on the critical path of collection) needs neither.
+    """
+
+    __slots__ = ("metadata_id", "body_end", "tag_at", "_after_mid", "_buf", "_offset_ps",
+                 "_duration_ps", "_stats_start")
+
+    def __init__(self, metadata_id: I64, body_end: I64, tag_at: I64, after_mid: I64,
+                 buf: NDArray[np.uint8]) -> None:
+        self.metadata_id = metadata_id
+        # Where each event's body ends, and where its field starts (its tag byte), in bytes
+        # of the file.
+        self.body_end = body_end
+        self.tag_at = tag_at
+        self._after_mid = after_mid
+        self._buf = buf
+        self._offset_ps: I64 | None = None
+        self._duration_ps: I64 | None = None
+        self._stats_start: I64 | None = None
 
     def __len__(self) -> int:
         return len(self.metadata_id)
+
+    def _decode_times(self) -> None:
+        pos = self._after_mid.copy()
+        self._offset_ps = _optional_varint(self._buf, pos, self.body_end, 0x10)
+        self._duration_ps = _optional_varint(self._buf, pos, self.body_end, 0x18)
+        if np.any(pos > self.body_end):
+            raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
+        self._stats_start = pos
+
+    @property
+    def offset_ps(self) -> I64:
+        if self._offset_ps is None:
+            self._decode_times()
+        assert self._offset_ps is not None
+        return self._offset_ps
+
+    @property
+    def duration_ps(self) -> I64:
+        if self._duration_ps is None:
+            self._decode_times()
+        assert self._duration_ps is not None
+        return self._duration_ps
+
+    @property
+    def stats_start(self) -> I64:
+        """Where each event's stats start, in bytes of the file."""
+        if self._stats_start is None:
+            self._decode_times()
+        assert self._stats_start is not None
+        return self._stats_start
+
+    @classmethod
+    def concatenate(cls, parts: list[Events], buf: NDArray[np.uint8]) -> Events:
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
+            "metadata_id", "body_end", "tag_at", "_after_mid")), buf)
 
 
 @dataclass
@@ -337,23 +384,19 @@ class XSpaceScan:
                     pos = stop
         if not parts:
             z = np.zeros(0, dtype=np.int64)
-            return Events(z, z, z, z, z, z)
+            return Events(z, z, z, z, self.buf)
         if len(parts) == 1:
             return parts[0]
-        return Events(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
-            "metadata_id", "offset_ps", "duration_ps", "stats_start", "body_end", "tag_at")))
+        return Events.concatenate(parts, self.buf)
 
     def _decode_block(self, tags: I64) -> Events:
         buf = self.buf
         length, pos = _varints_at(buf, tags + 1)
         body_end = pos + length
         mid = _optional_varint(buf, pos, body_end, 0x08)
-        offset = _optional_varint(buf, pos, body_end, 0x10)
-        duration = _optional_varint(buf, pos, body_end, 0x18)
         if np.any(pos > body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
-        return Events(metadata_id=mid, offset_ps=offset, duration_ps=duration,
-                      stats_start=pos, body_end=body_end, tag_at=tags)
+        return Events(mid, body_end, tags, pos, buf)
 
     # -- writing -------------------------------------------------------------------------------
 
