@@ -169,8 +169,11 @@ class Events:
 
     @classmethod
     def concatenate(cls, parts: list[Events], buf: NDArray[np.uint8]) -> Events:
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
-            "metadata_id", "body_end", "tag_at", "_after_mid")), buf)
+        def joined(field_name: str) -> I64:
+            return np.concatenate([getattr(p, field_name) for p in parts])
+
+        return cls(joined("metadata_id"), joined("body_end"), joined("tag_at"),
+                   joined("_after_mid"), buf)
 
 
 @dataclass
