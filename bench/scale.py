@@ -1,7 +1,7 @@
 """Benchmark: collection cost against profile size, mldiag beside the sequential xprof CLI.
 
     python bench/scale.py [--sizes 1,10,100,500] [--workdir DIR] [--json OUT] [--no-cli-above MB]
-                          [--memory-budget 3G] [--repeat N]
+                          [--memory-budget 3G] [--repeat N] [--cli-with-workers-malloc]
 
 For each size it generates a synthetic profile, then measures on the same file, in one run:
   (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses, cold (fresh
@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
 
 from mldiag.analysis.profile_input import resolve_session  # noqa: E402
+from mldiag.analysis.workers import worker_allocator  # noqa: E402
 
 WORKLOAD = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp
@@ -119,27 +120,43 @@ def run_mldiag(xplane: Path, out: Path, budget: str | None = None) -> dict[str, 
     analysis = json.loads((out / "analysis.json").read_text()) if result["rc"] == 0 else {}
     tools = analysis.get("tools", [])
     collection = analysis.get("collection", {})
+    snapshot_path = out / "health_snapshot.json"
+    malloc = (json.loads(snapshot_path.read_text()).get("collection", {}).get("worker_malloc")
+              if result["rc"] == 0 and snapshot_path.is_file() else None)
     return {**figures, "rc": result["rc"],
             "status": analysis.get("status"),
             "tools_error": [t["name"] for t in tools if t["status"] == "ERROR"],
             "tools_data": sum(t["status"] == "DATA" for t in tools),
             "collection_s": round(collection.get("elapsed_ms", 0) / 1000, 2),
             "skipped": collection.get("skipped", []), "killed": collection.get("killed", []),
-            "degraded": collection.get("degraded", []),
+            "degraded": collection.get("degraded", []), "worker_malloc": malloc,
             **({"stderr": result["stderr"]} if result["rc"] else {})}
 
 
-def run_cli_measured(xplane: Path) -> dict[str, Any]:
+def run_cli_measured(xplane: Path, preload: str | None = None) -> dict[str, Any]:
+    """The sequential CLI; with `preload`, its processes run with that malloc (LD_PRELOAD),
+    as mldiag's workers do, to show how much of the difference is the allocator's."""
     warm(xplane)
     session = resolve_session(xplane.parent)
     per_tool: dict[str, float] = {}
+    saved = os.environ.get("LD_PRELOAD")
 
     def call() -> None:
         _, tools = run_cli(session)
         per_tool.update(tools)
 
-    figures = measure(call)
-    return {**figures, "per_tool_s": {k: round(v, 2) for k, v in per_tool.items()}}
+    if preload:
+        os.environ["LD_PRELOAD"] = preload  # read by each CLI process at its start only
+    try:
+        figures = measure(call)
+    finally:
+        if preload:
+            if saved is None:
+                os.environ.pop("LD_PRELOAD", None)
+            else:
+                os.environ["LD_PRELOAD"] = saved
+    return {**figures, "per_tool_s": {k: round(v, 2) for k, v in per_tool.items()},
+            **({"preload": os.path.basename(preload)} if preload else {})}
 
 
 def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -156,6 +173,9 @@ def main() -> int:
     parser.add_argument("--memory-budget", help="also run mldiag with this budget (e.g. 3G)")
     parser.add_argument("--repeat", type=int, default=1,
                         help="runs of each side per size, alternated; medians are kept")
+    parser.add_argument("--cli-with-workers-malloc", action="store_true",
+                        help="also run the CLI once per size with the malloc mldiag's "
+                             "workers use (workers.worker_allocator)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -191,6 +211,11 @@ def main() -> int:
                                               args.memory_budget)
             print(f"   mldiag --memory-budget {args.memory_budget}: "
                   f"{json.dumps(row['mldiag_budget'])}", flush=True)
+        allocator = worker_allocator()
+        if args.cli_with_workers_malloc and allocator and mb <= args.no_cli_above:
+            row["cli_with_workers_malloc"] = run_cli_measured(xplane, allocator)
+            print(f"   cli with {os.path.basename(allocator)}: "
+                  f"{json.dumps(row['cli_with_workers_malloc'])}", flush=True)
         if theirs:
             row["cli"] = _median_run(theirs)
             row["speedup_vs_cli"] = statistics.median(

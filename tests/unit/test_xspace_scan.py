@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mldiag.analysis.timeline import _covered, _merge
-from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan, _varints_at
+from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan, _varints_at, unique_ids
 from tests.conftest import SHARED_FIXTURES
 
 FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
@@ -169,3 +169,16 @@ def test_a_varint_that_runs_past_the_buffer_is_minus_one():
     buf = np.frombuffer(b"\x01" * 9 + b"\xff\xff", dtype=np.uint8)
     got, _ = _varints_at(buf, np.array([0, 9, 10, 11, -1], dtype=np.int64))
     assert list(got) == [1, -1, -1, -1, -1]
+
+
+@given(st.lists(st.integers(-3, 70), max_size=300), st.booleans())
+@settings(max_examples=200, deadline=None)
+def test_unique_ids_is_numpys_unique(values, spread):
+    ids = np.array(values, dtype=np.int64)
+    if spread and len(ids):
+        ids = ids * 10**9  # far more values than entries: numpy's own path
+    uniq, first, inverse = unique_ids(ids)
+    want = np.unique(ids, return_index=True, return_inverse=True)
+    assert uniq.tolist() == want[0].tolist()
+    assert first.tolist() == want[1].tolist()
+    assert inverse.tolist() == want[2].reshape(-1).tolist()

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.xspace_scan import Line, Plane, XSpaceScan
+from mldiag.analysis.xspace_scan import Line, Plane, XSpaceScan, unique_ids
 
 # Lines of device planes that summarise other lines rather than record execution.
 _SUMMARY_LINES = frozenset(
@@ -158,7 +158,7 @@ def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
                 continue
             # Whether an event is a step annotation (has step_num) is decided per metadata,
             # from its first occurrence: the column of metadata ids does the rest.
-            mids, first = np.unique(ev.metadata_id, return_index=True)
+            mids, first, _ = unique_ids(ev.metadata_id)
             step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
                          if _has_stat(scan, plane, line, i, "step_num")]
             if not step_mids:
@@ -217,8 +217,8 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
         result.events_scanned += len(ev)
         if not len(ev):
             continue
-        mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
-        names = [plane.event_names.get(int(m), "") for m in mids]
+        mids, _, inverse = unique_ids(ev.metadata_id)
+        names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
         marker = np.array([n.startswith(_MARKER_PREFIXES) for n in names])[inverse]
         runtime = np.array([_is_runtime_event(n) for n in names])[inverse]
         timed = (ev.duration_ps > 0) & ~marker
@@ -231,10 +231,10 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
         program_id = plane.stat_id("program_id") if source == "xla_cpu" else None
         programs = (scan.int_stat(ev, program_id) if program_id is not None
                     else np.full(len(ev), -1, dtype=np.int64))
-        keys, key_index = np.unique(
-            np.column_stack([programs[attributed], inverse[attributed]]), axis=0,
-            return_inverse=True)
-        key_index = key_index.reshape(-1)
+        # One id per (program, name): programs are -1 (none) or small non-negative ids.
+        combined, _, key_index = unique_ids(
+            (programs[attributed] + 1) * len(mids) + inverse[attributed])
+        keys = np.column_stack([combined // len(mids) - 1, combined % len(mids)])
         if len(result.steps) and program_id is not None:
             in_step = _inside(start[attributed], result.steps)
             result.programs_in_steps.update(

