@@ -197,6 +197,11 @@ class StateStore(Protocol):
         """Conditionally create (or take over an expired) claim; False if held or done."""
         ...
 
+    def renew(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        """Extend a claim `owner` holds to `now + lease_s` (work that runs longer than a
+        lease keeps it); False when it is no longer theirs (taken over, released or done)."""
+        ...
+
     def release(self, key: str, owner: str) -> None:
         """Drop a claim after a failure, so a redelivery can take it."""
         ...

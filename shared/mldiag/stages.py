@@ -20,6 +20,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -112,23 +113,71 @@ def _fail(services: Services, run: str, session: str, reason: str,
 
 
 @contextmanager
-def claimed(services: Services, key: str, *, lease_s: float | None = None) -> Iterator[bool]:
+def claimed(services: Services, key: str, *, lease_s: float | None = None,
+            keep_alive: Callable[[float], object] | None = None) -> Iterator[bool]:
     """Hold the idempotency claim `key` around a stage's work; yields whether this delivery
     got it (False: a duplicate, or another delivery is on it, so do nothing).
 
     The claim is released if the work raises, so a redelivery can take it, and completed
     when the work ends (returning early included), so later duplicates stop at once.
+
+    With `keep_alive(now)` (which touches the session), long work renews its claim and
+    touches its session every third of a lease while it runs: a collection that takes longer
+    than a lease, or than the sweeper's deadline (the collect job runs up to an hour), is not
+    taken over by a redelivery or started again; one that dies stops renewing, and is.
     """
     lease = services.settings.lease_s if lease_s is None else lease_s
     if not services.state.claim(key, services.owner, lease, services.clock()):
         yield False
         return
+    beat = _KeepAlive(services, key, lease, keep_alive) if keep_alive is not None else None
     try:
         yield True
     except BaseException:
+        if beat is not None:
+            beat.stop()
         services.state.release(key, services.owner)
         raise
+    if beat is not None:
+        beat.stop()
     services.state.complete(key, services.owner)
+
+
+class _KeepAlive:
+    """A daemon thread that renews a claim and touches its session until stopped."""
+
+    def __init__(self, services: Services, key: str, lease_s: float,
+                 touch: Callable[[float], object]) -> None:
+        self._stopped = threading.Event()
+        every = max(0.05, lease_s / 3)
+
+        def run() -> None:
+            while not self._stopped.wait(every):
+                try:
+                    now = services.clock()
+                    if not services.state.renew(key, services.owner, lease_s, now):
+                        log.warning("claim %s was taken over while its work ran", key)
+                        return
+                    touch(now)
+                except Exception:  # noqa: BLE001 - a missed beat only shortens the lease
+                    log.warning("could not renew claim %s", key, exc_info=True)
+
+        self._thread = threading.Thread(target=run, name=f"keep-alive {key}", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=30)
+
+
+def _toucher(services: Services, run: str, session: str, version: int,
+             state: str) -> Callable[[float], object]:
+    """keep_alive for `claimed`: mark the session as moving while its stage works on it."""
+    def touch(now: float) -> object:
+        return services.state.transition(run, session, state, expect=[state], version=version,
+                                         now=now)
+
+    return touch
 
 
 # on_profile_object
@@ -324,7 +373,8 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
             return
     key = "combine" if host_parts is not None else "collect"
     try:
-        with claimed(services, _stage_key(key, msg)) as mine:
+        with claimed(services, _stage_key(key, msg), keep_alive=_toucher(
+                services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
             if not mine:
                 return
             _collect_claimed(services, msg, host_parts)
@@ -361,6 +411,10 @@ def _collect_claimed(services: Services, msg: AnalyzeSession,
     failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
     snapshot["session"]["capture"] = {
         "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
+    if services.settings.in_job:
+        # The big-session path: the report says where the collection ran and why.
+        snapshot["collection"]["collect_job"] = _job_note(services, s) or {
+            "why": "the session was handed to the collect job"}
     _write_json(services, s, "health_snapshot.json", snapshot)
     status = triage(snapshot).status
     services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
@@ -428,6 +482,10 @@ def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
                                 services.clock()):
         return
     try:
+        # Why the session left the function, for the job to put in the report.
+        services.storage.write_bytes(
+            _job_note_name(s), json.dumps({"why": why, "at": services.clock()}).encode(),
+            content_type="application/json")
         execution = services.jobs.run(msg)
     except BaseException:
         services.state.release(key, services.owner)
@@ -437,6 +495,19 @@ def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
                               progress=f"job:{execution}")
     log.info("session %s/%s handed to the collect job (%s): %s", msg.run, msg.session,
              execution, why)
+
+
+def _job_note_name(s: SessionRecord) -> str:
+    return f"{_analysis_dir(s)}/v{s.version}/collect-job.json"
+
+
+def _job_note(services: Services, s: SessionRecord) -> dict[str, Any] | None:
+    """In the collect job: why the collect function handed the session over, if it said."""
+    try:
+        note = json.loads(services.storage.read_bytes(_job_note_name(s)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return {"why": str(note.get("why", ""))} if isinstance(note, dict) else None
 
 
 def _fans_out(settings: Settings, sizes: Sequence[int]) -> bool:
@@ -488,7 +559,8 @@ def collect_host(msg: CollectHost, services: Services) -> None:
     if s is None or msg.host not in s.hosts or s.hosts[msg.host].status != "ARRIVED":
         return
     with claimed(services, f"collect_host:{msg.run}/{msg.session}#v{msg.version}/"
-                           f"{msg.host}") as mine:
+                           f"{msg.host}", keep_alive=_toucher(
+                               services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
         if not mine:
             return
         settings = services.settings
@@ -546,7 +618,8 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
     if s.progress == "investigated":
         services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
         return
-    with claimed(services, _stage_key("investigate", msg)) as mine:
+    with claimed(services, _stage_key("investigate", msg), keep_alive=_toucher(
+            services, msg.run, msg.session, msg.version, INVESTIGATING)) as mine:
         if not mine:
             return
         base = _analysis_dir(s)

@@ -379,6 +379,20 @@ def test_a_completed_claim_never_expires_and_cannot_be_released(state: Subject) 
     assert not s.claim("k", "b", lease_s=10, now=1e9)
 
 
+def test_a_renewed_claim_outlives_its_first_lease_and_only_its_holder_renews(
+        state: Subject) -> None:
+    s = state.adapter
+    assert s.claim("k", "a", lease_s=10, now=0)
+    assert not s.renew("k", "b", lease_s=10, now=5)  # not the holder
+    assert s.renew("k", "a", lease_s=10, now=8)
+    assert not state.twin.claim("k", "b", lease_s=10, now=15)  # held until 18 now
+    assert state.twin.claim("k", "b", lease_s=10, now=18.5)
+    assert not s.renew("k", "a", lease_s=10, now=19)  # taken over: no longer a's
+    s.complete("k", "b")
+    assert not s.renew("k", "b", lease_s=10, now=20)  # done: nothing to keep alive
+    assert not s.renew("missing", "a", lease_s=10, now=0)
+
+
 def test_eight_threads_claiming_one_key_give_one_winner(state: Subject) -> None:
     stores = (state.adapter, state.twin)
     won = contend(8, lambda i: stores[i % 2].claim("event#1", f"w{i}", lease_s=60, now=0))

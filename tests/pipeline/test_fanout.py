@@ -135,6 +135,13 @@ def test_the_local_collect_job_runs_the_same_stage_in_its_own_process(
     assert snapshot["tools"]["get_xprof_overview"]["status"] == "DATA"
     log = (rt.services.settings.home / "collect-job.log").read_text()
     assert "Traceback" not in log
+    # The report says the session took the big-session path, and why.
+    why = snapshot["collection"]["collect_job"]["why"]
+    assert "over the collect function's 0.00 GiB per host" in why
+    analysis = json.loads((analysis_dir(rt) / "analysis.json").read_text())
+    assert analysis["collection"]["collect_job"]["why"] == why
+    summary = (analysis_dir(rt) / "summary.html").read_text()
+    assert "in the collect job (a Cloud Run job), because its largest host is" in summary
 
 
 def test_a_session_over_the_memory_budget_goes_to_the_collect_job_when_there_is_one(

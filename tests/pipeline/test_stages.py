@@ -131,6 +131,21 @@ class FlakyStorage:
         return getattr(self.inner, attr)
 
 
+class SlowStorage:
+    """Storage whose downloads for a stage (`local_files`) take `delay_s` longer: a long
+    collection or investigation, as a large profile gives."""
+
+    def __init__(self, inner: Any, delay_s: float) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def local_files(self, *args: Any, **kw: Any) -> Any:
+        time.sleep(self.delay_s)
+        return self.inner.local_files(*args, **kw)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+
 class FlakyBus:
     """A bus whose publishes of one message kind fail `times` times (Pub/Sub DEADLINE_EXCEEDED)."""
 
@@ -532,6 +547,23 @@ def test_the_sweeper_requeues_a_session_stuck_past_the_deadline(
     wait_state(rt, REPORTED)
     assert_reported_once(rt)
     assert len(kinds(rt, "AnalyzeSession")) == 1, "re-queued more than once per deadline"
+
+
+def test_stages_longer_than_their_lease_and_the_deadline_run_once(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    # Collection and investigation each take 1.5 s here, past the claim's lease (0.3 s) and
+    # the sweeper's deadline (0.6 s): the claim is renewed and the session touched while
+    # they work, so no redelivery takes the claim over and the sweeper re-queues nothing.
+    rt = make_runtime(lease_s=0.3, stuck_after_s=0.6)
+    rt.services.storage = SlowStorage(rt.storage, 1.5)  # type: ignore[assignment]
+    rt.start()
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    wait_state(rt, REPORTED, timeout=60)
+    assert rt.wait_idle(30)
+    assert_reported_once(rt)
+    assert snapshot_writes(rt) == 1
+    assert len(kinds(rt, "AnalyzeSession")) == 1 and len(kinds(rt, "InvestigateSession")) == 1
+    assert session_of(rt).requeues == 0
 
 
 @pytest.mark.parametrize("state", [CAPTURED, ANALYZING, INVESTIGATING])

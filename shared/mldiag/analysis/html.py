@@ -475,6 +475,9 @@ def _render_collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, 
     parts = [f"Collection took {took}"]
     if size is not None:
         parts.append(f"for {size / 1024**2:,.1f} MB of xplanes")
+    job = _map(info.get("collect_job"))
+    if job:
+        parts.append(f"in the collect job (a Cloud Run job), because {_prose(job.get('why'))}")
     line = " ".join(parts)
     if peak is not None and budget is not None:
         line += (f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "

@@ -576,6 +576,16 @@ class FirestoreStateStore(LazyFirestore):
 
         return self._swap(ref, take_over, f"claim {key}")
 
+    def renew(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        ref = self._claim_ref(key)
+
+        def extend(snap: Any) -> tuple[bool, dict[str, Any] | None]:
+            if not snap.exists or snap.get("owner") != owner or snap.get("done"):
+                return False, None
+            return True, {"expires_at": now + lease_s}
+
+        return self._swap(ref, extend, f"renew claim {key}")
+
     def release(self, key: str, owner: str) -> None:
         ref = self._claim_ref(key)
 

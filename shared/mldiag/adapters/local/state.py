@@ -338,6 +338,12 @@ class SqliteStateStore:
                 "expires_at = excluded.expires_at", (key, owner, now + lease_s))
             return True
 
+    def renew(self, key: str, owner: str, lease_s: float, now: float) -> bool:
+        with self._tx() as db:
+            return db.execute(
+                "UPDATE claims SET expires_at = ? WHERE key = ? AND owner = ? AND done = 0",
+                (now + lease_s, key, owner)).rowcount == 1
+
     def release(self, key: str, owner: str) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM claims WHERE key = ? AND owner = ? AND done = 0",
