@@ -78,6 +78,19 @@ def test_jobs_wait_for_memory_rather_than_run_side_by_side_over_the_budget():
     assert out["x"].status == out["y"].status == "DATA"
 
 
+def test_a_job_waiting_for_memory_lets_a_later_ready_one_of_its_worker_go_first():
+    big = 600 * 1024**2
+    out = _run([_job("x", "nap", "a", memory_bytes=big),
+                _job("y", "nap", "b", memory_bytes=big),
+                _job("z", "nap", "b")], budget=GiB)
+    assert all(out[n].status == "DATA" for n in "xyz")
+    x, y, z = (out[n].value for n in "xyz")
+    # Worker a's x is scheduled first; y, at the head of worker b, waits for its memory, and
+    # z, behind y, ready and small, runs meanwhile.
+    assert y["start"] >= x["end"]
+    assert z["start"] < x["end"] and z["end"] <= y["start"] + 0.05
+
+
 def test_a_crashing_worker_and_a_failing_job_are_recorded():
     out = _run([_job("crash", "crash"), _job("fail", "fail", "b"), _job("ok", "echo")])
     assert out["crash"].status == ERROR and "died (exit code 3)" in out["crash"].killed

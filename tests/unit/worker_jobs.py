@@ -41,3 +41,10 @@ def mapped_libs(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> list[str]:
     """The shared objects this worker has mapped (its allocator among them)."""
     with open("/proc/self/maps") as f:
         return sorted({line.split()[-1] for line in f if ".so" in line})
+
+
+def nap(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> dict[str, float]:
+    """Half a second of work, with when it ran (CLOCK_MONOTONIC is one clock for all processes)."""
+    start = time.monotonic()
+    time.sleep(0.5)
+    return {"start": start, "end": time.monotonic()}

@@ -4,7 +4,8 @@ The collection tools are mostly xprof's native converters plus Python post-proce
 process they share one GIL, and a converter that runs away cannot be stopped. So each *group*
 of jobs runs in its own worker process (a separate interpreter, kept warm between analyses):
 
-- jobs of one group run one at a time in their worker, in order, when their inputs are done;
+- jobs of one group run one at a time in their worker, in order, when their inputs are done
+  (a job waiting for memory lets a later one that is ready and fits go first);
 - a job past its deadline is killed together with its worker, recorded as ERROR with the
   reason, and a fresh worker takes the group's remaining jobs;
 - the workers' resident memory is watched: past the budget, the largest worker is killed and
@@ -370,8 +371,15 @@ def run_jobs(
                     continue
                 need = max(0, job.memory_bytes - rss.get(w.group, 0))
                 if busy_any and committed + need > budget_bytes:
-                    continue  # waits until the running jobs have released their memory
-                w.queue.pop(0)
+                    # It waits until the running jobs have released their memory; a later job
+                    # of this worker that is ready and fits goes first meanwhile.
+                    later = next((j for j in w.queue[1:] if _ready(j, outcomes)
+                                  and committed + max(0, j.memory_bytes - rss.get(w.group, 0))
+                                  <= budget_bytes), None)
+                    if later is None:
+                        continue
+                    job, need = later, max(0, later.memory_bytes - rss.get(w.group, 0))
+                w.queue.remove(job)
                 inputs = inputs_for(job, outcomes) if inputs_for is not None else {}
                 w.conn.send(("job", job, inputs))
                 w.job, w.started, w.peak_rss = job, time.monotonic(), 0
@@ -425,6 +433,12 @@ def _unblock(workers: Mapping[str, _Worker], outcomes: Mapping[str, Outcome],
             if missing:
                 record(Outcome(job.name, ERROR, None, 0.0,
                                skipped=f"skipped: its input {missing[0]} never ran"))
+
+
+def _ready(job: Job, outcomes: Mapping[str, Outcome]) -> bool:
+    """Every job it waits for is done, and those it requires succeeded."""
+    return all(d in outcomes for d in (*job.after, *job.requires)) and not any(
+        outcomes[d].status == ERROR for d in job.requires)
 
 
 def _watch_memory(workers: Mapping[str, _Worker], budget: int,
