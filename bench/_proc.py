@@ -4,9 +4,12 @@ they are reaped)."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from pathlib import Path
+from typing import Any
 
 from mldiag.analysis.workers import rss_bytes as _rss
 
@@ -66,3 +69,10 @@ class PeakTreeRss:
             self.peak = max(self.peak, sum(sizes))
             self.peak_single = max([self.peak_single, *sizes])
             time.sleep(self.interval)
+
+
+def write_results(path: str | None, rows: list[dict[str, Any]]) -> None:
+    """Write a bench's rows as JSON with the machine they ran on (nothing without a path)."""
+    if path:
+        Path(path).write_text(json.dumps({"machine": os.uname().nodename,
+                                          "cores": os.cpu_count(), "rows": rows}, indent=2))

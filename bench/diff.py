@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _proc import PeakTreeRss  # noqa: E402 - bench/_proc.py, beside this file
+from _proc import PeakTreeRss, write_results  # noqa: E402 - bench/_proc.py, beside this file
 from scale import generate  # noqa: E402
 
 from mldiag.adapters.local.state import SqliteStateStore  # noqa: E402
@@ -209,10 +209,7 @@ def main() -> int:
         print(f"{r['case']:<40} {mb:>12} {r['in_process']['wall_ms']:>8} "
               f"{r['in_process']['cpu_ms']:>7} {r['cli']['wall_s']:>6} "
               f"{r['cli']['import_only_s']:>8} {r['recollect_s']:>12}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": os.uname().nodename,
-                                               "cores": os.cpu_count(), "rows": rows},
-                                              indent=2))
+    write_results(args.json, rows)
     return 0
 
 

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _proc import PeakTreeRss, tree_cpu_s
+from _proc import PeakTreeRss, tree_cpu_s, write_results
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
@@ -236,10 +236,7 @@ def main() -> int:
               f"{m['peak_rss_process_mb']:>12} {c.get('wall_s', '-'):>8} "
               f"{c.get('cpu_s', '-'):>7} {c.get('peak_rss_process_mb', '-'):>8} "
               f"{r.get('speedup_vs_cli', '-'):>8}")
-    if args.json:
-        Path(args.json).write_text(json.dumps({"machine": os.uname().nodename,
-                                               "cores": os.cpu_count(), "rows": rows},
-                                              indent=2))
+    write_results(args.json, rows)
     return 0
 
 

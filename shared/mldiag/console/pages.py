@@ -138,28 +138,28 @@ def session_page(request: Request, principal: Principal, s: SessionRecord, base:
 
 
 def report(request: Request, s: SessionRecord) -> Response:
-    console = console_of(request)
-    if s.state != "REPORTED" or not s.hosts:
-        raise HTTPException(404, "this session has no report yet")
-    try:
-        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/summary.html")
-    except FileNotFoundError as e:
-        raise HTTPException(404, "this session's report is missing from the bucket") from e
-    request.state.csp = report_csp()
-    return Response(body, media_type="text/html; charset=utf-8")
+    return _stored_page(request, s, "summary.html",
+                        "this session's report is missing from the bucket")
 
 
 def diff_page(request: Request, s: SessionRecord) -> Response:
     """The stored diff.html of an alert-triggered session (against its run's baseline)."""
+    return _stored_page(request, s, "diff.html",
+                        "this session has no diff: only sessions captured on a degradation "
+                        "alert are compared with a baseline (compare any two from the run's "
+                        "page)")
+
+
+def _stored_page(request: Request, s: SessionRecord, name: str, missing: str) -> Response:
+    """A reported session's `analysis/<name>`, served under the report's CSP; 404 with
+    `missing` when the bucket has no such file."""
     console = console_of(request)
     if s.state != "REPORTED" or not s.hosts:
         raise HTTPException(404, "this session has no report yet")
     try:
-        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/diff.html")
+        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/{name}")
     except FileNotFoundError as e:
-        raise HTTPException(404, "this session has no diff: only sessions captured on a "
-                            "degradation alert are compared with a baseline (compare any "
-                            "two from the run's page)") from e
+        raise HTTPException(404, missing) from e
     request.state.csp = report_csp()
     return Response(body, media_type="text/html; charset=utf-8")
 

@@ -266,20 +266,13 @@ class FirestoreStateStore(LazyFirestore):
         return self._tx(ref, tx)
 
     def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
-        ref = self._run_ref(run)
-
-        def tx(transaction: Any) -> RunRecord | None:
-            snap = ref.get(transaction=transaction)
-            if not snap.exists:
-                return None
-            stored = self._run(snap)
-            stored.auto_capture = dict(policy)
-            transaction.set(ref, self._run_doc(stored))
-            return stored
-
-        return self._tx(ref, tx)
+        return self._update_run(run, lambda r: setattr(r, "auto_capture", dict(policy)))
 
     def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        return self._update_run(run, lambda r: setattr(r, "baseline", session))
+
+    def _update_run(self, run: str, change: Callable[[RunRecord], None]) -> RunRecord | None:
+        """Apply `change` to the stored run, in one transaction; None when it is unknown."""
         ref = self._run_ref(run)
 
         def tx(transaction: Any) -> RunRecord | None:
@@ -287,7 +280,7 @@ class FirestoreStateStore(LazyFirestore):
             if not snap.exists:
                 return None
             stored = self._run(snap)
-            stored.baseline = session
+            change(stored)
             transaction.set(ref, self._run_doc(stored))
             return stored
 

@@ -135,23 +135,19 @@ class SqliteStateStore:
             return stored
 
     def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
-        with self._tx() as db:
-            row = db.execute("SELECT data FROM runs WHERE name = ?", (run,)).fetchone()
-            if row is None:
-                return None
-            stored = RunRecord(**json.loads(row[0]))
-            stored.auto_capture = dict(policy)
-            db.execute("UPDATE runs SET data = ? WHERE name = ?",
-                       (json.dumps(stored.to_dict()), run))
-            return stored
+        return self._update_run(run, lambda r: setattr(r, "auto_capture", dict(policy)))
 
     def set_baseline(self, run: str, session: str) -> RunRecord | None:
+        return self._update_run(run, lambda r: setattr(r, "baseline", session))
+
+    def _update_run(self, run: str, change: Callable[[RunRecord], None]) -> RunRecord | None:
+        """Apply `change` to the stored run, in one transaction; None when it is unknown."""
         with self._tx() as db:
             row = db.execute("SELECT data FROM runs WHERE name = ?", (run,)).fetchone()
             if row is None:
                 return None
             stored = RunRecord(**json.loads(row[0]))
-            stored.baseline = session
+            change(stored)
             db.execute("UPDATE runs SET data = ? WHERE name = ?",
                        (json.dumps(stored.to_dict()), run))
             return stored
