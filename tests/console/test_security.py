@@ -92,6 +92,26 @@ def test_hostile_names_configs_hosts_and_findings_show_as_text(site: Site) -> No
         state.register_run(RunRecord(name="other", created_at=run.created_at))
 
 
+def test_a_findings_code_spans_show_as_code_and_stay_escaped(site: Site) -> None:
+    state = site.runtime.state
+    s = state.get_session("other", "o1")
+    assert s is not None
+    name = f"{session_dir(s)}/analysis/analysis.json"
+    real = site.runtime.storage.read_bytes(name)
+    analysis = json.loads(real)
+    analysis["findings"] = [{"priority": "P0", "category": "host_bound", "title": "t",
+                             "impact": "`<img src=x onerror=alert(1)>`",
+                             "fix": "feed it from a `queue.Queue`"}]
+    site.runtime.storage.write_bytes(name, json.dumps(analysis).encode())
+    try:
+        page = site.client.get("/runs/other/sessions/o1", headers=site.auth("viewer")).text
+        assert "feed it from a <code>queue.Queue</code>" in page
+        assert "<code>&lt;img src=x onerror=alert(1)&gt;</code>" in page
+        assert "<img src=x" not in page
+    finally:
+        site.runtime.storage.write_bytes(name, real)
+
+
 def test_the_login_url_works_once_and_sets_a_strict_http_only_cookie(site: Site) -> None:
     _, code = ensure_local_admin(site.console)
     assert (site.home / "admin.token").stat().st_mode & 0o777 == 0o600

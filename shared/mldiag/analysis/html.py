@@ -42,6 +42,12 @@ def _prose(value: object) -> str:
     return _BACKTICK.sub(r"<code>\1</code>", _e(value))
 
 
+def prose_html(value: object) -> str:
+    """A finding's text as HTML: escaped, with its `code` spans as <code> (as the report
+    shows them; the console's pages use it too)."""
+    return _prose(value)
+
+
 def _map(value: object) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 

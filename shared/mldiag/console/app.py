@@ -16,8 +16,10 @@ from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from jinja2 import Environment, PackageLoader, select_autoescape
+from markupsafe import Markup
 
 import mldiag
+from mldiag.analysis.html import prose_html
 from mldiag.console.context import Console
 
 CONSOLE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -42,6 +44,8 @@ def templates() -> Jinja2Templates:
     env = Environment(loader=PackageLoader("mldiag.web", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["fmt"] = _fmt
+    # Escaped by prose_html itself, which only adds <code> around `code` spans.
+    env.filters["prose"] = lambda value: Markup(prose_html(_fmt(value)))
     return Jinja2Templates(env=env)
 
 
