@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from mldiag.settings import Settings
@@ -35,12 +36,17 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_login(console: Any) -> None:
-    """The local admin token (created on first use) and a one-time login URL."""
+def _print_line(line: str, *, err: bool = False) -> None:
+    print(line, file=sys.stderr if err else sys.stdout, flush=True)
+
+
+def print_login(console: Any, say: Callable[..., None] = _print_line) -> None:
+    """The local admin token (created on first use) and a one-time login URL, each written
+    as one line by `say(line, err=...)`."""
     from mldiag.console.context import ensure_local_admin
 
     created, code = ensure_local_admin(console)
     home = console.settings.home
     if created:
-        print(f"admin token created in {home / 'admin.token'} (mode 0600)", file=sys.stderr)
-    print(f"login (one-time): {console.settings.console_url}/login?code={code}", flush=True)
+        say(f"admin token created in {home / 'admin.token'} (mode 0600)", err=True)
+    say(f"login (one-time): {console.settings.console_url}/login?code={code}")

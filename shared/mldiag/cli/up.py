@@ -36,6 +36,19 @@ def register(sub: Any) -> None:
     p.add_argument("--no-console", action="store_true", help="run the pipeline only")
 
 
+_OUT = threading.Lock()
+
+
+def say(line: str, *, err: bool = False) -> None:
+    """Write one whole line: the pipeline's threads print transitions while the main thread
+    prints the console's address, and print()'s separate text and newline writes interleave
+    ("ANALYZINGconsole: http://..."), which a reader (or a script waiting for the URL) misreads."""
+    stream = sys.stderr if err else sys.stdout
+    with _OUT:
+        stream.write(line + "\n")
+        stream.flush()
+
+
 def describe_transition(s: SessionRecord) -> str:
     detail = ""
     if s.state == "FAILED":
@@ -60,10 +73,10 @@ def start_console(runtime: LocalRuntime, settings: Settings) -> ConsoleServer:
     console = build_console(settings, plane=plane)
     server = ConsoleServer(console, settings.console_host, settings.console_port)
     server.start()
-    print(f"console: http://{server.host}:{server.port}/", flush=True)
+    say(f"console: http://{server.host}:{server.port}/")
     if server.port != settings.console_port:
         console.settings = replace(settings, console_port=server.port)
-    print_login(console)
+    print_login(console, say)
     return server
 
 
@@ -72,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
                                  console_port=getattr(args, "port", None))
 
     def listener(s: SessionRecord) -> None:
-        print(describe_transition(s), flush=True)
+        say(describe_transition(s))
 
     runtime = bootstrap(settings, listener=listener)
     stop = threading.Event()
@@ -83,8 +96,8 @@ def run(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     runtime.start()
-    print(f"mldiag up: watching {runtime.storage.root} (state {settings.state_db}); "
-          "Ctrl-C to stop", flush=True)
+    say(f"mldiag up: watching {runtime.storage.root} (state {settings.state_db}); "
+        "Ctrl-C to stop")
     server = None
     try:
         if not getattr(args, "no_console", False):
@@ -92,14 +105,13 @@ def run(args: argparse.Namespace) -> int:
                 server = start_console(runtime, settings)
             except MldiagError as e:
                 # The pipeline does not depend on the console: say why, and go on.
-                print(f"mldiag up: console not started: {e}", file=sys.stderr, flush=True)
+                say(f"mldiag up: console not started: {e}", err=True)
         while not stop.is_set():
             stop.wait(0.5)
     finally:
-        print("mldiag up: stopping (finishing messages in progress)...", file=sys.stderr,
-              flush=True)
+        say("mldiag up: stopping (finishing messages in progress)...", err=True)
         if server is not None:
             server.stop()
         runtime.stop()
-    print("mldiag up: stopped", flush=True)
+    say("mldiag up: stopped")
     return 0
