@@ -31,3 +31,14 @@ def tpu_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def gpu_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _fixture_copy(tmp_path_factory, "gpu_multi_worker")
+
+
+# The browser the browser tests ran on (tests/browser/conftest.py records it): a test that
+# passed on one chromium build says nothing of the next, so every run says which it was.
+BROWSER_VERSION = pytest.StashKey[str]()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    version = terminalreporter.config.stash.get(BROWSER_VERSION, None)
+    if version:
+        terminalreporter.write_line(f"browser tests ran on {version}")

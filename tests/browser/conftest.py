@@ -37,6 +37,8 @@ from playwright.sync_api import (
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Response as PlaywrightResponse
 
+from tests.conftest import BROWSER_VERSION
+
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO.parent / "shared" / "fixtures"
 ARTIFACTS = (Path(os.environ["MLDIAG_TEST_ARTIFACTS"]) / "browser"
@@ -53,6 +55,20 @@ KNOWN_PAGE_ERRORS = (
     # own router hands it as a list. The trace viewer renders regardless.
     ("/trace_viewer@", "split is not a function"),
 )
+
+# Content-Security-Policy violations, reported by the page itself (`securitypolicyviolation`),
+# so a blocked handler or script fails a test whether or not this chromium build also logs it
+# to the console. Known ones: (source file suffix, blocked URI, why it is harmless).
+KNOWN_CSP_VIOLATIONS = (
+    # The v1 trace viewer probes for a packaged Chrome app with `new Function(...)` inside a
+    # try/catch and runs without it.
+    ("/trace_viewer_index.js", "eval", "feature probe, caught"),
+)
+CSP_PROBE = """
+document.addEventListener('securitypolicyviolation', (e) => console.error(
+  'csp-violation ' + JSON.stringify({directive: e.effectiveDirective, blocked: e.blockedURI,
+                                     source: e.sourceFile, line: e.lineNumber})));
+"""
 
 
 @dataclass(frozen=True)
@@ -186,13 +202,19 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 
 
 @pytest.fixture(scope="session")
-def browser() -> Iterator[Browser]:
+def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
     path = shutil.which("chromium")
     if path is None:
         pytest.fail("the browser tests need Debian's chromium, and there is no `chromium` on "
                     "PATH: scripts/test installs it (apt-get install chromium)", pytrace=False)
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        version = f"Chromium {b.version} ({path})"
+        request.config.stash[BROWSER_VERSION] = version
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\nbrowser tests: {version}")
+        (ARTIFACTS / "chromium-version.txt").write_text(version + "\n")
         yield b
         b.close()
 
@@ -214,6 +236,7 @@ class Watch:
         ctx.on("weberror", lambda e: self._error(f"uncaught: {e.error}",
                                                  e.page.url if e.page else ""))
         ctx.on("console", self._console)
+        ctx.add_init_script(CSP_PROBE)
 
     def ours(self, url: str) -> bool:
         return url.startswith(self.origin + "/")
@@ -233,9 +256,16 @@ class Watch:
             self.errors.append(f"on {page_url}: {text}")
 
     def _console(self, msg: ConsoleMessage) -> None:
+        page_url = msg.page.url if msg.page else ""
+        if msg.type == "error" and msg.text.startswith("csp-violation "):
+            v = json.loads(msg.text.split(" ", 1)[1])
+            if not any((v["source"] or "").endswith(src) and v["blocked"] == blocked
+                       for src, blocked, _ in KNOWN_CSP_VIOLATIONS):
+                self.errors.append(f"on {page_url}: CSP violation: {v}")
+            return
         # Resources that failed to load are in `responses` (ours) or offline (gstatic).
         if msg.type == "error" and not msg.text.startswith("Failed to load resource"):
-            self._error(f"console error: {msg.text}", msg.page.url if msg.page else "")
+            self._error(f"console error: {msg.text}", page_url)
 
     def since(self, n: int) -> list[tuple[int, str]]:
         return self.responses[n:]

@@ -3,8 +3,11 @@ and caches keyed by the hosts' generations and the xprof version."""
 
 from __future__ import annotations
 
+import base64
 import copy
+import hashlib
 import json
+import re
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,6 +37,24 @@ def test_the_frontend_is_served_under_the_session_with_its_base_and_policy(site:
     assert bundle.status_code == 200 and bundle.headers["content-type"].startswith("text/java")
     config = site.client.get(f"{XP}/config", headers=viewer).json()
     assert config["hideCaptureProfileButton"] is True
+
+
+def test_every_inline_handler_the_frontend_sets_is_allowed_by_its_hash_alone(site: Site
+                                                                           ) -> None:
+    """The frontend's Angular templates set inline event handlers (`onload="focus();"` on
+    the trace viewer's iframe, `oncontextmenu="event.preventDefault()"` on its canvas);
+    chromium runs one only when the policy holds its hash under 'unsafe-hashes'."""
+    viewer = site.auth("viewer")
+    csp = site.client.get(f"{XP}/", headers=viewer).headers["content-security-policy"]
+    script_src = next(d for d in csp.split(";") if d.strip().startswith("script-src"))
+    assert "'unsafe-inline'" not in script_src and "'unsafe-hashes'" in script_src
+    bundle = site.client.get(f"{XP}/bundle.js", headers=viewer).text
+    handlers = {json.loads(f'"{code}"') for code in
+                re.findall(r'[\[,]"on[a-z]+","((?:[^"\\]|\\.)*)"', bundle)}
+    assert {"focus();", "event.preventDefault()"} <= handlers
+    for code in handlers:
+        digest = base64.b64encode(hashlib.sha256(code.encode()).digest()).decode()
+        assert f"'sha256-{digest}'" in script_src, code
 
 
 def test_only_this_session_is_listed_and_served(site: Site) -> None:

@@ -13,6 +13,7 @@ import base64
 import functools
 import gzip
 import hashlib
+import json
 import re
 from collections.abc import Callable
 from importlib import resources
@@ -47,20 +48,41 @@ def _static(name: str) -> bytes:
     return (resources.files("xprof") / "static" / name).read_bytes()
 
 
+def _sha256_source(text: str) -> str:
+    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
+
+
+# An Angular template's static attributes are compiled into the bundle as flat
+# `[name, value, ...]` arrays; an inline event handler among them reads `"onload","focus();"`.
+_STATIC_HANDLER = re.compile(r'[\[,]"(on[a-z]+)","((?:[^"\\]|\\.)*)"')
+
+
+def inline_handlers() -> list[str]:
+    """The inline event handlers the frontend's templates set (`onload="focus();"` on the
+    trace viewer's iframe, `oncontextmenu="event.preventDefault()"` on its canvas), read from
+    the pinned bundle, so a new pin's handlers are allowed by their hashes without a code
+    change. Escapes are decoded as the browser sees the attribute's value."""
+    found: list[str] = []
+    for _, value in _STATIC_HANDLER.findall(_static("bundle.js").decode()):
+        code = json.loads(f'"{value}"')
+        if code not in found:
+            found.append(code)
+    return found
+
+
 @functools.cache
 def frontend_csp() -> str:
     """The frontend's policy: its own scripts, the hashes of index.html's two inline
-    scripts, Google Charts' loader (which it tries, then boots without), and WebAssembly for
-    the trace viewer. Component styles are inline, as Angular writes them."""
+    scripts and of its templates' inline event handlers (`'unsafe-hashes'`: those handlers
+    alone, never `'unsafe-inline'`), Google Charts' loader (which it tries, then boots
+    without), and WebAssembly for the trace viewer. Component styles are inline, as Angular
+    writes them."""
     page = _static("index.html").decode()
-    hashes = " ".join(
-        "'sha256-" + base64.b64encode(hashlib.sha256(body.encode()).digest()).decode() + "'"
-        for body in re.findall(r"<script>(.*?)</script>", page, re.S))
-    # The trace viewer's iframe has one inline handler, `onload="focus();"` (keyboard focus
-    # for its WASD navigation): allowed by its hash alone.
-    handler = "'sha256-" + base64.b64encode(hashlib.sha256(b"focus();").digest()).decode() + "'"
+    hashes = " ".join(_sha256_source(body)
+                      for body in re.findall(r"<script>(.*?)</script>", page, re.S))
+    handlers = " ".join(_sha256_source(code) for code in inline_handlers())
     return ("default-src 'self'; "
-            f"script-src 'self' {hashes} 'unsafe-hashes' {handler} "
+            f"script-src 'self' {hashes} 'unsafe-hashes' {handlers} "
             "https://www.gstatic.com https://www.gstatic.cn "
             "'wasm-unsafe-eval'; style-src 'self' 'unsafe-inline' https://www.gstatic.com "
             "https://fonts.googleapis.com; img-src 'self' data: blob:; "
@@ -94,8 +116,6 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
 
 
 def _json(data: Any) -> Response:
-    import json
-
     return Response(json.dumps(data), media_type="application/json")
 
 
