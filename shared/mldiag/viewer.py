@@ -49,6 +49,36 @@ ALL_HOSTS = "ALL_HOSTS"
 # Query parameters that point the plugin at another directory, or start work that is not a
 # read: never passed on.
 REFUSED_PARAMS = frozenset({"session_path", "run_path"})
+# The parameters that change a tool's answer, as xprof 2.24.2's plugin reads them
+# (`ProfilePlugin.data_impl`, `convert/raw_to_tool_data.py`): every other parameter is dropped
+# before the plugin sees the query and before the cache key is made, so junk parameters
+# (`&x=1`, `&x=2`, ...) neither convert again nor add cached answers. `use_saved_result`
+# is dropped too: a client must not be able to force a conversion.
+COMMON_PARAMS = frozenset({"run", "tag", "host", "hosts"})
+_TRACE_PARAMS = frozenset({"resolution", "full_dma", "start_time_ms", "end_time_ms",
+                           "event_name", "format", "duration_ms", "unique_id",
+                           "search_prefix", "search_metadata"})
+TOOL_PARAMS: dict[str, frozenset[str]] = {
+    "graph_viewer": frozenset({"module_name", "program_id", "node_name", "graph_width",
+                               "show_metadata", "merge_fusion", "format", "type"}),
+    "hlo_op_profile": frozenset({"group_by"}),
+    "megascale_stats": frozenset({"perfetto"}),
+    "memory_viewer": frozenset({"module_name", "program_id", "memory_space",
+                                "view_memory_allocation_timeline"}),
+    "op_profile": frozenset({"group_by"}),
+    "perf_counters": frozenset({"names_only", "device_type"}),
+    "smart_suggestion": frozenset({"refresh_suggestion"}),
+    "trace_viewer": _TRACE_PARAMS,
+    "trace_viewer@": _TRACE_PARAMS,
+}
+# Parameters whose value must be a number (xprof parses them, and fails on text).
+_NUMERIC_PARAMS = frozenset({"resolution", "start_time_ms", "end_time_ms", "duration_ms",
+                             "graph_width", "program_id", "memory_space"})
+_NUMBER = re.compile(r"^-?[0-9]{1,20}(\.[0-9]{1,12})?$")
+_DEVICE_TYPE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Whole answers kept per workspace beyond the prebuilt ones: the least recently used go first.
+MAX_RESPONSES = 256
+MAX_RESPONSE_BYTES = 512 * 1024 * 1024
 # Requests that depend on a view window or a search: not kept as whole responses.
 _WINDOWED = frozenset({"start_time_ms", "end_time_ms", "event_name", "search_prefix",
                        "search_metadata", "unique_id", "duration_ms", "refresh_suggestion"})
@@ -196,8 +226,15 @@ class Workspace:
     # Requests
 
     def sanitise(self, query: Mapping[str, str]) -> dict[str, str]:
-        """The query the plugin may see: this session's run, known hosts and modules only."""
-        out = {k: v for k, v in query.items() if k not in REFUSED_PARAMS}
+        """The query the plugin may see: this session's run, known hosts and modules only,
+        and of the other parameters only those that change the tool's answer."""
+        allowed = COMMON_PARAMS | TOOL_PARAMS.get(query.get("tag", ""), frozenset())
+        out = {k: v for k, v in query.items() if k in allowed and k not in REFUSED_PARAMS}
+        for k in _NUMERIC_PARAMS & out.keys():
+            if not _NUMBER.match(out[k]):
+                raise ViewerError(f"{k} must be a number", 400)
+        if "device_type" in out and not _DEVICE_TYPE.match(out["device_type"]):
+            raise ViewerError("device_type must be a device type name", 400)
         out["run"] = self.run
         host = out.get("host")
         if host and host != ALL_HOSTS and host not in self.hosts and host not in self.modules():
@@ -225,7 +262,27 @@ class Workspace:
         if not path.is_file() or not meta.is_file():
             return None
         info = json.loads(meta.read_text())
+        with contextlib.suppress(OSError):
+            os.utime(meta)  # recently used: the last to be trimmed
         return Response(path.read_bytes(), info["content_type"], info.get("content_encoding"))
+
+    def _trim(self) -> None:
+        """Keep at most MAX_RESPONSES answers and MAX_RESPONSE_BYTES in `responses/`, the
+        least recently used going first (prebuilt answers included: they convert again)."""
+        entries = []
+        for meta in self.responses.glob("*.json"):
+            body = meta.with_suffix("")
+            try:
+                entries.append((meta.stat().st_mtime, meta, body, body.stat().st_size))
+            except FileNotFoundError:
+                continue
+        entries.sort(key=lambda e: e[0], reverse=True)
+        count = total = 0
+        for _, meta, body, size in entries:
+            count, total = count + 1, total + size
+            if count > MAX_RESPONSES or total > MAX_RESPONSE_BYTES:
+                meta.unlink(missing_ok=True)
+                body.unlink(missing_ok=True)
 
     def _store(self, path: Path, response: Response) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
@@ -266,6 +323,7 @@ class Workspace:
             response = self._convert(route, q)
             if cacheable:
                 self._store(path, response)
+                self._trim()
             return response
 
     def _convert(self, route: str, q: Mapping[str, str]) -> Response:
@@ -283,7 +341,18 @@ class Workspace:
         try:
             data, content_type, encoding = plugin.data_impl(request)
         except FileNotFoundError as e:
-            raise ViewerError(str(e), 404) from e
+            raise ViewerError("no data for this tool and host", 404) from e
+        except (ValueError, AttributeError, KeyError, TypeError) as e:
+            # xprof's converters reject a query they cannot answer (a graph without a
+            # module, counters without a device type) by raising: a short 400, and one
+            # log line instead of a traceback.
+            log.warning("xprof could not answer %s: %s", dict(q), e)
+            raise ViewerError(f"xprof cannot answer this {q.get('tag') or 'tool'} "
+                              "request", 400) from e
+        except Exception as e:  # noqa: BLE001 - any other converter failure: a 500, said
+            log.warning("xprof failed on %s: %r", dict(q), e)
+            raise ViewerError(f"xprof failed to convert {q.get('tag') or 'this tool'}",
+                              500) from e
         if data is None:
             raise ViewerError("No Data", 404)
         body = data.encode() if isinstance(data, str) else bytes(data)

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from mldiag.model import SessionRecord
-from mldiag.viewer import MANIFEST, Viewers, cache_key, cache_prefix
+from mldiag import viewer as viewer_module
+from mldiag.viewer import MANIFEST, ViewerError, Viewers, cache_key, cache_prefix
 from tests.console.conftest import HOST, Site
 
 XP = "/runs/tpu/sessions/s1/xprof/data/plugin/profile"
@@ -183,3 +184,49 @@ def test_large_answers_are_gzipped_once_and_served_plain_to_clients_that_cannot_
     assert "content-encoding" not in raw.headers
     assert json.loads(raw.content) == json.loads(zipped.content)  # httpx decoded the gzip
     assert len(zipped.content) == len(raw.content)  # the same document, decoded
+
+
+def test_junk_query_parameters_neither_convert_again_nor_grow_the_cache(
+        site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The red team's junk-parameter flood (`&x=1`, `&x=2`, ... through an anyone link):
+    one conversion, one cached answer, however many junk parameters come."""
+    s = site.runtime.state.get_session("tpu", "s2")
+    assert s is not None
+    fresh = copy.deepcopy(s)
+    fresh.hosts[HOST].generation = "junk-params"
+    ws = Viewers(site.runtime.storage, tmp_path / "cache").workspace(fresh)
+    calls = _count_conversions(ws)
+    base = {"run": "s2", "tag": "overview_page", "host": HOST}
+    first = ws.answer("data", base).body
+    for i in range(10):
+        junk = {**base, "x": str(i), f"y{i}": "1", "use_saved_result": "false",
+                "graph_width": str(i)}
+        assert ws.answer("data", junk).body == first
+    assert calls == ["overview_page"]
+    assert len(list(ws.responses.glob("data-*.json"))) == 1
+    # A parameter that does change the answer (the op profile's grouping) is kept.
+    ws.answer("data", {"run": "s2", "tag": "op_profile", "host": HOST, "group_by": "program"})
+    ws.answer("data", {"run": "s2", "tag": "op_profile", "host": HOST, "group_by": "category"})
+    assert calls.count("op_profile") == 2
+    # The answers directory is bounded: the least recently used go first.
+    monkeypatch.setattr(viewer_module, "MAX_RESPONSES", 2)
+    for resolution in ("1000", "2000", "3000"):
+        ws.answer("data", {"run": "s2", "tag": "trace_viewer@", "host": HOST,
+                           "resolution": resolution})
+    assert len(list(ws.responses.glob("*.json"))) == 2
+    with pytest.raises(ViewerError) as e:
+        ws.answer("data", {"run": "s2", "tag": "trace_viewer@", "host": HOST,
+                           "resolution": "1e9; rm"})
+    assert e.value.status == 400
+
+
+def test_queries_xprof_cannot_answer_are_short_4xx_without_a_traceback(site: Site) -> None:
+    viewer = site.auth("viewer")
+    for query in ("tag=perf_counters&names_only=1",
+                  "tag=perf_counters&names_only=1&device_type=../../x",
+                  f"tag=graph_viewer&host={HOST}",
+                  "tag=trace_viewer@&resolution=abc"):
+        r = site.client.get(f"{XP}/data?run=s1&{query}", headers=viewer)
+        assert 400 <= r.status_code < 500, (query, r.status_code, r.text[:300])
+        assert "Traceback" not in r.text and len(r.text) < 300, (query, r.text[:300])
+        assert r.headers.get("x-content-type-options") == "nosniff", query
