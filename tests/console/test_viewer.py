@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from mldiag.model import SessionRecord
 from mldiag import viewer as viewer_module
+from mldiag.model import SessionRecord
 from mldiag.viewer import MANIFEST, ViewerError, Viewers, cache_key, cache_prefix
 from tests.console.conftest import HOST, Site
 
