@@ -76,6 +76,12 @@ _NUMERIC_PARAMS = frozenset({"resolution", "start_time_ms", "end_time_ms", "dura
                              "graph_width", "program_id", "memory_space"})
 _NUMBER = re.compile(r"^-?[0-9]{1,20}(\.[0-9]{1,12})?$")
 _DEVICE_TYPE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# The trace viewer asks for as many events as its canvas has pixels, times a factor
+# (`resolution=3240` in a 1400 px window): a resolution is rounded up to the next of these, so
+# every window size shares a few answers (at most twice the events asked for), and the
+# prebuild holds the answers that common window sizes ask first.
+TRACE_RESOLUTIONS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
+PREBUILT_RESOLUTIONS = (4096, 8192)
 # Whole answers kept per workspace beyond the prebuilt ones: the least recently used go first.
 MAX_RESPONSES = 256
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
@@ -134,6 +140,14 @@ def cache_prefix(session: SessionRecord) -> str:
 
 def _query_key(query: Mapping[str, str]) -> str:
     return hashlib.sha256(urlencode(sorted(query.items())).encode()).hexdigest()[:32]
+
+
+def _trace_resolution(value: str) -> str:
+    """`value` rounded up to the next of TRACE_RESOLUTIONS (0, no downsampling, stays 0)."""
+    asked = float(value)
+    if asked <= 0:
+        return "0"
+    return str(next((r for r in TRACE_RESOLUTIONS if r >= asked), TRACE_RESOLUTIONS[-1]))
 
 
 class _CacheMiss(logging.Filter):
@@ -235,6 +249,10 @@ class Workspace:
                 raise ViewerError(f"{k} must be a number", 400)
         if "device_type" in out and not _DEVICE_TYPE.match(out["device_type"]):
             raise ViewerError("device_type must be a device type name", 400)
+        if "resolution" in out:
+            out["resolution"] = _trace_resolution(out["resolution"])
+        if out.get("hosts") and out.get("hosts") == out.get("host"):
+            del out["hosts"]  # one host, named twice (the frontend's first trace request)
         out["run"] = self.run
         host = out.get("host")
         if host and host != ALL_HOSTS and host not in self.hosts and host not in self.modules():
@@ -363,7 +381,9 @@ class Workspace:
         return Response(body, content_type or "application/json", encoding)
 
 
-# What a first open asks for, as the official frontend asks it: built by the pipeline.
+# What a first open asks for, as the official frontend asks it: built by the pipeline. The
+# trace viewer's first request names its window's resolution
+# (`tag=trace_viewer@&host=H&hosts=H&resolution=3240&...`), rounded up by `sanitise`.
 def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
     first = ws.hosts[0] if ws.hosts else ""
     out: list[tuple[str, dict[str, str]]] = [("run_tools", {"run": ws.run})]
@@ -372,6 +392,9 @@ def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
         out.append(("hosts", {"run": ws.run, "tag": tool}))
     out.append(("data", {"run": ws.run, "tag": "overview_page", "host": first}))
     out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": first}))
+    for resolution in PREBUILT_RESOLUTIONS:
+        out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": first,
+                             "resolution": str(resolution)}))
     return out
 
 

@@ -111,9 +111,14 @@ def test_a_reported_session_was_prebuilt_and_its_first_open_is_a_warm_hit(
     viewers = Viewers(site.runtime.storage, tmp_path / "cache")
     ws = viewers.workspace(s)
     calls = _count_conversions(ws)
+    # The frontend's own first trace request, in a 1400 px window and a 2560 px one.
+    first_trace = {"run": "s1", "tag": "trace_viewer@", "host": HOST, "hosts": HOST,
+                   "replace_model": "true", "new_backend": "false"}
     for route, query in (("run_tools", {"run": "s1"}),
                          ("data", {"run": "s1", "tag": "overview_page", "host": HOST}),
-                         ("data", {"run": "s1", "tag": "trace_viewer@", "host": HOST})):
+                         ("data", {"run": "s1", "tag": "trace_viewer@", "host": HOST}),
+                         ("data", {**first_trace, "resolution": "3240"}),
+                         ("data", {**first_trace, "resolution": "5920"})):
         assert ws.answer(route, query).body
     assert calls == []  # every answer came from the prebuilt caches
 
