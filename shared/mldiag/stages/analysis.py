@@ -1,0 +1,492 @@
+"""The analysis stages, from a CAPTURED session to its report.
+
+- collect: the 15-tool health snapshot, then triage: OPTIMAL goes straight to the report,
+  anything else to investigation. A session over the function's limits goes to the collect
+  job; a large or many-host one fans out to collect_host, one host each, and is combined.
+- investigate: the investigator and its follow-up calls.
+- render_report: analysis.json and summary.html (with the diff against the baseline when an
+  alert triggered the session); the session is REPORTED.
+- prebuild_viewer: the XProf viewer's caches of a reported session, built into the bucket.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, cast
+
+from mldiag import limits, regression
+from mldiag.analysis.collect import SessionTooLarge
+from mldiag.analysis.collect import collect as collect_snapshot
+from mldiag.analysis.collect import collect_host as collect_host_parts
+from mldiag.analysis.engine import build_analysis
+from mldiag.analysis.engine import investigate as run_investigator
+from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.profile_input import ProfileSession
+from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.errors import PoisonMessage, ProfileUnreadable
+from mldiag.messages import (
+    AnalyzeSession,
+    CollectHost,
+    InvestigateSession,
+    PrebuildViewer,
+    RenderReport,
+    SessionMessage,
+)
+from mldiag.model import (
+    ANALYZING,
+    CAPTURED,
+    INVESTIGATING,
+    REPORTED,
+    SessionRecord,
+    short_reason,
+)
+from mldiag.settings import Settings
+from mldiag.stages.claims import claimed, toucher
+from mldiag.stages.services import Services, fail, publish_or_undo
+
+log = logging.getLogger(__name__)
+
+
+# collect
+
+
+def _stage_key(stage: str, msg: SessionMessage) -> str:
+    return f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
+
+
+def _current(services: Services, msg: SessionMessage,
+             states: tuple[str, ...]) -> SessionRecord | None:
+    """The session if this message is still its current work, else None (a duplicate)."""
+    if services.state.get_run(msg.run) is None:
+        raise PoisonMessage(f"unknown run {msg.run!r}")
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None:
+        raise PoisonMessage(f"unknown session {msg.run}/{msg.session}")
+    if s.version != msg.version or s.state not in states:
+        return None
+    return s
+
+
+def _profile_session(s: SessionRecord, local_dir: Path) -> ProfileSession:
+    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
+    paths = tuple(local_dir / s.hosts[h].object_name.rsplit("/", 1)[1] for h in hosts)
+    return ProfileSession(run=s.run, name=s.session, path=local_dir, xplanes=paths)
+
+
+def _generations(s: SessionRecord) -> dict[str, str]:
+    """object name -> the generation registered for this version (what it must read)."""
+    return {r.object_name: r.generation for r in s.hosts.values() if r.generation}
+
+
+def _analysis_dir(s: SessionRecord) -> str:
+    any_host = next(iter(s.hosts.values()))
+    return f"{any_host.object_name.rsplit('/', 1)[0]}/analysis"
+
+
+def _write_json(services: Services, s: SessionRecord, filename: str,
+                obj: Mapping[str, Any]) -> str:
+    data = json.dumps(obj, indent=2, default=str).encode()
+    return _write_artifact(services, s, filename, data, "application/json")
+
+
+def _write_artifact(services: Services, s: SessionRecord, filename: str, data: bytes,
+                    content_type: str) -> str:
+    base = _analysis_dir(s)
+    # The latest version at analysis/<file>; every version also keeps analysis/v<n>/<file>.
+    services.storage.write_bytes(f"{base}/v{s.version}/{filename}", data,
+                                 content_type=content_type)
+    name = f"{base}/{filename}"
+    current = services.state.get_session(s.run, s.session)
+    if current is not None and current.version != s.version:
+        # A host arrived meanwhile and a newer version owns the latest copies.
+        return name
+    services.storage.write_bytes(name, data, content_type=content_type)
+    return name
+
+
+def collect(msg: AnalyzeSession, services: Services) -> None:
+    """Run the collection tools, write health_snapshot.json, triage, route onwards.
+
+    A session over this instance's limits goes to the collect job; a large or many-host one
+    fans out (one `collect_host` per host) and is combined here when every host is done.
+    """
+    s = _current(services, msg, (CAPTURED, ANALYZING))
+    if s is None:
+        return
+    if s.progress.startswith("collected:"):
+        _route_after_collect(services, msg, s.progress.split(":", 1)[1])
+        return
+    arrived = {h: r for h, r in s.hosts.items() if r.status == "ARRIVED"}
+    if not arrived:
+        fail(services, msg.run, msg.session, "no host's profile arrived: " + short_reason(
+            *(r.reason or h for h, r in s.hosts.items())), msg.version)
+        return
+    settings = services.settings
+    sizes = [r.size for r in arrived.values()]
+    try:
+        # Checked before anything is downloaded: /tmp is memory on a Cloud Function.
+        limits.check_session_bytes({h: r.size for h, r in arrived.items()},
+                                   settings.max_session_bytes)
+    except ValueError as e:
+        fail(services, msg.run, msg.session, str(e), msg.version)
+        return
+    over = _over_function_limits(settings, sizes)
+    if over and not settings.in_job:
+        _hand_to_job(services, msg, s, over)
+        return
+    host_parts = None
+    if _fans_out(settings, sizes):
+        host_parts = _host_parts(services, s, sorted(arrived))
+        if host_parts is None:
+            _fan_out(services, msg, s, sorted(arrived))
+            return
+    key = "combine" if host_parts is not None else "collect"
+    try:
+        with claimed(services, _stage_key(key, msg), keep_alive=toucher(
+                services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
+            if not mine:
+                return
+            _collect_claimed(services, msg, host_parts)
+    except _TooLargeHere as e:
+        # The claim was released: the collect job takes the session with its own.
+        _hand_to_job(services, msg, s, str(e))
+
+
+class _TooLargeHere(Exception):
+    """The session does not fit this instance's memory budget, and a collect job exists."""
+
+
+def _collect_claimed(services: Services, msg: AnalyzeSession,
+                     host_parts: Mapping[str, Mapping[str, Any]] | None) -> None:
+    s = services.state.transition(msg.run, msg.session, ANALYZING,
+                                  expect=[CAPTURED, ANALYZING], version=msg.version,
+                                  now=services.clock())
+    if s is None:
+        return
+    try:
+        snapshot = _collect_snapshot(services, s, host_parts)
+    except SessionTooLarge as e:
+        if services.jobs is not None and not services.settings.in_job:
+            raise _TooLargeHere(str(e)) from e
+        fail(services, msg.run, msg.session, str(e), msg.version)
+        return
+    except ProfileUnreadable as e:
+        # Bad input: FAILED with the reason, acknowledged.
+        fail(services, msg.run, msg.session, str(e), msg.version)
+        return
+    snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
+    snapshot["session"]["version"] = s.version
+    failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
+    failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
+    snapshot["session"]["capture"] = {
+        "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
+    if services.settings.in_job:
+        # The big-session path: the report says where the collection ran and why.
+        snapshot["collection"]["collect_job"] = _job_note(services, s) or {
+            "why": "the session was handed to the collect job"}
+    _write_json(services, s, "health_snapshot.json", snapshot)
+    status = triage(snapshot).status
+    services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
+                              version=msg.version, now=services.clock(),
+                              progress=f"collected:{status}")
+    _route_after_collect(services, msg, status)
+
+
+def _collect_snapshot(services: Services, s: SessionRecord,
+                      host_parts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    settings = services.settings
+    options: dict[str, Any] = {"max_host_bytes": settings.max_host_bytes,
+                               "memory_budget_bytes": settings.memory_budget_bytes,
+                               "tool_timeout_s": settings.tool_timeout_s}
+    if host_parts is None:
+        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        with services.storage.local_files(names, generations=_generations(s),
+                                          max_bytes=settings.max_host_bytes) as local:
+            return collect_snapshot(_profile_session(s, local), **options)
+    ok = {h: p for h, p in host_parts.items() if "failed" not in p}
+    if not ok:
+        raise ProfileUnreadable("no host could be analysed: " + short_reason(
+            *(f"{h}: {p['failed']}" for h, p in sorted(host_parts.items()))))
+    # The converters read each host's reduced copy where collect_host made one.
+    base = _analysis_dir(s)
+    inputs = {h: (f"{base}/v{s.version}/hosts/{h}.converter-input.pb"
+                  if p["parts"].get("converter_input") == "reduced" else s.hosts[h].object_name)
+              for h, p in ok.items()}
+    with services.storage.local_files(list(inputs.values())) as local:
+        view = Path(tempfile.mkdtemp(prefix="mldiag-combine-"))
+        try:
+            for h, name in inputs.items():
+                (view / f"{h}.xplane.pb").symlink_to(local / name.rsplit("/", 1)[1])
+            session = ProfileSession(run=s.run, name=s.session, path=view, xplanes=tuple(
+                view / f"{h}.xplane.pb" for h in sorted(ok)))
+            snapshot = collect_snapshot(session, host_parts=ok, **options)
+        finally:
+            shutil.rmtree(view, ignore_errors=True)
+    snapshot["collection"]["fanned_out"] = {
+        "hosts": len(host_parts), "failed": sorted(h for h in host_parts if h not in ok),
+        "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())}}
+    return snapshot
+
+
+def _over_function_limits(settings: Settings, sizes: Sequence[int]) -> str:
+    if settings.function_max_host_bytes and max(sizes) > settings.function_max_host_bytes:
+        return (f"its largest host is {max(sizes) / 1024**3:.2f} GiB, over the collect "
+                f"function's {settings.function_max_host_bytes / 1024**3:.2f} GiB per host")
+    if settings.function_max_hosts and len(sizes) > settings.function_max_hosts:
+        return (f"it has {len(sizes)} hosts, over the collect function's "
+                f"{settings.function_max_hosts} per session")
+    return ""
+
+
+def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
+                 why: str) -> None:
+    """Start the collect job on the session, once per lease (a job that dies is started
+    again when the sweeper re-queues the session after the lease)."""
+    if services.jobs is None:
+        fail(services, msg.run, msg.session, f"session too large for the collect function: "
+             f"{why}, and no collect job is configured (MLDIAG_COLLECT_JOB)", msg.version)
+        return
+    key = _stage_key("job", msg)
+    if not services.state.claim(key, services.owner, services.settings.stuck_after_s,
+                                services.clock()):
+        return
+    try:
+        # Why the session left the function, for the job to put in the report.
+        services.storage.write_bytes(
+            _job_note_name(s), json.dumps({"why": why, "at": services.clock()}).encode(),
+            content_type="application/json")
+        execution = services.jobs.run(msg)
+    except BaseException:
+        services.state.release(key, services.owner)
+        raise
+    services.state.transition(msg.run, msg.session, ANALYZING, expect=[CAPTURED, ANALYZING],
+                              version=msg.version, now=services.clock(),
+                              progress=f"job:{execution}")
+    log.info("session %s/%s handed to the collect job (%s): %s", msg.run, msg.session,
+             execution, why)
+
+
+def _job_note_name(s: SessionRecord) -> str:
+    return f"{_analysis_dir(s)}/v{s.version}/collect-job.json"
+
+
+def _job_note(services: Services, s: SessionRecord) -> dict[str, Any] | None:
+    """In the collect job: why the collect function handed the session over, if it said."""
+    try:
+        note = json.loads(services.storage.read_bytes(_job_note_name(s)))
+    except (FileNotFoundError, ValueError):
+        return None
+    return {"why": str(note.get("why", ""))} if isinstance(note, dict) else None
+
+
+def _fans_out(settings: Settings, sizes: Sequence[int]) -> bool:
+    return len(sizes) >= max(settings.fanout_min_hosts, 2) or (
+        len(sizes) >= 2 and sum(sizes) >= settings.fanout_min_bytes)
+
+
+def _host_part_name(s: SessionRecord, host: str) -> str:
+    return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.json"
+
+
+def _hosts_done(services: Services, s: SessionRecord, hosts: Sequence[str]) -> set[str]:
+    """The hosts whose collect_host result is written."""
+    present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
+    return {h for h in hosts if _host_part_name(s, h) in present}
+
+
+def _host_parts(services: Services, s: SessionRecord,
+                hosts: Sequence[str]) -> dict[str, dict[str, Any]] | None:
+    """Every host's collect_host result, or None while any is missing."""
+    if len(_hosts_done(services, s, hosts)) < len(hosts):
+        return None
+    return {h: _read_json(services, _host_part_name(s, h)) for h in hosts}
+
+
+def _fan_out(services: Services, msg: AnalyzeSession, s: SessionRecord,
+             hosts: Sequence[str]) -> None:
+    """Ask for every host's collect_host. Once fanned out, a repeat of the request (the
+    sweeper's, for a session stuck past its deadline) asks again for the hosts still missing:
+    a host whose instance died is retried, and the claims keep the others from running twice.
+    """
+    if not s.progress.startswith("fanout:"):
+        moved = services.state.transition(msg.run, msg.session, ANALYZING,
+                                          expect=[CAPTURED, ANALYZING], version=msg.version,
+                                          now=services.clock(), progress=f"fanout:{len(hosts)}")
+        if moved is None:
+            return
+    done = _hosts_done(services, s, hosts)
+    for host in hosts:
+        if host not in done:
+            services.bus.publish(CollectHost(run=msg.run, session=msg.session,
+                                             version=msg.version, host=host))
+
+
+def collect_host(msg: CollectHost, services: Services) -> None:
+    """One host of a fanned-out session: its per-host jobs, written to analysis/v<N>/hosts/;
+    the host that completes the set asks for the combine step."""
+    s = _current(services, msg, (ANALYZING,))
+    if s is None or msg.host not in s.hosts or s.hosts[msg.host].status != "ARRIVED":
+        return
+    with claimed(services, f"collect_host:{msg.run}/{msg.session}#v{msg.version}/"
+                           f"{msg.host}", keep_alive=toucher(
+                               services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
+        if not mine:
+            return
+        settings = services.settings
+        record = s.hosts[msg.host]
+        with services.storage.local_files(
+                [record.object_name], generations=_generations(s),
+                max_bytes=settings.max_host_bytes) as local, \
+                tempfile.TemporaryDirectory(prefix="mldiag-host-") as out:
+            xplane = local / record.object_name.rsplit("/", 1)[1]
+            try:
+                result = collect_host_parts(
+                    xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
+                    max_host_bytes=settings.max_host_bytes,
+                    memory_budget_bytes=settings.memory_budget_bytes)
+            except ProfileUnreadable as e:
+                # This host is left out of the report, which names it and says why.
+                result = {"host": msg.host, "failed": str(e)}
+            reduced = Path(out) / f"{msg.host}.xplane.pb"
+            if reduced.exists():
+                services.storage.write_bytes(
+                    f"{_analysis_dir(s)}/v{s.version}/hosts/{msg.host}.converter-input.pb",
+                    reduced.read_bytes(), content_type="application/octet-stream")
+        services.storage.write_bytes(_host_part_name(s, msg.host),
+                                     json.dumps(result, default=str).encode(),
+                                     content_type="application/json")
+    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
+    if len(_hosts_done(services, s, hosts)) == len(hosts):
+        services.bus.publish(AnalyzeSession(run=msg.run, session=msg.session,
+                                            version=msg.version))
+
+
+def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
+    if status == OPTIMAL:
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
+        return
+    message = InvestigateSession(run=msg.run, session=msg.session, version=msg.version)
+    moved = services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[ANALYZING],
+                                      version=msg.version, now=services.clock())
+    if moved is None:
+        # A concurrent duplicate moved it first; one more request is harmless (claims).
+        services.bus.publish(message)
+        return
+    publish_or_undo(services, moved, ANALYZING, message)
+
+
+def _read_json(services: Services, name: str) -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(services.storage.read_bytes(name)))
+
+
+def investigate(msg: InvestigateSession, services: Services) -> None:
+    """Run the investigator on the snapshot and write investigation.json."""
+    s = _current(services, msg, (INVESTIGATING,))
+    if s is None:
+        return
+    if s.progress == "investigated":
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
+        return
+    with claimed(services, _stage_key("investigate", msg), keep_alive=toucher(
+            services, msg.run, msg.session, msg.version, INVESTIGATING)) as mine:
+        if not mine:
+            return
+        base = _analysis_dir(s)
+        snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
+        result = triage(snapshot)
+        names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
+        # The follow-ups read the generations collect analysed, each under the per-host cap.
+        with services.storage.local_files(names, generations=_generations(s),
+                                          max_bytes=services.settings.max_host_bytes) as local:
+            investigation = run_investigator(snapshot, result, services.investigator,
+                                             session=_profile_session(s, local))
+        _write_json(services, s, "investigation.json",
+                    {**investigation, "triage": result.to_dict()})
+        services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[INVESTIGATING],
+                                  version=msg.version, now=services.clock(),
+                                  progress="investigated")
+        services.bus.publish(RenderReport(run=msg.run, session=msg.session,
+                                          version=msg.version))
+
+
+def render_report(msg: RenderReport, services: Services) -> None:
+    """Write analysis.json and summary.html; mark the session REPORTED."""
+    s = _current(services, msg, (ANALYZING, INVESTIGATING))
+    if s is None:
+        return
+    with claimed(services, _stage_key("render", msg)) as mine:
+        if not mine:
+            return
+        base = f"{_analysis_dir(s)}/v{s.version}"
+        snapshot = _read_json(services, f"{base}/health_snapshot.json")
+        result = triage(snapshot)
+        if services.storage.stat(f"{base}/investigation.json") is not None:
+            investigation = _read_json(services, f"{base}/investigation.json")
+        else:
+            # Only an OPTIMAL triage comes here without an investigation: the engine then makes
+            # no follow-up call, so no profile files are needed.
+            investigation = run_investigator(
+                snapshot, result, services.investigator,
+                session=ProfileSession(run=s.run, name=s.session, path=Path("."), xplanes=()))
+            _write_json(services, s, "investigation.json",
+                    {**investigation, "triage": result.to_dict()})
+        analysis = build_analysis(snapshot, result, investigation)
+        analysis["session"]["version"] = s.version
+        if s.trigger == "alert":
+            _what_changed(services, s, snapshot, analysis, investigation)
+        _write_json(services, s, "analysis.json", analysis)
+        html_name = _write_artifact(services, s, "summary.html",
+                                    render_summary_html(analysis, snapshot).encode(),
+                                    "text/html; charset=utf-8")
+        reported = services.state.transition(
+            msg.run, msg.session, REPORTED, expect=[ANALYZING, INVESTIGATING],
+            version=msg.version, now=services.clock(), verdict=analysis["status"],
+            report_path=services.storage.uri(html_name))
+    if reported is not None and services.settings.prebuild_viewer:
+        # After the report, not before: the viewer's caches never delay a verdict.
+        services.bus.publish(PrebuildViewer(run=msg.run, session=msg.session,
+                                            version=msg.version))
+
+
+def _what_changed(services: Services, s: SessionRecord, snapshot: Mapping[str, Any],
+                  analysis: dict[str, Any], investigation: Mapping[str, Any]) -> None:
+    """An alert-triggered session is compared with the run's healthy baseline: diff.json and
+    diff.html beside its report, a "What changed" block in analysis.json (the report's first
+    section) and the diff's one sentence at the head of the verdict summary."""
+    block, doc = regression.regression(services.state, services.storage, s, snapshot,
+                                       analysis, investigation)
+    analysis["regression"] = block
+    if doc is None:
+        return
+    data, page = regression.diff_artifacts(doc)
+    _write_artifact(services, s, regression.DIFF_JSON, data, "application/json")
+    _write_artifact(services, s, regression.DIFF_HTML, page, "text/html; charset=utf-8")
+    analysis["summary"] = f"{doc['headline']} {analysis.get('summary') or ''}".strip()
+
+
+# prebuild_viewer
+
+
+def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
+    """Build the XProf viewer's caches of a REPORTED session into the bucket, once per
+    version, so that the first open in the console is warm (see mldiag.viewer)."""
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.state != REPORTED or s.version != msg.version:
+        return  # a newer version (or none) supersedes it: nothing to build
+    if not any(h.status == "ARRIVED" for h in s.hosts.values()):
+        return
+    from mldiag import viewer
+
+    if services.storage.stat(f"{viewer.cache_prefix(s)}/{viewer.MANIFEST}") is not None:
+        return
+    with claimed(services, f"viewer:{msg.run}/{msg.session}/v{msg.version}") as mine:
+        if not mine:
+            return
+        manifest = viewer.prebuild(s, services.storage)
+        log.info("viewer caches of %s/%s v%d built in %.1f s (%d files)", msg.run, msg.session,
+                 msg.version, manifest["elapsed_ms"] / 1000, len(manifest["files"]))
