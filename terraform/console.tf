@@ -1,6 +1,6 @@
 # The console (DESIGN.md "Viewing"): the web UI, the JSON API and the XProf viewer of any one
 # session, as a Cloud Run service. Created only once var.console_image is set (built from
-# deploy/console/Dockerfile, README "Deploy to Google Cloud").
+# deploy/console/Dockerfile, docs/deploy-gcp.md).
 #
 # Who reaches it: the ingress admits internal traffic and Cloud Load Balancing only, so the way
 # in is an HTTPS load balancer, set up by the user, whose serverless NEG points at this service

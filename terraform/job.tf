@@ -6,7 +6,7 @@
 # finishes is re-queued by the sweeper after its deadline, which starts the job again.
 #
 # The image: `gcloud builds submit --tag ${var.region}-docker.pkg.dev/PROJECT/REPO/collect-job
-# -f deploy/collect-job/Dockerfile .` (README "Deploy to Google Cloud").
+# -f deploy/collect-job/Dockerfile .` (docs/deploy-gcp.md).
 
 resource "google_service_account" "collect_job" {
   account_id   = "${var.prefix}job-collect"

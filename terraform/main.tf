@@ -1,8 +1,7 @@
 # mldiag on Google Cloud: the event chain of DESIGN.md as Cloud Functions gen2.
 #
 # Build order: `scripts/package_functions` writes dist/functions/<name>.zip, then `terraform apply`
-# uploads each zip to the sources bucket and deploys one function per zip (README "Deploy to
-# Google Cloud").
+# uploads each zip to the sources bucket and deploys one function per zip (docs/deploy-gcp.md).
 
 data "google_project" "this" {
   project_id = var.project
