@@ -38,8 +38,8 @@ from _proc import PeakTreeRss, tree_cpu_s, write_results
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
 
-from mldiag.analysis.profile_input import resolve_session  # noqa: E402
-from mldiag.analysis.workers import worker_allocator  # noqa: E402
+from mldiag.analysis.collection.profile_input import resolve_session  # noqa: E402
+from mldiag.analysis.collection.workers import worker_allocator  # noqa: E402
 
 WORKLOAD = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp

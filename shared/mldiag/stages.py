@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Any, cast
 
 from mldiag import limits, regression
-from mldiag.analysis.collect import SessionTooLarge
-from mldiag.analysis.collect import collect as collect_snapshot
-from mldiag.analysis.collect import collect_host as collect_host_parts
+from mldiag.analysis.collection.collect import SessionTooLarge
+from mldiag.analysis.collection.collect import collect as collect_snapshot
+from mldiag.analysis.collection.collect import collect_host as collect_host_parts
+from mldiag.analysis.collection.profile_input import ProfileSession, validate_xplane
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.html import render_summary_html
-from mldiag.analysis.investigator import RuleBasedInvestigator
-from mldiag.analysis.profile_input import ProfileSession, validate_xplane
-from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.capture import pull
 from mldiag.capture.alerts import parse_alert
 from mldiag.capture.egress import EgressPolicy

@@ -17,10 +17,10 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collect import collect as collect_snapshot
-from mldiag.analysis.followups import FollowUps
-from mldiag.analysis.investigator import RuleBasedInvestigator
-from mldiag.analysis.triage import Triage, triage
+from mldiag.analysis.collection.collect import collect as collect_snapshot
+from mldiag.analysis.judgement.followups import FollowUps
+from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis.judgement.triage import Triage, triage
 from mldiag.bootstrap import LocalRuntime
 from mldiag.messages import (
     AnalyzeSession,
