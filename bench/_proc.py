@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.workers import rss_bytes as _rss
+from mldiag.analysis.collection.workers import rss_bytes as _rss
 
 _TICK = os.sysconf("SC_CLK_TCK")
 

@@ -28,8 +28,8 @@ from pathlib import Path
 
 from _proc import tree_cpu_s
 
-from mldiag.analysis.collect import COLLECTION_TOOLS, collect
-from mldiag.analysis.profile_input import ProfileSession, resolve_session
+from mldiag.analysis.collection.collect import COLLECTION_TOOLS, collect
+from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 
 CLI_TOOLS = (
     "get_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",

@@ -36,7 +36,7 @@ from scale import generate  # noqa: E402
 
 from mldiag.adapters.local.state import SqliteStateStore  # noqa: E402
 from mldiag.adapters.local.storage import LocalDirStorage  # noqa: E402
-from mldiag.analysis.profile_input import resolve_session  # noqa: E402
+from mldiag.analysis.collection.profile_input import resolve_session  # noqa: E402
 from mldiag.model import REPORTED, HostRecord, SessionRecord  # noqa: E402
 from mldiag.regression import compare_sessions, diff_artifacts  # noqa: E402
 
@@ -133,7 +133,7 @@ def cli(store: Store, run: str, a: str, b: str, out: Path, repeat: int) -> dict[
 
 def xprof(store: Store, run: str, a: str, b: str) -> dict[str, Any]:
     """xprof's diff_sessions on the two raw profiles (converted again)."""
-    from mldiag.analysis.xprof_diff import xprof_diff
+    from mldiag.analysis.diff.xprof import xprof_diff
 
     sessions = [resolve_session(store.bucket / run / "plugins" / "profile" / s) for s in (a, b)]
     start = time.perf_counter()

@@ -155,8 +155,8 @@ class CollectAlone:
     """`collect()` alone on a copy of the same files, in this process, warm."""
 
     def __init__(self, xplanes: list[Path], tmp: Path) -> None:
-        from mldiag.analysis.collect import collect
-        from mldiag.analysis.profile_input import resolve_session
+        from mldiag.analysis.collection.collect import collect
+        from mldiag.analysis.collection.profile_input import resolve_session
 
         session_dir = tmp / "collect" / "plugins" / "profile" / "bench"
         session_dir.mkdir(parents=True)
@@ -197,7 +197,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5, help="runs per case; median is kept")
     parser.add_argument("--sessions", type=int, default=20, help="sessions dropped at once")
     args = parser.parse_args()
-    from mldiag.analysis.profile_input import resolve_session
+    from mldiag.analysis.collection.profile_input import resolve_session
 
     source = resolve_session(args.path)
     xplanes = list(source.xplanes)

@@ -47,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
 from tpu_shape import generate as generate_tpu  # noqa: E402 - bench/tpu_shape.py
 
-from mldiag.analysis.profile_input import resolve_session  # noqa: E402
-from mldiag.analysis.workers import worker_allocator  # noqa: E402
+from mldiag.analysis.collection.profile_input import resolve_session  # noqa: E402
+from mldiag.analysis.collection.workers import worker_allocator  # noqa: E402
 
 WORKLOAD = textwrap.dedent("""
     import sys, jax, jax.numpy as jnp

@@ -137,7 +137,7 @@ class Settings:
     def memory_budget_bytes(self) -> int | None:
         if not self.memory_budget:
             return None
-        from mldiag.analysis.workers import parse_bytes
+        from mldiag.analysis.collection.workers import parse_bytes
 
         return parse_bytes(self.memory_budget)
 

@@ -1,6 +1,6 @@
-"""xprof's step trace, computed in two halves side by side (mldiag.analysis.jobs), is xprof's
-own tool's answer: on a CPU profile (where only the input-pipeline half finds steps), and on
-the team's TPU and GPU traces."""
+"""xprof's step trace, computed in two halves side by side
+(mldiag.analysis.collection.jobs), is xprof's own tool's answer: on a CPU profile (where only
+the input-pipeline half finds steps), and on the team's TPU and GPU traces."""
 
 from __future__ import annotations
 
@@ -9,9 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.jobs import Context, pick_step_trace, step_trace_pods, xprof_step_trace
-from mldiag.analysis.profile_input import resolve_session
-from mldiag.analysis.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.collection.jobs import (
+    Context,
+    pick_step_trace,
+    step_trace_pods,
+    xprof_step_trace,
+)
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
 
 
 def _whole_and_halves(run_dir: Path) -> tuple[object, object, object]:

@@ -28,13 +28,13 @@ from mldiag.adapters.gcp.gemini import (
     NumberPool,
     snapshot_digest,
 )
-from mldiag.analysis import evidence as ev
-from mldiag.analysis.collect import collect
+from mldiag.analysis.collection.collect import collect
+from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 from mldiag.analysis.engine import build_analysis, investigate
-from mldiag.analysis.followups import FOLLOW_UP_TOOLS, FollowUps
 from mldiag.analysis.html import render_summary_html
-from mldiag.analysis.profile_input import ProfileSession, resolve_session
-from mldiag.analysis.triage import CATEGORIES, OPTIMAL, Triage, triage
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.followups import FOLLOW_UP_TOOLS, FollowUps
+from mldiag.analysis.judgement.triage import CATEGORIES, OPTIMAL, Triage, triage
 from mldiag.settings import Settings
 from tests.gemini.fake_vertex import (
     FakeVertex,

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.diff import build_diff, kpi
-from mldiag.analysis.diff_sides import Side
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.diff.compare import build_diff, kpi
+from mldiag.analysis.diff.sides import Side
+from mldiag.analysis.diff.xprof import xprof_diff
 from mldiag.analysis.engine import analyze
-from mldiag.analysis.profile_input import resolve_session
-from mldiag.analysis.xprof_diff import xprof_diff
 
 
 def _side(logdir: Path, out: Path, label: str) -> Side:

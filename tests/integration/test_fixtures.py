@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.collect import COLLECTION_TOOLS, collect
+from mldiag.analysis.collection.collect import COLLECTION_TOOLS, collect
 from mldiag.analysis.engine import analyze
 from mldiag.cli.main import main
 
@@ -59,7 +59,7 @@ def test_analysis_json_contract(tpu_result):
 
 
 def test_evidence_values_are_copied_from_the_snapshot(tpu_result):
-    from mldiag.analysis import evidence as ev
+    from mldiag.analysis.judgement import evidence as ev
 
     snap = json.loads((tpu_result.out_dir / "health_snapshot.json").read_text())
     for f in tpu_result.analysis["findings"]:
@@ -161,8 +161,8 @@ def test_smart_suggestions_beside_the_op_stats_build_are_those_after_it(
         logdir_fixture: str, request: pytest.FixtureRequest):
     # collect() converts them in a run directory of their own while op_stats are built,
     # which is only right if the converter does not read the saved op_stats.
-    from mldiag.analysis.profile_input import resolve_session
-    from mldiag.analysis.xprof_tools import XprofWorkspace
+    from mldiag.analysis.collection.profile_input import resolve_session
+    from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 
     session = resolve_session(request.getfixturevalue(logdir_fixture))
     with XprofWorkspace(session) as ws:

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.followups import LLO_DATA_ABSENT, FollowUpRefused, FollowUps
-from mldiag.analysis.profile_input import resolve_session
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.judgement.followups import LLO_DATA_ABSENT, FollowUpRefused, FollowUps
 
 
 def test_llo_tools_answer_llo_data_absent_without_llo_lines(tpu_logdir: Path):
@@ -20,8 +20,8 @@ def test_llo_tools_answer_llo_data_absent_without_llo_lines(tpu_logdir: Path):
 
 
 def test_events_store_loads_and_answers_sql(tpu_logdir: Path):
-    from mldiag.analysis.followups import FollowUpRunner
-    from mldiag.analysis.xprof_tools import XprofWorkspace
+    from mldiag.analysis.collection.xprof_tools import XprofWorkspace
+    from mldiag.analysis.judgement.followups import FollowUpRunner
 
     session = resolve_session(tpu_logdir)
     with XprofWorkspace(session) as ws:

@@ -10,8 +10,8 @@ import os
 
 import pytest
 
-from mldiag.analysis.collect import collect as collect_snapshot
-from mldiag.analysis.triage import triage
+from mldiag.analysis.collection.collect import collect as collect_snapshot
+from mldiag.analysis.judgement.triage import triage
 from mldiag.bootstrap import LocalRuntime
 from mldiag.model import (
     ANALYZING,

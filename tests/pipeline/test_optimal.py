@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from mldiag.analysis.triage import OPTIMAL, triage
+from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.bootstrap import LocalRuntime
 from mldiag.messages import RenderReport
 from mldiag.model import ANALYZING, REPORTED, HostRecord

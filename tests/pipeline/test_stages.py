@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.followups import FollowUps
-from mldiag.analysis.investigator import RuleBasedInvestigator
-from mldiag.analysis.triage import Triage
+from mldiag.analysis.judgement.followups import FollowUps
+from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis.judgement.triage import Triage
 from mldiag.bootstrap import LocalRuntime
 from mldiag.messages import (
     AnalyzeSession,

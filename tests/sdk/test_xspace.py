@@ -84,7 +84,7 @@ def test_merged_windows_keep_time_order(windows: list[bytes]) -> None:
 
 @pytest.mark.slow
 def test_collect_analyses_the_merged_windows(windows: list[bytes], tmp_path: Path) -> None:
-    from mldiag.analysis.collect import collect
+    from mldiag.analysis.collection.collect import collect
 
     session = tmp_path / "run" / "plugins" / "profile" / "s"
     session.mkdir(parents=True)

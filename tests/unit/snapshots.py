@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mldiag.analysis.hlo_digest import digest
+from mldiag.analysis.collection.hlo_digest import digest
 
 
 def _tool(data: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ def test_directory_without_profiles(tmp_path, capsys):
 
 
 def test_oversized_host_file_fails_with_reason(tmp_path):
-    from mldiag.analysis.profile_input import validate_xplane
+    from mldiag.analysis.collection.profile_input import validate_xplane
     from mldiag.errors import ProfileUnreadable
 
     if not TPU.is_file():

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis import hlo
-from mldiag.analysis.detectors import (
+from mldiag.analysis.collection import hlo
+from mldiag.analysis.collection.detectors import (
     MIN_BYTES,
     Detection,
     custom_calls,
@@ -355,7 +355,7 @@ def test_tpu_fixture_modules_from_xprof(tpu_logdir):
 
 
 def test_async_copies_have_their_direction_from_memory_spaces():
-    from mldiag.analysis.detectors import async_copies
+    from mldiag.analysis.collection.detectors import async_copies
 
     found = {c["copy_done"]: c["direction"] for c in async_copies(
         _modules("tpu_inference_2_jit_f"))}
@@ -365,8 +365,8 @@ def test_async_copies_have_their_direction_from_memory_spaces():
 
 
 def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
-    from mldiag.analysis.investigator import _Context, _convert_reduce
-    from mldiag.analysis.triage import Hypothesis
+    from mldiag.analysis.judgement.investigator import _Context, _convert_reduce
+    from mldiag.analysis.judgement.triage import Hypothesis
 
     (d,) = detect_unnecessary_convert_reduce(_modules("cpu_multi_output_convert"))
     assert "(reducers: add, maximum)" in d.description

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis import evidence as ev
-from mldiag.analysis.diff import build_diff, kpi
-from mldiag.analysis.diff_sides import HLO_DIGESTS, Side
-from mldiag.analysis.hlo_digest import digest, fingerprint, module_base
+from mldiag.analysis.collection.hlo_digest import digest, fingerprint, module_base
+from mldiag.analysis.diff.compare import build_diff, kpi
+from mldiag.analysis.diff.sides import HLO_DIGESTS, Side
+from mldiag.analysis.judgement import evidence as ev
 from tests.unit.snapshots import analysis, cpu_snapshot, hlo
 
 X = "f32[1024,512]{1,0}"

@@ -1,6 +1,6 @@
 import pytest
 
-from mldiag.analysis import evidence as ev
+from mldiag.analysis.judgement import evidence as ev
 
 SNAP = {
     "tools": {

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.followups import HOST_PYTHON_EVENTS, FollowUps
-from mldiag.analysis.jobs import _host_python_events
-from mldiag.analysis.profile_input import resolve_session
-from mldiag.analysis.xspace_scan import XSpaceScan, aggregate_events
+from mldiag.analysis.collection.jobs import _host_python_events
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.collection.xspace_scan import XSpaceScan, aggregate_events
+from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS, FollowUps
 
 pytestmark = pytest.mark.slow
 

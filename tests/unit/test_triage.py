@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from mldiag.analysis.html import render_summary_html
-from mldiag.analysis.triage import NEEDS_ATTENTION, OPTIMAL, idle_sources, triage
+from mldiag.analysis.judgement.triage import NEEDS_ATTENTION, OPTIMAL, idle_sources, triage
 from tests.pipeline.test_optimal import _tool, healthy_snapshot
 
 
@@ -224,7 +224,7 @@ def test_a_link_of_a_chain_is_not_a_finding_of_its_own() -> None:
 
 
 def test_step_time_spread_names_the_outlier_steps() -> None:
-    from mldiag.analysis.timeline import step_spread
+    from mldiag.analysis.collection.timeline import step_spread
 
     spread = step_spread([10.0, 10.2, 9.9, 10.1, 30.0, 10.0, 9.8, 14.0])
     assert spread is not None and spread["steps"] == 8
@@ -336,7 +336,7 @@ def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
 
 
 def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> None:
-    from mldiag.analysis import investigator
+    from mldiag.analysis.judgement import investigator
 
     s = _cpu_without_steps(97.0)
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
@@ -358,7 +358,7 @@ def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> Non
 
 
 def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None:
-    from mldiag.analysis import investigator
+    from mldiag.analysis.judgement import investigator
 
     s = _cpu_without_steps(97.0)
     hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
@@ -382,8 +382,8 @@ def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None
 
 
 def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
-    from mldiag.analysis import investigator
-    from mldiag.analysis.triage import Hypothesis
+    from mldiag.analysis.judgement import investigator
+    from mldiag.analysis.judgement.triage import Hypothesis
 
     d = {"module": "jit_step(7)", "instruction": "add_tanh_fusion", "fused_with": ["add"],
          "source": "train.py:41 (jit(step)/transpose)",

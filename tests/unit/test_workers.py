@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.workers import (
+from mldiag.analysis.collection.workers import (
     ERROR,
     Job,
     parse_bytes,
@@ -121,7 +121,7 @@ def test_workspaces_left_by_killed_processes_are_swept(tmp_path):
     import sys
     import time
 
-    from mldiag.analysis.xprof_tools import sweep_stale_roots
+    from mldiag.analysis.collection.xprof_tools import sweep_stale_roots
 
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True)

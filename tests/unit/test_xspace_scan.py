@@ -10,8 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mldiag.analysis.timeline import _covered, _merge
-from mldiag.analysis.xspace_scan import CorruptXSpace, XSpaceScan, _varints_at, unique_ids
+from mldiag.analysis.collection.timeline import _covered, _merge
+from mldiag.analysis.collection.xspace_scan import (
+    CorruptXSpace,
+    XSpaceScan,
+    _varints_at,
+    unique_ids,
+)
 from tests.conftest import SHARED_FIXTURES
 
 FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
@@ -106,9 +111,9 @@ def test_busy_time_per_window_matches_a_brute_force_union():
 @pytest.mark.parametrize("plane,event", [(".*", ".*"), ("^/device:TPU:0$", "fusion"),
                                          ("^/host:CPU$", r"^\$")])
 def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
-    from mldiag.analysis.profile_input import resolve_session
-    from mldiag.analysis.xprof_tools import XprofWorkspace
-    from mldiag.analysis.xspace_scan import aggregate_events
+    from mldiag.analysis.collection.profile_input import resolve_session
+    from mldiag.analysis.collection.xprof_tools import XprofWorkspace
+    from mldiag.analysis.collection.xspace_scan import aggregate_events
 
     session = resolve_session(FIXTURES[-1].parent)
     with XprofWorkspace(session) as ws:
@@ -125,7 +130,7 @@ def test_an_ops_executors_are_its_most_overlapping_executions() -> None:
     alternate between two threads is one; touching intervals do not overlap."""
     import numpy as np
 
-    from mldiag.analysis.timeline import _max_concurrency
+    from mldiag.analysis.collection.timeline import _max_concurrency
 
     gather, eigh = ("6", "all_gather.3"), ("14", "eigh.0")
     ids = {gather: 0, eigh: 1}

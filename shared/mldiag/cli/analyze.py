@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mldiag.analysis.collection.profile_input import find_sessions
 from mldiag.analysis.engine import analyze
-from mldiag.analysis.profile_input import find_sessions
 from mldiag.errors import MldiagError, ProfileUnreadable
 
 
@@ -50,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     sessions = find_sessions(args.path)
     budget = None
     if args.memory_budget:
-        from mldiag.analysis.workers import parse_bytes
+        from mldiag.analysis.collection.workers import parse_bytes
 
         try:
             budget = parse_bytes(args.memory_budget)

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.diff import build_diff, kpi
-from mldiag.analysis.diff_sides import Side
-from mldiag.analysis.profile_input import ProfileSession, find_sessions
+from mldiag.analysis.collection.profile_input import ProfileSession, find_sessions
+from mldiag.analysis.diff.compare import build_diff, kpi
+from mldiag.analysis.diff.sides import Side
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
 
@@ -130,7 +130,7 @@ def _resolve(args: argparse.Namespace, spec: str, out: Path, which: str) -> _Inp
 def _xprof_kernels(args: argparse.Namespace, a: _Input, b: _Input) -> dict[str, Any] | None:
     from contextlib import ExitStack
 
-    from mldiag.analysis.xprof_diff import xprof_diff
+    from mldiag.analysis.diff.xprof import xprof_diff
 
     gpu = all("gpu" in str((i.side.snapshot.get("session") or {}).get("device_type")).lower()
               for i in (a, b))

@@ -27,10 +27,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mldiag.analysis import evidence as ev
-from mldiag.analysis import triage as tr
-from mldiag.analysis.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
-from mldiag.analysis.investigator import RuleBasedInvestigator, summarize
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement import triage as tr
+from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
+from mldiag.analysis.judgement.investigator import RuleBasedInvestigator, summarize
 
 if TYPE_CHECKING:
     from google import genai

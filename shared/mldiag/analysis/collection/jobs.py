@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis import timeline
-from mldiag.analysis.profile_input import ProfileSession
-from mldiag.analysis.xprof_tools import NoData, XprofWorkspace
-from mldiag.analysis.xspace_scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
 
 @dataclass
@@ -244,7 +244,7 @@ def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         content = out.get("content")
         if isinstance(content, str) and content:
             texts[module] = content
-    from mldiag.analysis.hlo_meta import module_sources
+    from mldiag.analysis.collection.hlo_meta import module_sources
 
     return {"texts": texts, "sources": module_sources(ctx.ws.run_dir)}
 
@@ -271,8 +271,8 @@ _PYTHON_EVENT_ROWS = 100
 def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
-    from mldiag.analysis.followups import HOST_PYTHON_EVENTS
-    from mldiag.analysis.xspace_scan import aggregate_scans
+    from mldiag.analysis.collection.xspace_scan import aggregate_scans
+    from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
@@ -392,7 +392,7 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:
     """One investigator follow-up call (see `followups.FollowUps.call`)."""
-    from mldiag.analysis.followups import FollowUpRunner
+    from mldiag.analysis.judgement.followups import FollowUpRunner
 
     runner = FollowUpRunner(ctx.ws, ctx.session, llo_db=inputs.get("llo_db"))
     return runner.run(str(inputs["tool"]), dict(inputs.get("args") or {}))

@@ -120,7 +120,7 @@ class _Process:
 
     def __init__(self, group: str) -> None:
         parent, child = socket.socketpair()
-        package_root = str(Path(__file__).resolve().parents[2])
+        package_root = str(Path(__file__).resolve().parents[3])  # shared/
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             [package_root, *filter(None, [os.environ.get("PYTHONPATH")])])}
         self.allocator = worker_allocator()
@@ -130,7 +130,7 @@ class _Process:
             # tcmalloc reports every allocation over 1 GiB on stderr; the outcome says enough.
             env.setdefault("TCMALLOC_LARGE_ALLOC_REPORT_THRESHOLD", str(1 << 62))
         self.popen = subprocess.Popen(
-            [sys.executable, "-c", f"from mldiag.analysis.workers import serve; "
+            [sys.executable, "-c", f"from mldiag.analysis.collection.workers import serve; "
                                    f"serve({child.fileno()})"],
             pass_fds=[child.fileno()], env=env, stdin=subprocess.DEVNULL,
             start_new_session=True)
@@ -225,7 +225,7 @@ def serve(fd: int) -> None:
     None or a closed socket ends the worker."""
     import logging
 
-    from mldiag.analysis.xprof_tools import NoData
+    from mldiag.analysis.collection.xprof_tools import NoData
 
     # xprof logs every fallback it takes as a warning; the outcome carries what matters.
     logging.getLogger().setLevel(logging.DEBUG if os.environ.get("MLDIAG_DEBUG")

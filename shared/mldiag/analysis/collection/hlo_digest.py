@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis.hlo import HloModule, HloParseError, Instruction, parse_module
+from mldiag.analysis.collection.hlo import HloModule, HloParseError, Instruction, parse_module
 
 # Names and signatures kept per module; a larger module keeps its signature counts only.
 MAX_OPS = 5000

@@ -18,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis import detectors, hlo_digest
-from mldiag.analysis.jobs import pick_step_trace
-from mldiag.analysis.profile_input import (
+from mldiag.analysis.collection import detectors, hlo_digest
+from mldiag.analysis.collection.jobs import pick_step_trace
+from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
     resolve_session,
     validate_xplane,
 )
-from mldiag.analysis.workers import (
+from mldiag.analysis.collection.workers import (
     Job,
     Outcome,
     default_budget_bytes,
@@ -34,7 +34,7 @@ from mldiag.analysis.workers import (
     run_jobs,
     worker_allocator,
 )
-from mldiag.analysis.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
+from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
 from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
@@ -92,7 +92,7 @@ _BASE_RSS = 320 * 1024**2
 # without Python-tracer events costs more than it saves.
 REDUCE_MIN_BYTES = 16 * 1024**2
 
-_JOBS = "mldiag.analysis.jobs"
+_JOBS = "mldiag.analysis.collection.jobs"
 
 
 def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
@@ -474,11 +474,11 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
     if bad:
         out.append(Outcome("timeline_pass", ERROR, "; ".join(bad), elapsed))
     else:
-        from mldiag.analysis import timeline
+        from mldiag.analysis.collection import timeline
 
         hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
         out.append(Outcome("timeline_pass", DATA, timeline.summarize(hts), elapsed))
-    from mldiag.analysis.jobs import combine_memory_profiles
+    from mldiag.analysis.collection.jobs import combine_memory_profiles
 
     memory = {h: (p["memory_profile"]["value"] if p["memory_profile"]["status"] == DATA
                   else None) for h, p in parts.items()}

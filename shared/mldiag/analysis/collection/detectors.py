@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mldiag.analysis.hlo import (
+from mldiag.analysis.collection.hlo import (
     FUSION,
     Computation,
     HloModule,

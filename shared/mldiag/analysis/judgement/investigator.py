@@ -11,9 +11,9 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis import evidence as ev
-from mldiag.analysis.followups import HOST_PYTHON_EVENTS, FollowUpRefused, FollowUps
-from mldiag.analysis.triage import Hypothesis, Triage, custom_call_api, stepped_module
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS, FollowUpRefused, FollowUps
+from mldiag.analysis.judgement.triage import Hypothesis, Triage, custom_call_api, stepped_module
 
 _PS_PER_MS = 1e9
 _RUNTIME_HOST_EVENT = re.compile(

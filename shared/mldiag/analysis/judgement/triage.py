@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldiag.analysis import evidence as ev
+from mldiag.analysis.judgement import evidence as ev
 
 OPTIMAL, NEEDS_ATTENTION, FAILED = "OPTIMAL", "NEEDS_ATTENTION", "FAILED"
 

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.profile_input import ProfileSession
+from mldiag.analysis.collection.profile_input import ProfileSession
 
 XPROF_VERSION = "2.24.2"
 

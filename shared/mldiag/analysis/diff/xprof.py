@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.profile_input import ProfileSession
-from mldiag.analysis.workers import DATA, Job, default_budget_bytes, reason_of, run_jobs
-from mldiag.analysis.xprof_tools import _new_root
+from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.workers import DATA, Job, default_budget_bytes, reason_of, run_jobs
+from mldiag.analysis.collection.xprof_tools import _new_root
 
 DEFAULT_TIMEOUT_S = 300.0
 _SIDES = ("baseline", "candidate")
@@ -66,8 +66,8 @@ def xprof_diff(a: ProfileSession, b: ProfileSession, *,
     root = _root(a, b)
     try:
         job = Job(name="diff_sessions", group="xprof-diff",
-                  runner="mldiag.analysis.xprof_diff:diff", timeout_s=timeout_s)
-        outcome = run_jobs([job], setup="mldiag.analysis.xprof_diff:attach",
+                  runner="mldiag.analysis.diff.xprof:diff", timeout_s=timeout_s)
+        outcome = run_jobs([job], setup="mldiag.analysis.diff.xprof:attach",
                            setup_args={"root": str(root)}, budget_bytes=default_budget_bytes(),
                            default_timeout_s=timeout_s)["diff_sessions"]
     finally:

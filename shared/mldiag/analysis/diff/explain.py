@@ -14,7 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mldiag.analysis.diff_sides import (
+from mldiag.analysis.collection.hlo_digest import DATA_MOVEMENT, opcodes_of
+from mldiag.analysis.diff.sides import (
     HLO_DIGESTS,
     MS_PER_STEP,
     PERCENT,
@@ -22,7 +23,6 @@ from mldiag.analysis.diff_sides import (
     device_changed,
     is_collective,
 )
-from mldiag.analysis.hlo_digest import DATA_MOVEMENT, opcodes_of
 
 MAX_EXPLANATION = 10
 # Below this (ms per step, or points of device time) a delta is no change.
@@ -175,7 +175,7 @@ def _param_change(p: Mapping[str, Any]) -> str:
 
 
 def _ratio(param: Mapping[str, Any]) -> str:
-    from mldiag.analysis.hlo import parse_shape
+    from mldiag.analysis.collection.hlo import parse_shape
 
     a, b = parse_shape(str(param.get("a"))), parse_shape(str(param.get("b")))
     if a.dims and b.dims and len(a.dims) == len(b.dims) and a.element_count:

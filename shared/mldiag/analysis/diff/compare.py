@@ -29,9 +29,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 import mldiag
-from mldiag.analysis import evidence as ev
-from mldiag.analysis.diff_explain import NEGLIGIBLE, explain
-from mldiag.analysis.diff_sides import (
+from mldiag.analysis.diff.explain import NEGLIGIBLE, explain
+from mldiag.analysis.diff.sides import (
     PERCENT,
     Profile,
     Side,
@@ -40,6 +39,7 @@ from mldiag.analysis.diff_sides import (
     noise_ms,
     profile,
 )
+from mldiag.analysis.judgement import evidence as ev
 
 DIFF_SCHEMA_VERSION = "1.0"
 TOP_OPS = 15
@@ -324,7 +324,7 @@ def _us_ms(us: Any) -> float | None:
 
 
 def _params(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict[str, Any]]:
-    from mldiag.analysis.hlo import parse_shape
+    from mldiag.analysis.collection.hlo import parse_shape
 
     out = []
     pa, pb = list(da.get("parameters") or []), list(db.get("parameters") or [])

@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.profile_input import ProfileSession
-from mldiag.analysis.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
 
 MAX_FOLLOW_UPS = 4
 DEFAULT_FOLLOW_UP_TIMEOUT_S = 120.0
@@ -87,14 +87,20 @@ class FollowUps:
                       "precomputed": str(known.get("how") or "during collection")}
             self.records.append(record)
             return record
-        from mldiag.analysis.workers import DATA, Job, default_budget_bytes, reason_of, run_jobs
+        from mldiag.analysis.collection.workers import (
+            DATA,
+            Job,
+            default_budget_bytes,
+            reason_of,
+            run_jobs,
+        )
 
         if self._root is None:
             self._root = XprofWorkspace.create_root(self.session)
-        job = Job(name=tool, group="follow-ups", runner="mldiag.analysis.jobs:follow_up",
+        job = Job(name=tool, group="follow-ups", runner="mldiag.analysis.collection.jobs:follow_up",
                   timeout_s=self.timeout_s)
         outcome = run_jobs(
-            [job], setup="mldiag.analysis.jobs:attach",
+            [job], setup="mldiag.analysis.collection.jobs:attach",
             setup_args={"root": str(self._root), "session": self.session},
             budget_bytes=self.memory_budget_bytes or default_budget_bytes(),
             default_timeout_s=self.timeout_s,
@@ -156,7 +162,7 @@ class FollowUpRunner:
                                           max_duration_ps=max_duration_ps,
                                           start_time_ps=start_time_ps,
                                           end_time_ps=end_time_ps, **other)
-        from mldiag.analysis.xspace_scan import aggregate_events
+        from mldiag.analysis.collection.xspace_scan import aggregate_events
 
         return aggregate_events(self.session.xplanes, plane_regex, event_regex,
                                 min_duration_ps=min_duration_ps,
@@ -191,7 +197,7 @@ class FollowUpRunner:
         # are enough (xprof's own list of the lines that carry LLO detail).
         from xprof.cli.internal.oss.xplane_tools import _LLO_LINE_NAMES
 
-        from mldiag.analysis.xspace_scan import XSpaceScan
+        from mldiag.analysis.collection.xspace_scan import XSpaceScan
 
         planes: list[str] = []
         for xplane in self.session.xplanes:

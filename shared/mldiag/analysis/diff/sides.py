@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldiag.analysis import evidence as ev
-from mldiag.analysis.hlo_digest import COLLECTIVES, module_base, opcodes_of, program_id
-from mldiag.analysis.triage import compute_metrics
+from mldiag.analysis.collection.hlo_digest import COLLECTIVES, module_base, opcodes_of, program_id
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.triage import compute_metrics
 
 MS_PER_STEP = "ms per step"
 PERCENT = "% of device time"
