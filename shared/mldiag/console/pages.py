@@ -45,7 +45,7 @@ def report_csp() -> str:
     return (f"sandbox; default-src 'none'; style-src {style_hash()}; img-src data:; "
             "frame-ancestors 'self'")
 _TITLES = {401: "Sign in required", 403: "Not allowed", 404: "Not found",
-           409: "Conflict", 422: "Bad request"}
+           409: "Conflict", 413: "Request too large", 422: "Bad request", 500: "Server error"}
 
 
 def wants_json(request: Request) -> bool:
