@@ -279,11 +279,11 @@ def post_token(body: TokenBody, request: Request,
                principal: Principal = ADMIN_ONLY) -> dict[str, Any]:
     """A new API token (shown once) with one role, on one run or all."""
     console = console_of(request)
-    secret, record = create_token(console.access, principal=f"token:{body.label or 'api'}",
-                                  role=body.role, run=body.run, now=console.clock(),
-                                  expires_s=body.expires_s, label=body.label,
-                                  created_by=principal.name)
-    return {"id": record.id, "token": secret, "role": record.role, "run": record.run}
+    secret, record = create_token(console.access, role=body.role, run=body.run,
+                                  now=console.clock(), expires_s=body.expires_s,
+                                  label=body.label, created_by=principal.name)
+    return {"id": record.id, "token": secret, "role": record.role, "run": record.run,
+            "principal": record.principal_id}
 
 
 @router.delete("/tokens/{token_id}")
