@@ -131,7 +131,7 @@ def list_sessions(run: str, request: Request,
     _run_or_404(request, run)
     sessions = sorted(console.plane.state.list_sessions(run=run), key=lambda s: s.created_at,
                       reverse=True)
-    return [views.session_row(s, views.read_analysis(console, s)) for s in sessions]
+    return [views.session_row(s, principal, views.read_analysis(console, s)) for s in sessions]
 
 
 @router.get("/runs/{run}/sessions/{session}")

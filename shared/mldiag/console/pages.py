@@ -229,7 +229,7 @@ def compare_page(run: str, request: Request, a: str = "", b: str = "",
     if a and b:
         headline = compared(console, run, a, b)["headline"]
     return render(request, "console/compare.html", run=record.name, a=a, b=b,
-                  sessions=[views.session_row(x) for x in reported], headline=headline,
+                  sessions=[views.session_row(x, principal) for x in reported], headline=headline,
                   baseline=record.baseline)
 
 

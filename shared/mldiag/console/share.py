@@ -58,7 +58,7 @@ def shared_page(request: Request, principal: Principal = Depends(link_principal)
 @router.get(PREFIX + "/state")
 def shared_state(request: Request,
                  principal: Principal = Depends(link_principal)) -> dict[str, object]:
-    return views.session_row(_session(request, principal))
+    return views.session_row(_session(request, principal), principal)
 
 
 @router.get(PREFIX + "/report", response_class=HTMLResponse)
