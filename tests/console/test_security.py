@@ -209,6 +209,9 @@ def test_revoking_a_token_ends_every_browser_session_made_from_it(site: Site) ->
     for cookies in (first, second):
         assert site.client.get("/api/v1/runs", cookies=cookies).status_code == 200
         assert site.client.get("/runs/tpu", cookies=cookies).status_code == 200
+    listed = site.client.get("/api/v1/tokens", headers=site.auth("admin")).json()
+    browsers = [t for t in listed if t["kind"] == "browser" and t["parent"] == record.id]
+    assert len(browsers) == 2 and not any("hash" in k for t in listed for k in t)
     r = site.client.delete(f"/api/v1/tokens/{record.id}", headers=site.auth("admin"))
     assert r.status_code == 200
     for cookies in (first, second):

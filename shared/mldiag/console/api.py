@@ -270,7 +270,7 @@ def share_access(link_id: str, request: Request,
 @router.get("/tokens")
 def list_tokens(request: Request,
                 principal: Principal = ADMIN_ONLY) -> list[dict[str, Any]]:
-    return [{k: v for k, v in t.to_dict().items() if k != "token_hash"}
+    return [{k: v for k, v in t.to_dict().items() if k not in ("token_hash", "parent_hash")}
             for t in console_of(request).access.list_tokens() if t.kind != "login"]
 
 
