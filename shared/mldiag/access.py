@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
 BROWSE, REPORT, PROFILE, CAPTURE, SHARE, ADMIN = (
@@ -33,6 +33,8 @@ ALL_RUNS = "*"
 SHARE_DEFAULT_S = 7 * 86400.0
 SHARE_MAX_S = 30 * 86400.0
 ANONYMOUS = "anonymous"
+# The principal of a token that is its own: `token:<its id>`.
+TOKEN_PRINCIPAL = "token:"
 
 
 def hash_secret(secret: str) -> str:
@@ -85,7 +87,13 @@ class Grant:
 @dataclass
 class TokenRecord:
     """A bearer secret, stored hashed. `kind`: `api` (made by `mldiag tokens create`),
-    `browser` (the console's sign-in cookie) or `login` (a one-time login code)."""
+    `browser` (the console's sign-in cookie) or `login` (a one-time login code).
+
+    `principal` is a named principal the token signs in as (an email, with its role
+    bindings, or `local-admin`), or `token:...` for a token that is its own principal: then
+    its principal id is `token:<id>`, and `label` only names it for people. A browser
+    sign-in made from an API token names that token in `parent` and `parent_hash`, acts as
+    it, and is valid only while it is."""
 
     id: str
     token_hash: str
@@ -98,9 +106,18 @@ class TokenRecord:
     expires_at: float = 0.0  # 0: never
     revoked_at: float = 0.0
     created_by: str = ""
+    parent: str = ""
+    parent_hash: str = ""
 
     def valid(self, now: float) -> bool:
         return not self.revoked_at and (not self.expires_at or now < self.expires_at)
+
+    @property
+    def principal_id(self) -> str:
+        """Who this token signs in as: share-link ownership and the access log use it."""
+        if not self.principal.startswith(TOKEN_PRINCIPAL):
+            return self.principal
+        return TOKEN_PRINCIPAL + (self.parent or self.id)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -146,16 +163,24 @@ class Principal:
     """The caller of one request and what it was granted: `(role, run, session)` triples,
     where run `*` is every run and session "" every session of that run."""
 
+    # The principal's id (an email, `local-admin`, `token:<id>`): what owns share links and
+    # what the access log records.
     name: str
     grants: tuple[tuple[str, str, str], ...] = field(default_factory=tuple)
     # How the caller authenticated: bearer, cookie, iap, id_token or share.
     via: str = ""
     # The share link the request came through, if any (for the access log).
     link_id: str = ""
+    # What people call it (a token's label); shown, never compared.
+    label: str = ""
 
     @property
     def anonymous(self) -> bool:
         return self.name == ANONYMOUS
+
+    @property
+    def display(self) -> str:
+        return f"{self.label} ({self.name})" if self.label else self.name
 
     def can(self, permission: str, run: str | None = None, session: str | None = None) -> bool:
         """Whether any grant gives `permission` on `run` (any run when None) and `session`
@@ -177,7 +202,7 @@ class Principal:
         return [r for r in runs if self.can(BROWSE, r)]
 
     def with_grants(self, grants: list[tuple[str, str, str]]) -> Principal:
-        return Principal(self.name, self.grants + tuple(grants), self.via, self.link_id)
+        return replace(self, grants=self.grants + tuple(grants))
 
 
 class AccessStore(Protocol):
@@ -252,13 +277,19 @@ def share_path(secret: str, run: str, session: str) -> str:
     return f"/share/{secret}/runs/{quote(run, safe='')}/sessions/{quote(session, safe='')}"
 
 
-def create_token(store: AccessStore, *, principal: str, role: str, now: float,
+def create_token(store: AccessStore, *, role: str, now: float, principal: str = "",
                  run: str = ALL_RUNS, expires_s: float = 0.0, label: str = "",
                  created_by: str = "") -> tuple[str, TokenRecord]:
-    """A new API token: (its secret, shown once; the stored record)."""
+    """A new API token: (its secret, shown once; the stored record).
+
+    It is its own principal, `token:<id>`, unless `principal` names one (an email); a
+    `token:...` principal (once one name per label or role) is taken as its own too."""
     check_role(role)
     secret = new_secret("mldiag")
-    record = TokenRecord(id=new_id(), token_hash=hash_secret(secret), principal=principal,
+    token_id = new_id()
+    if not principal or principal.startswith(TOKEN_PRINCIPAL):
+        principal = TOKEN_PRINCIPAL + token_id
+    record = TokenRecord(id=token_id, token_hash=hash_secret(secret), principal=principal,
                          role=role, run=run or ALL_RUNS, kind="api", label=label,
                          created_at=now, expires_at=now + expires_s if expires_s else 0.0,
                          created_by=created_by)

@@ -33,13 +33,17 @@ class Site:
     console: Console
     client: TestClient
     tokens: dict[str, str] = field(default_factory=dict)
+    # Each token's principal id (`token:<id>`), by the same key.
+    ids: dict[str, str] = field(default_factory=dict)
 
     def auth(self, who: str) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.tokens[who]}"} if who else {}
 
-    def token(self, role: str, run: str = ALL_RUNS) -> str:
-        secret, _ = create_token(self.console.access, principal=f"token:{role}@{run}",
-                                 role=role, run=run, now=time.time())
+    def token(self, role: str, run: str = ALL_RUNS, key: str = "") -> str:
+        secret, record = create_token(self.console.access, role=role, run=run,
+                                      now=time.time(), label=f"{role}@{run}")
+        if key:
+            self.tokens[key], self.ids[key] = secret, record.principal_id
         return secret
 
 
@@ -73,9 +77,9 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     client = TestClient(create_app(console), base_url="http://127.0.0.1:8790")
     s = Site(home=home, runtime=runtime, console=console, client=client)
     for role in ("viewer", "analysis_viewer", "editor", "admin"):
-        s.tokens[role] = s.token(role)
-    s.tokens["viewer_other"] = s.token("viewer", "other")
-    s.tokens["editor_other"] = s.token("editor", "other")
+        s.token(role, key=role)
+    s.token("viewer", "other", key="viewer_other")
+    s.token("editor", "other", key="editor_other")
     try:
         yield s
     finally:

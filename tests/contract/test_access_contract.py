@@ -96,6 +96,49 @@ def test_revoke_token_by_id_once(access: Subject) -> None:
     assert not s.revoke_token("no-such-id", now=9.0)
 
 
+def test_a_browser_token_names_the_token_it_was_made_from(access: Subject) -> None:
+    s = access.adapter
+    api = token(new_secret("mld"), principal="token:x")
+    s.put_token(api)
+    browser = TokenRecord(id=new_id(), token_hash=hash_secret(new_secret("mld")),
+                          principal="token:x", role="viewer", run="r", kind="browser",
+                          created_at=2.0, expires_at=100.0, created_by=api.principal_id,
+                          parent=api.id, parent_hash=api.token_hash)
+    s.put_token(browser)
+    found = access.twin.find_token(browser.token_hash)
+    assert found == browser and found.principal_id == f"token:{api.id}"
+    parent = access.twin.find_token(found.parent_hash)
+    assert parent is not None and parent.id == found.parent and parent.valid(3.0)
+    assert s.revoke_token(api.id, now=4.0)
+    revoked = access.twin.find_token(found.parent_hash)
+    assert revoked is not None and not revoked.valid(5.0)
+
+
+def _put_raw_token(access: Subject, data: dict[str, Any]) -> None:
+    """Store a token record as an older version wrote it (without today's fields)."""
+    from mldiag.adapters.local.access import SqliteAccessStore
+
+    s = access.adapter
+    if isinstance(s, SqliteAccessStore):
+        with sqlite3.connect(s.path) as db:
+            db.execute("INSERT INTO tokens (token_hash, id, created_at, data) "
+                       "VALUES (?, ?, ?, ?)", (data["token_hash"], data["id"],
+                                               data["created_at"], json.dumps(data)))
+        return
+    s.client.collection("tokens").document(data["token_hash"]).set(data)
+
+
+def test_a_token_stored_before_principal_ids_reads_as_its_own_principal(
+        access: Subject) -> None:
+    secret = new_secret("mld")
+    old = {k: v for k, v in token(secret, principal="token:editor").to_dict().items()
+           if k not in ("parent", "parent_hash")}
+    _put_raw_token(access, old)
+    found = access.twin.find_token(hash_secret(secret))
+    assert found is not None and (found.parent, found.parent_hash) == ("", "")
+    assert found.principal_id == f"token:{old['id']}"
+
+
 def test_a_login_code_is_consumed_once(access: Subject) -> None:
     s = access.adapter
     code = new_secret("login")

@@ -131,7 +131,7 @@ def list_sessions(run: str, request: Request,
     _run_or_404(request, run)
     sessions = sorted(console.plane.state.list_sessions(run=run), key=lambda s: s.created_at,
                       reverse=True)
-    return [views.session_row(s, views.read_analysis(console, s)) for s in sessions]
+    return [views.session_row(s, principal, views.read_analysis(console, s)) for s in sessions]
 
 
 @router.get("/runs/{run}/sessions/{session}")
@@ -270,7 +270,7 @@ def share_access(link_id: str, request: Request,
 @router.get("/tokens")
 def list_tokens(request: Request,
                 principal: Principal = ADMIN_ONLY) -> list[dict[str, Any]]:
-    return [{k: v for k, v in t.to_dict().items() if k != "token_hash"}
+    return [{k: v for k, v in t.to_dict().items() if k not in ("token_hash", "parent_hash")}
             for t in console_of(request).access.list_tokens() if t.kind != "login"]
 
 
@@ -279,11 +279,11 @@ def post_token(body: TokenBody, request: Request,
                principal: Principal = ADMIN_ONLY) -> dict[str, Any]:
     """A new API token (shown once) with one role, on one run or all."""
     console = console_of(request)
-    secret, record = create_token(console.access, principal=f"token:{body.label or 'api'}",
-                                  role=body.role, run=body.run, now=console.clock(),
-                                  expires_s=body.expires_s, label=body.label,
-                                  created_by=principal.name)
-    return {"id": record.id, "token": secret, "role": record.role, "run": record.run}
+    secret, record = create_token(console.access, role=body.role, run=body.run,
+                                  now=console.clock(), expires_s=body.expires_s,
+                                  label=body.label, created_by=principal.name)
+    return {"id": record.id, "token": secret, "role": record.role, "run": record.run,
+            "principal": record.principal_id}
 
 
 @router.delete("/tokens/{token_id}")

@@ -2,12 +2,12 @@
 
 Every route declares who may call it (`console.auth.require` or a share link's own check);
 every response carries the security headers below, with the page's own Content-Security-
-Policy where it needs a different one (the XProf frontend, the sandboxed report).
+Policy where it needs a different one (the XProf frontend, the sandboxed report); request
+bodies are capped before anything reads them (`console.guard`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -21,6 +21,7 @@ from markupsafe import Markup
 import mldiag
 from mldiag.analysis.html import prose_html
 from mldiag.console.context import Console
+from mldiag.console.guard import Guard
 
 CONSOLE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; "
@@ -58,18 +59,8 @@ def create_app(console: Console) -> FastAPI:
     app.state.console = console
     app.state.templates = templates()
 
-    @app.middleware("http")
-    async def security_headers(request: Request,
-                               call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        response = await call_next(request)
-        headers = response.headers
-        csp = getattr(request.state, "csp", None) or CONSOLE_CSP
-        headers.setdefault("Content-Security-Policy", csp)
-        headers["X-Content-Type-Options"] = "nosniff"
-        headers["Referrer-Policy"] = "no-referrer"
-        headers["Cross-Origin-Opener-Policy"] = "same-origin"
-        headers.setdefault("Cache-Control", "no-store")
-        return response
+    # Outermost of the app's own layers: every response, errors included, gets the headers.
+    app.add_middleware(Guard, csp=CONSOLE_CSP)
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -23,7 +23,14 @@ from typing import Any
 
 from fastapi import HTTPException, Request
 
-from mldiag.access import ALL_RUNS, ANONYMOUS, Principal, hash_secret
+from mldiag.access import (
+    ALL_RUNS,
+    ANONYMOUS,
+    TOKEN_PRINCIPAL,
+    Principal,
+    TokenRecord,
+    hash_secret,
+)
 from mldiag.console.context import Console
 from mldiag.identity import InvalidToken, KeysUnavailable, verify_jwt
 
@@ -45,14 +52,32 @@ def console_of(request: Request) -> Console:
     return console
 
 
+def _signed_in_as(console: Console, record: TokenRecord, now: float) -> TokenRecord | None:
+    """The valid token `record` acts for: itself, or for a sign-in with an API token that
+    token, so that revoking or expiring it ends every browser session made from it (one
+    without `parent_hash` predates that link and is refused: sign in again)."""
+    if record.kind != "browser" or not record.principal.startswith(TOKEN_PRINCIPAL):
+        return record
+    parent = console.access.find_token(record.parent_hash) if record.parent_hash else None
+    if parent is None or parent.id != record.parent or not parent.valid(now):
+        return None
+    return parent
+
+
 def _token_principal(console: Console, token: str, via: str) -> Principal | None:
+    now = console.clock()
     record = console.access.find_token(hash_secret(token))
-    if record is None or record.kind == "login" or not record.valid(console.clock()):
+    if record is None or record.kind == "login" or not record.valid(now):
+        return None
+    source = _signed_in_as(console, record, now)
+    if source is None:
         return None
     grants = [(record.role, record.run or ALL_RUNS, "")]
-    if "@" in record.principal:
-        grants += [(g.role, g.run, "") for g in console.access.list_grants(record.principal)]
-    return Principal(record.principal, tuple(grants), via=via)
+    principal_id = record.principal_id
+    if "@" in principal_id:
+        grants += [(g.role, g.run, "") for g in console.access.list_grants(principal_id)]
+    label = source.label if source.principal.startswith(TOKEN_PRINCIPAL) else ""
+    return Principal(principal_id, tuple(grants), via=via, label=label)
 
 
 def _email_principal(console: Console, email: str, via: str) -> Principal:
@@ -166,7 +191,7 @@ def require(permission: str, *, project: bool = False) -> Callable[..., Any]:
         if not principal.can(permission, run, session):
             if principal.anonymous:
                 raise NotSignedIn()
-            raise HTTPException(403, f"{principal.name} may not {permission} "
+            raise HTTPException(403, f"{principal.display} may not {permission} "
                                      + (f"run {run!r}" if run else "here"))
         await check_csrf(request)
         return principal

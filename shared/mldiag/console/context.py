@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mldiag.access import AccessStore, TokenRecord, hash_secret, new_id, new_secret
+from mldiag.adapters.local.private import private_dir
 from mldiag.bootstrap import ControlPlane, control_plane
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
@@ -54,7 +55,7 @@ def _secret(settings: Settings) -> bytes:
                           "same on every instance)")
     path = settings.home / "console.secret"
     if not path.is_file():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_hex(32))
@@ -89,7 +90,7 @@ def ensure_local_admin(console: Console) -> tuple[str | None, str]:
             id=new_id(), token_hash=hash_secret(token), principal=LOCAL_ADMIN, role="admin",
             kind="api", label="created by the first `mldiag up`", created_at=now,
             created_by=LOCAL_ADMIN))
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")

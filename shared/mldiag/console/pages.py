@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote, urlsplit
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Request, Response
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
@@ -45,7 +45,7 @@ def report_csp() -> str:
     return (f"sandbox; default-src 'none'; style-src {style_hash()}; img-src data:; "
             "frame-ancestors 'self'")
 _TITLES = {401: "Sign in required", 403: "Not allowed", 404: "Not found",
-           409: "Conflict", 422: "Bad request"}
+           409: "Conflict", 413: "Request too large", 422: "Bad request", 500: "Server error"}
 
 
 def wants_json(request: Request) -> bool:
@@ -229,7 +229,7 @@ def compare_page(run: str, request: Request, a: str = "", b: str = "",
     if a and b:
         headline = compared(console, run, a, b)["headline"]
     return render(request, "console/compare.html", run=record.name, a=a, b=b,
-                  sessions=[views.session_row(x) for x in reported], headline=headline,
+                  sessions=[views.session_row(x, principal) for x in reported], headline=headline,
                   baseline=record.baseline)
 
 
@@ -253,30 +253,60 @@ def download_route(run: str, session: str, host: str, request: Request,
 
 
 def _sign_in(console: Console, record: TokenRecord) -> Response:
+    """A browser session of `record`'s principal. Made from an API token, it names that
+    token, acts as its principal and ends with it (`console.auth`); made from a login code
+    (spent now), it lives on its own until it expires or is signed out or revoked."""
     token = new_secret("mldiag")
     now = console.clock()
+    expires_at = now + BROWSER_TOKEN_S
+    parent = parent_hash = ""
+    if record.kind == "api":
+        parent, parent_hash = record.id, record.token_hash
+        if record.expires_at:
+            expires_at = min(expires_at, record.expires_at)
     console.access.put_token(TokenRecord(
         id=new_id(), token_hash=hash_secret(token), principal=record.principal,
         role=record.role, run=record.run, kind="browser", label="console sign-in",
-        created_at=now, expires_at=now + BROWSER_TOKEN_S, created_by=record.principal))
+        created_at=now, expires_at=expires_at, created_by=record.principal_id,
+        parent=parent, parent_hash=parent_hash))
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(COOKIE, token, max_age=int(BROWSER_TOKEN_S), httponly=True,
+    response.set_cookie(COOKIE, token, max_age=max(1, int(expires_at - now)), httponly=True,
                         samesite="strict", secure=console.settings.console_url.startswith(
                             "https://"), path="/")
     return response
+
+
+def same_origin_path(target: str) -> str | None:
+    """`target` if it is a path on this console, else None: ASCII without spaces, and not
+    `//host`, `/\\host`, a scheme or a control character, before or after percent-decoding
+    (a browser reads `/\\evil.example/` and `/%09/evil.example/` as `//evil.example/`)."""
+    if not target.isascii() or " " in target:
+        return None
+    for text in (target, unquote(target)):
+        if (not text.startswith("/") or text.startswith("//") or "\\" in text
+                or any(ord(c) < 32 or ord(c) == 127 for c in text)):
+            return None
+        parts = urlsplit(text)
+        if parts.scheme or parts.netloc:
+            return None
+    return target
 
 
 @router.get("/login", response_class=HTMLResponse)
 def login_page(request: Request, code: str = "", next: str = "/") -> Response:
     console = console_of(request)
     if code:
-        record = console.access.consume_token(hash_secret(code), console.clock())
-        if record is None or record.kind != "login":
+        # Only a login code is consumed: an API token pasted here stays valid.
+        found = console.access.find_token(hash_secret(code))
+        record = (console.access.consume_token(hash_secret(code), console.clock())
+                  if found is not None and found.kind == "login" else None)
+        if record is None:
             return render(request, "console/login.html", status=401, next="/",
                           message="this login URL was already used or has expired: run "
                           "`mldiag up` again, or sign in with a token")
         return _sign_in(console, record)
-    return render(request, "console/login.html", next=next, message="")
+    return render(request, "console/login.html", next=same_origin_path(next) or "/",
+                  message="")
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -284,11 +314,11 @@ def login_form(request: Request, token: str = Form(...), next: str = Form("/")) 
     console = console_of(request)
     record = console.access.find_token(hash_secret(token.strip()))
     if record is None or record.kind != "api" or not record.valid(console.clock()):
-        return render(request, "console/login.html", status=401, next=next,
+        return render(request, "console/login.html", status=401,
+                      next=same_origin_path(next) or "/",
                       message="invalid, expired or revoked token")
     response = _sign_in(console, record)
-    if next.startswith("/") and not next.startswith("//"):
-        response.headers["location"] = next
+    response.headers["location"] = same_origin_path(next) or "/"
     return response
 
 

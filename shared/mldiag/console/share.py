@@ -8,6 +8,8 @@ session alone; an `anyone` link needs no sign-in. Every use is logged.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 
@@ -37,8 +39,8 @@ async def link_principal(request: Request) -> Principal:
         console.access.log_access(AccessEntry(
             link_id=link.id, principal=principal.name if not principal.anonymous else ANONYMOUS,
             at=console.clock(), path=request.url.path.split(p["token"], 1)[-1][:500]))
-    return Principal(principal.name, principal.grants + (("viewer", link.run, link.session),),
-                     via=principal.via or "share", link_id=link.id)
+    return replace(principal.with_grants([("viewer", link.run, link.session)]),
+                   via=principal.via or "share", link_id=link.id)
 
 
 def _session(request: Request, principal: Principal) -> SessionRecord:
@@ -56,7 +58,7 @@ def shared_page(request: Request, principal: Principal = Depends(link_principal)
 @router.get(PREFIX + "/state")
 def shared_state(request: Request,
                  principal: Principal = Depends(link_principal)) -> dict[str, object]:
-    return views.session_row(_session(request, principal))
+    return views.session_row(_session(request, principal), principal)
 
 
 @router.get(PREFIX + "/report", response_class=HTMLResponse)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections import Counter
 from typing import Any
 
@@ -70,14 +71,45 @@ def read_analysis(console: Console, s: SessionRecord) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def session_row(s: SessionRecord, analysis: dict[str, Any] | None = None) -> dict[str, Any]:
+# What a failure reason may hold that only those who may view profiles see: URLs and bucket
+# URIs, absolute paths, IP addresses, and host:port.
+_HEX = r"[0-9A-Fa-f]{1,4}"
+_LOCATIONS = (
+    (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>)]*"), "[location]"),
+    (re.compile(r"(?<![\w.~-])(?:~|\.{1,2})?/[^\s'\"<>,;)]+"), "[path]"),
+    (re.compile(r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?"), "[address]"),
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"), "[address]"),
+    # IPv6, whole (seven colons) or compressed (with `::`); not a time such as 12:30:45.
+    (re.compile(rf"(?<![\w:.])(?:(?:{_HEX}:){{7}}{_HEX}|(?:{_HEX}(?::{_HEX})*)?::"
+                rf"(?:{_HEX}(?::{_HEX})*)?)(?![\w:])"), "[address]"),
+    # host:port (a name starting with a letter, so that a time is not one).
+    (re.compile(r"\b[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*:\d{2,5}\b"),
+     "[address]"),
+)
+
+
+def without_locations(text: str) -> str:
+    """`text` with its addresses and server paths replaced by placeholders."""
+    for pattern, placeholder in _LOCATIONS:
+        text = pattern.sub(placeholder, text)
+    return text
+
+
+def _reason(principal: Principal, s: SessionRecord, text: str) -> str:
+    """A failure reason as `principal` may read it: whole for those who may view profiles
+    (and so targets), without addresses and server paths for analysis_viewer."""
+    return text if principal.can(PROFILE, s.run, s.session) else without_locations(text)
+
+
+def session_row(s: SessionRecord, principal: Principal,
+                analysis: dict[str, Any] | None = None) -> dict[str, Any]:
     end = s.timings.get(s.state, s.updated_at) if s.state in TERMINAL else None
     return {"run": s.run, "session": s.session, "state": s.state, "version": s.version,
             "kind": s.kind, "trigger": s.trigger, "verdict": s.verdict,
             "top_finding": _top_finding(analysis), "created": _iso(s.created_at),
             "updated": _iso(s.updated_at),
             "duration_s": round(end - s.created_at, 1) if end and s.created_at else None,
-            "hosts": len(s.hosts), "reason": s.reason}
+            "hosts": len(s.hosts), "reason": _reason(principal, s, s.reason)}
 
 
 def run_row(console: Console, run: RunRecord, sessions: list[SessionRecord]) -> dict[str, Any]:
@@ -119,7 +151,8 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
         "on_demand": run.on_demand,
         "auto_capture": run.policy.to_dict(),
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
-        "sessions_list": [session_row(s, read_analysis(console, s)) for s in sessions],
+        "sessions_list": [session_row(s, principal, read_analysis(console, s))
+                          for s in sessions],
         # The session alert-triggered sessions are compared with: pinned, else "" (the most
         # recent OPTIMAL one).
         "baseline": run.baseline,
@@ -141,14 +174,14 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
 
 def session_view(console: Console, principal: Principal, s: SessionRecord) -> dict[str, Any]:
     analysis = read_analysis(console, s)
-    view = session_row(s, analysis)
+    view = session_row(s, principal, analysis)
     may_profile = principal.can(PROFILE, s.run, s.session)
     view.update({
         "history": sorted(({"state": k, "at": _iso(v)} for k, v in s.timings.items()),
                           key=lambda h: h["at"] or ""),
         "expected_hosts": s.expected_hosts,
         "hosts_list": [{"host": h, "status": r.status, "size": r.size,
-                        "arrived": _iso(r.arrived_at), "reason": r.reason}
+                        "arrived": _iso(r.arrived_at), "reason": _reason(principal, s, r.reason)}
                        for h, r in sorted(s.hosts.items())],
         "note": s.note,
         "has_report": analysis is not None,

@@ -15,6 +15,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
+from mldiag.adapters.local.private import private_dir
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 
 _SCHEMA = """
@@ -41,7 +42,7 @@ class SqliteAccessStore:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._local = threading.local()
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         self._connection().executescript(_SCHEMA)
 
     def _connection(self) -> sqlite3.Connection:

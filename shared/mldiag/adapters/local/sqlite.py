@@ -9,11 +9,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from mldiag.adapters.local.private import private_dir, private_file
+
 
 def thread_connection(local: threading.local, path: Path) -> sqlite3.Connection:
-    """This thread's connection to `path` (made on first use, kept in `local`)."""
+    """This thread's connection to `path` (made on first use, kept in `local`). A new
+    database file is owner-only, and SQLite gives its WAL and shared-memory files its mode."""
     conn: sqlite3.Connection | None = getattr(local, "conn", None)
     if conn is None:
+        private_dir(path.parent)
+        private_file(path)
         conn = sqlite3.connect(path, timeout=30.0, isolation_level=None,
                                check_same_thread=True)
         conn.execute("PRAGMA journal_mode=WAL")

@@ -15,6 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from mldiag.adapters.local.private import private_dir
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
@@ -69,7 +70,7 @@ class SqliteStateStore:
         self.path = path
         self._local = threading.local()
         self._listeners: list[Callable[[SessionRecord], None]] = []
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         # executescript commits on its own, so the schema is not wrapped in _tx.
         self.connection().executescript(_SCHEMA)
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from mldiag.adapters.local.periodic import Periodic
+from mldiag.adapters.local.private import create_private, private_dir, write_private
 from mldiag.errors import ProfileUnreadable
 from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
@@ -36,6 +37,12 @@ def _generation(st: os.stat_result) -> str:
     return f"{st.st_mtime_ns}-{st.st_size}"
 
 
+def _copy_private(src: Path, dest: Path) -> None:
+    """Copy `src` to a new owner-only file `dest`."""
+    with open(src, "rb") as f, os.fdopen(create_private(dest), "wb") as out:
+        shutil.copyfileobj(f, out, 8 * 1024**2)
+
+
 def _is_temporary(name: str) -> bool:
     base = name.rsplit("/", 1)[-1]
     return base.startswith(".") or base.endswith((".tmp", ".part", ".partial", ".crdownload"))
@@ -48,7 +55,7 @@ class LocalDirStorage:
         self.root = root.resolve()
         self.bucket = "local"
         self.on_finalize = on_finalize
-        self.root.mkdir(parents=True, exist_ok=True)
+        private_dir(self.root)
         # Generations this process wrote or already reported, so the watcher skips them.
         self.reported: dict[str, str] = {}
         self._lock = threading.Lock()
@@ -89,9 +96,10 @@ class LocalDirStorage:
     ) -> ObjectInfo:
         """Write atomically; with `if_absent`, FileExistsError if the object exists."""
         path = self._path(name)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_bytes(data)
+        tmp.unlink(missing_ok=True)  # a crashed write's leftover
+        write_private(tmp, data)
         if if_absent:
             try:
                 # link() fails if the name exists: a create-only write, atomically.
@@ -110,19 +118,20 @@ class LocalDirStorage:
         src = self._path(name)
         if not src.is_file():
             raise FileNotFoundError(f"no such object: {name}")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(path.parent)
         path.unlink(missing_ok=True)
         try:
             os.link(src, path)  # objects are replaced, never written in place
         except OSError:
-            shutil.copyfile(src, path)
+            _copy_private(src, path)
 
     def put_file(self, name: str, path: Path, *,
                  content_type: str = "application/octet-stream") -> ObjectInfo:
         dest = self._path(name)
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(dest.parent)
         tmp = dest.with_name(f".{dest.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-        shutil.copyfile(path, tmp)
+        tmp.unlink(missing_ok=True)
+        _copy_private(path, tmp)
         tmp.replace(dest)
         info = self._info(name, dest.stat())
         self.emit(info)
