@@ -19,6 +19,7 @@ from mldiag.analysis.report.model import (
     Link,
     Nested,
     Para,
+    Prio,
     Prose,
     Section,
     Span,
@@ -212,7 +213,7 @@ def _findings(doc: Mapping[str, Any]) -> list[Block]:
             priority = text(x.get("priority"))
             was: Cell = parts(" ", Span(f"was {text(x.get('a_priority'))}", "subnote")) \
                 if x.get("a_priority") else ""
-            rows.append((parts(Span(priority, f"prio {priority}"), was),
+            rows.append((parts(Prio(priority), was),
                          mono(x.get("category")), Prose(text(x.get("title")))))
         if rows:
             blocks += [Heading(title, 3),

@@ -163,6 +163,14 @@ class Chip:
 
 
 @dataclass(frozen=True)
+class Prio:
+    """A finding's priority (P0, P1, P2), as the console shows it too."""
+
+    priority: str
+    kind: ClassVar[str] = "prio"
+
+
+@dataclass(frozen=True)
 class Fold:
     """A long value folded behind its first line."""
 
@@ -202,7 +210,8 @@ class Nested:
     kind: ClassVar[str] = "nested"
 
 
-Cell = str | NA | Span | Prose | Wbr | Code | Strong | Chip | Fold | Br | Parts | Link | Nested
+Cell = (str | NA | Span | Prose | Wbr | Code | Strong | Chip | Prio | Fold | Br | Parts | Link
+        | Nested)
 
 
 def parts(*items: Cell) -> Parts:
