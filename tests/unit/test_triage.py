@@ -238,13 +238,16 @@ def test_step_time_spread_names_the_outlier_steps() -> None:
 
 
 def test_kernel_occupancy_shows_only_when_the_trace_recorded_it() -> None:
-    from mldiag.analysis.html import _kernel_table
+    def page(records: list[dict[str, Any]]) -> str:
+        snap = {"tools": {"get_kernel_stats": {"status": "DATA", "data": records}}}
+        text = render_summary_html({}, snap)
+        return text[text.index('id="kernels"'):text.index('id="detectors"')]
 
     zero = [{"kernel_name": "k1", "occupancy_pct": 0.0, "total_duration_us": 5.0},
             {"kernel_name": "k2", "occupancy_pct": 0.0, "total_duration_us": 3.0}]
-    assert "0.0%" not in _kernel_table(zero) and "not recorded" in _kernel_table(zero)
+    assert "0.0%" not in page(zero) and "not recorded" in page(zero)
     real = [{"kernel_name": "k1", "occupancy_pct": 62.5, "total_duration_us": 5.0}]
-    assert "62.5%" in _kernel_table(real)
+    assert "62.5%" in page(real)
 
 
 def test_memory_is_judged_on_the_program_that_ran_in_the_steps() -> None:

@@ -1,0 +1,419 @@
+"""The view of summary.html: header, the analysis summary, the prioritized findings and the
+provenance; the tool sections come from `report.tools`, "What changed" from `report.diff`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mldiag.analysis.report import charts
+from mldiag.analysis.report.diff import what_changed
+from mldiag.analysis.report.model import (
+    KV,
+    Block,
+    Callout,
+    Cell,
+    Chip,
+    Heading,
+    Prose,
+    Section,
+    Span,
+    Strong,
+    Wbr,
+    as_json,
+    as_list,
+    as_map,
+    as_str,
+    evidence_value,
+    fmt_gib,
+    fmt_mem_gib,
+    fmt_ms,
+    fmt_pct,
+    measured,
+    mono,
+    na,
+    parts,
+    table,
+    text,
+    tool_reason,
+    why,
+)
+from mldiag.analysis.report.page import Page, TocEntry, render
+from mldiag.analysis.report.tools import cpu_profile, device_type_of, tool_sections
+
+_PRIORITY_RANK = {"P0": 0, "P1": 1, "P2": 2}
+_TOC = (TocEntry("summary", "Summary"), TocEntry("bottlenecks", "Bottlenecks"),
+        TocEntry("tools", "Tool analysis"), TocEntry("roofline", "Roofline", True),
+        TocEntry("memory", "Memory", True), TocEntry("hlo-ops", "HLO ops", True),
+        TocEntry("kernels", "Kernels", True), TocEntry("detectors", "Detectors", True),
+        TocEntry("llo", "LLO", True), TocEntry("provenance", "Provenance"))
+
+
+@dataclass(frozen=True)
+class Card:
+    label: str
+    value: Cell
+    note: Cell
+    bar: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class Check:
+    check: str
+    value: Cell
+    target: str
+    result: str
+    source: str
+
+    @property
+    def result_css(self) -> str:
+        return {"passed": "DATA", "failed": "ERROR"}.get(self.result, "NO_DATA")
+
+
+@dataclass(frozen=True)
+class Summary:
+    text: str
+    cards: Sequence[Card]
+    checks: Sequence[Check]
+    judged_over: str
+    not_judged: Block
+    collection: Block
+
+
+@dataclass(frozen=True)
+class Finding:
+    priority: str
+    css: str
+    title: str
+    category: str
+    id: str
+    what: Cell
+    evidence: Block
+    headline: str | None
+    impact: str
+    fix: Cell
+
+
+# ---------------------------------------------------------------- 1. summary
+
+
+def _card_notes(analysis: Mapping[str, Any], cpu: bool) -> list[Card]:
+    metrics = as_map(analysis.get("metrics"))
+    not_measured = "not measured"
+    step = measured(metrics.get("step_time_ms"))
+    idle = measured(metrics.get("device_idle_percent"))
+    roof = measured(metrics.get("roofline_efficiency_percent"))
+    peak = measured(metrics.get("peak_memory_gib"))
+    cap = measured(metrics.get("memory_capacity_gib"))
+    risk = as_str(metrics.get("oom_risk")).upper()
+    # get_peak_allocations measures the largest compiled program's buffer assignment, not a
+    # runtime peak; say so rather than calling it "peak memory".
+    from_allocations = as_str(metrics.get("peak_memory_source")) == "get_peak_allocations"
+
+    mem_label = "Largest allocation" if from_allocations else "Peak memory"
+    mem_note = not_measured
+    mem_bar = None
+    if peak is not None and cap is not None and cap > 0:
+        share = peak / cap * 100
+        mem_note = f"of {cap:,.2f} GiB capacity ({share:.1f}%)"
+        mem_bar = charts.share_bar(share, f"{share:.1f}% of capacity")
+    elif peak is not None:
+        mem_note = "capacity not measured"
+    if from_allocations and peak is not None:
+        program = as_str(metrics.get("peak_memory_program"))
+        ran = ("in the measured steps" if metrics.get("step_time_ms") is not None else
+               "in the capture")
+        mem_note = (f"live buffers of {program}, the largest program run {ran} "
+                    f"(get_peak_allocations); {mem_note}" if program else
+                    f"largest compiled-program allocation (get_peak_allocations); {mem_note}")
+
+    if cpu and as_str(metrics.get("device_idle_window")) == "capture window":
+        # No step markers: the XLA:CPU threads' idle share of the capture window.
+        idle_card = Card("Device idle", fmt_pct(idle),
+                         "of the capture window, XLA:CPU idle (timeline; no step markers)"
+                         if idle is not None else not_measured)
+    elif cpu:
+        idle_card = Card("Host wait (device idle)", fmt_pct(idle),
+                         "of each step, XLA:CPU idle" if idle is not None else not_measured)
+    else:
+        window = as_str(metrics.get("device_idle_window"))
+        source = as_str(metrics.get("device_idle_source"))
+        note = ("of each step" if window == "steps" else "of the capture window")
+        if source:
+            note += f" ({source})"
+        idle_card = Card("Device idle", fmt_pct(idle), note if idle is not None else not_measured)
+
+    if not risk:
+        risk_note = not_measured
+    elif cap is None:
+        risk_note = "memory capacity not measured"
+    else:
+        risk_note = "peak memory vs capacity"
+    return [
+        Card("Step time", fmt_ms(step), _step_note(metrics) if step is not None else not_measured),
+        idle_card,
+        Card("Roofline efficiency", fmt_pct(roof),
+             "achieved vs attainable FLOP rate" if roof is not None else not_measured),
+        Card(mem_label, fmt_mem_gib(peak), mem_note, mem_bar),
+        Card("OOM risk", Span(risk, f"risk-{risk}") if risk else na(not_measured), risk_note),
+    ]
+
+
+def _step_note(metrics: Mapping[str, Any]) -> str:
+    """Average per step, with the same steps' spread and outliers when they were measured."""
+    spread = as_map(metrics.get("step_time_spread"))
+    if not spread:
+        return "average per step"
+    note = (f"average of {spread.get('steps')} steps; ± {spread.get('stddev_ms')} ms, "
+            f"{spread.get('min_ms')}–{spread.get('max_ms')} ms")
+    outliers = as_list(spread.get("outliers"))
+    if outliers:
+        worst = as_map(outliers[0])
+        note += (f"; {spread.get('outlier_count')} outlier step(s) over "
+                 f"{spread.get('outlier_threshold_ms')} ms, slowest #{worst.get('step_index')} "
+                 f"at {worst.get('step_time_ms')} ms")
+    return note
+
+
+def _checks(analysis: Mapping[str, Any]) -> list[Check]:
+    """Every OPTIMAL check with its measured value, threshold, source and result."""
+    rows = []
+    for c in as_list(analysis.get("checks")):
+        if not isinstance(c, Mapping):
+            continue
+        passed = c.get("passed")
+        value = c.get("value")
+        shown: Cell = na("no data") if value is None or passed is None and value == "UNKNOWN" \
+            else (f"{value:g}" if isinstance(value, int | float) else str(value))
+        result = "passed" if passed is True else "failed" if passed is False else "not judged"
+        rows.append(Check(as_str(c.get("check")), shown, as_str(c.get("target")), result,
+                          as_str(c.get("source"))))
+    return rows
+
+
+def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Block:
+    """How long collection took and what it had to cut, with the reasons."""
+    info = as_map(analysis.get("collection") or snapshot.get("collection"))
+    elapsed = info.get("elapsed_ms", snapshot.get("elapsed_ms"))
+    size = measured(info.get("session_bytes"))
+    budget = measured(info.get("memory_budget_bytes"))
+    peak = measured(info.get("worker_peak_rss_bytes"))
+    ms = measured(elapsed)
+    took: Cell = (f"{ms / 1000:,.1f} s" if ms is not None and ms >= 1000 else fmt_ms(elapsed))
+    line: list[Cell] = ["Collection took ", took]
+    if size is not None:
+        line.append(f" for {size / 1024**2:,.1f} MB of xplanes")
+    job = as_map(info.get("collect_job"))
+    if job:
+        line += [" in the collect job (a Cloud Run job), because ", Prose(text(job.get("why")))]
+    if peak is not None and budget is not None:
+        line.append(f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
+                    f"(memory budget {budget / 1024**3:,.2f} GiB)")
+    items: list[Cell] = []
+    for kind, label in (("killed", "Stopped"), ("skipped", "Skipped"), ("degraded", "Degraded")):
+        for entry in as_list(info.get(kind)):
+            e = as_map(entry)
+            what = e.get("job") or e.get("tools")
+            items.append(parts(f"{label}: ", mono(what), ": ", Prose(text(e.get("reason")))))
+    if not items:
+        return why(parts(*line, "; no tool was skipped, stopped or degraded."))
+    return Callout(parts(*line, ". What collection had to cut"), items)
+
+
+def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Summary:
+    not_judged = [item for item in as_list(analysis.get("not_judged")) if item]
+    judged: Block = (
+        Callout("Not judged (missing data is not evidence of health)",
+                [Prose(text(item)) for item in not_judged]) if not_judged
+        else why("Every triage criterion had data; nothing was left unjudged."))
+    return Summary(as_str(analysis.get("summary")),
+                   _card_notes(analysis, cpu_profile(analysis, snapshot)), _checks(analysis),
+                   as_str(as_map(analysis.get("metrics")).get("judged_over")), judged,
+                   _collection_note(analysis, snapshot))
+
+
+# ---------------------------------------------------------------- 2. findings
+
+
+def _finding_key(finding: Mapping[str, Any]) -> tuple[int, float]:
+    rank = _PRIORITY_RANK.get(as_str(finding.get("priority")).upper(), len(_PRIORITY_RANK))
+    impact = measured(as_map(finding.get("impact")).get("value"))
+    return rank, -(impact if impact is not None else -1.0)
+
+
+def evidence_rows(evidence: Sequence[Any]) -> list[tuple[Cell, ...]]:
+    return [(Span(Wbr(text(as_map(e).get("tool"))), "mono"), Wbr(text(as_map(e).get("field"))),
+             evidence_value(as_map(e).get("value"))) for e in evidence]
+
+
+def finding_view(finding: Mapping[str, Any]) -> Finding:
+    priority = as_str(finding.get("priority")).upper()
+    rows = evidence_rows(as_list(finding.get("evidence")))
+    evidence: Block = (
+        table([("Tool", "mono ev"), ("Field", "mono ev"), ("Value", "mono")], rows,
+              collapse_after=8)
+        if rows else why("No evidence was attached to this finding."))
+    impact = as_map(finding.get("impact"))
+    value = measured(impact.get("value"))
+    headline = None
+    if value is not None:
+        unit = as_str(impact.get("unit"))
+        # An upper bound (roofline headroom, a fused transpose's whole fusion) says so.
+        headline = ("up to " if impact.get("upper_bound") else "") + (
+            f"{value:,.2f}".rstrip("0").rstrip("."))
+        if unit:
+            headline += ("" if unit.startswith("%") else " ") + unit
+    what, fix = as_str(finding.get("what")), as_str(finding.get("fix"))
+    return Finding(priority or "P?", priority if priority in _PRIORITY_RANK else "",
+                   text(finding.get("title") or "Untitled finding"),
+                   text(finding.get("category") or "other"), text(finding.get("id")),
+                   Prose(what) if what else na("not stated"), evidence, headline,
+                   as_str(impact.get("text")), Prose(fix) if fix else na("no fix proposed"))
+
+
+def findings_view(analysis: Mapping[str, Any]) -> tuple[list[Finding], str]:
+    """The findings, most urgent first, and what to say when there are none."""
+    findings = [as_map(f) for f in as_list(analysis.get("findings")) if isinstance(f, Mapping)]
+    findings.sort(key=_finding_key)
+    if analysis.get("status") == "OPTIMAL":
+        none = "No bottleneck was found: the triage criteria for OPTIMAL hold."
+    else:
+        none = "No findings were produced for this session."
+    return [finding_view(f) for f in findings], none
+
+
+# ---------------------------------------------------------------- 4. provenance
+
+
+def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
+                    ) -> list[Block]:
+    snap_tools = as_map(snapshot.get("tools"))
+    listed: dict[str, Mapping[str, Any]] = {}
+    for item in as_list(analysis.get("tools")):
+        entry = as_map(item)
+        if entry.get("name"):
+            listed[str(entry["name"])] = entry
+    for name, item in snap_tools.items():
+        listed.setdefault(str(name), as_map(item))
+    rows = []
+    for name, entry in listed.items():
+        snap = as_map(snap_tools.get(name))
+        error = entry.get("error") or snap.get("error")
+        note: Cell = ""
+        if error:
+            note = Span(text(error), "err")
+        elif entry.get("status") == "NO_DATA":
+            note = tool_reason(snap) or tool_reason(entry)
+        rows.append((mono(name), Chip(as_str(entry.get("status")) or "?"),
+                     fmt_ms(entry.get("elapsed_ms")), note))
+    follow_rows = []
+    for item in as_list(analysis.get("follow_ups")):
+        f = as_map(item)
+        args = f.get("args")
+        follow_rows.append((mono(f.get("tool")), as_json(args) if args is not None else "",
+                            text(f.get("purpose")), Chip(as_str(f.get("status")) or "?"),
+                            fmt_ms(f.get("elapsed_ms")), text(f.get("result_summary"))))
+    session = as_map(analysis.get("session"))
+    hosts = as_list(session.get("hosts"))
+    fallback = as_map(analysis.get("fallback"))
+    check = as_map(analysis.get("evidence_check"))
+    facts: list[tuple[str, object]] = [
+        ("Investigator", analysis.get("investigator")),
+        ("Investigator fallback", (f"{as_str(fallback.get('from'))} failed, so the rule-based "
+                                   f"investigator ran: {as_str(fallback.get('reason'))}")
+         if fallback else "none"),
+        ("Evidence check", (f"{len(as_list(check.get('dropped')))} finding(s) dropped, "
+                            f"{len(as_list(check.get('corrected')))} value(s) corrected against "
+                            "the tool outputs") if check else "not needed (rule-based)"),
+        ("xprof version", analysis.get("xprof_version") or snapshot.get("xprof_version")),
+        ("mldiag version", analysis.get("mldiag_version")),
+        ("Schema version", analysis.get("schema_version")),
+        ("Analysed at", session.get("analyzed_at")),
+        ("Session path", session.get("path")),
+        ("Hosts", ", ".join(str(h) for h in hosts) if hosts else None),
+    ]
+    pairs: list[tuple[str, Cell]] = [
+        (k, text(v) if v not in (None, "") else na("not recorded")) for k, v in facts]
+    pairs.append(("Collection wall time", fmt_ms(snapshot.get("elapsed_ms"))))
+    blocks: list[Block] = [KV(pairs)]
+    # analysis.json keeps the collection summary; the per-job table is in the snapshot.
+    jobs = as_map(as_map(snapshot.get("collection")).get("jobs"))
+    if jobs:
+        job_rows = [
+            (mono(name), Chip(as_str(as_map(j).get("status")) or "?"),
+             fmt_ms(as_map(j).get("elapsed_ms")),
+             fmt_gib((measured(as_map(j).get("peak_rss_bytes")) or 0) / 1024**3)
+             if as_map(j).get("peak_rss_bytes") else na("not sampled"))
+            for name, j in jobs.items()]
+        blocks += [_h3("Collection jobs (worker processes)"), table(
+            [("Job", ""), ("Status", ""), ("Elapsed", "num"), ("Worker peak RSS", "num")],
+            job_rows), KV([])]
+    blocks += [_h3("Collection tools"), table(
+        [("Tool", ""), ("Status", ""), ("Elapsed", "num"), ("Error / note", "")], rows),
+        _h3("Follow-ups"),
+        table([("Tool", ""), ("Args", "mono"), ("Purpose", ""), ("Status", ""),
+               ("Elapsed", "num"), ("Result", "mono")], follow_rows)
+        if follow_rows else why("No follow-up tool calls were made.")]
+    return blocks
+
+
+def _h3(title: str) -> Block:
+    return Heading(title, 3)
+
+
+# ---------------------------------------------------------------- the page
+
+
+def _capture_lines(capture: Mapping[str, Any]) -> list[Cell]:
+    """How the session was captured: kind, trigger, the alert behind it, hosts that failed."""
+    if not capture:
+        return []
+    kind = as_str(capture.get("kind")).replace("_", "-") or "unknown"
+    trigger = as_str(capture.get("trigger")) or "unknown"
+    lines: list[Cell] = [Span(parts("Capture: ", Strong(kind), ", triggered ", Strong(trigger)))]
+    note = as_str(capture.get("note"))
+    if note:
+        lines.append(Span(note))
+    for host, reason in as_map(capture.get("failed_hosts")).items():
+        lines.append(Span(f"Host {host} not analysed: {text(reason)}", "warn"))
+    return lines
+
+
+def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
+    """Render the self-contained summary.html for one analysed session.
+
+    ``analysis`` is the analysis.json contract and ``snapshot`` the health_snapshot.json
+    of the same session. The result is one HTML document with one inline <style> block and
+    inline SVG only (no scripts, no external URLs, no ``style=""`` attributes), so it opens
+    from ``file://`` and renders fully under ``default-src 'none'; style-src 'sha256-<hash of
+    the style block>'``; the page carries that policy itself in a CSP <meta>. Every
+    profile-derived string is HTML-escaped; unknown values (null, or XProf's -1) render as
+    "n/a", never as 0.
+    """
+    session = as_map(analysis.get("session"))
+    device_type = device_type_of(analysis, snapshot)
+    status = as_str(analysis.get("status")) or "UNKNOWN"
+    run = as_str(session.get("run")) or "unknown run"
+    name = as_str(session.get("session")) or "unknown session"
+    hosts = as_list(session.get("hosts"))
+    meta = [("Device", device_type or "unknown"),
+            ("Hosts", str(len(hosts)) if hosts else "unknown"),
+            ("Analysed", as_str(session.get("analyzed_at")) or "unknown"),
+            ("Investigator", as_str(analysis.get("investigator")) or "unknown")]
+    regression = as_map(analysis.get("regression"))
+    toc = ((TocEntry("what-changed", "What changed"),) if regression else ()) + _TOC
+    findings, no_findings = findings_view(analysis)
+    return render(
+        "report/summary.html",
+        page=Page(f"mldiag · {run} / {name} · {status}", toc),
+        status=status, heading=f"{run} / {name}", meta=meta,
+        capture=_capture_lines(as_map(session.get("capture"))),
+        what_changed=what_changed(regression) if regression else None,
+        summary=summary_view(analysis, snapshot), findings=findings, no_findings=no_findings,
+        tools=tool_sections(analysis, snapshot, device_type),
+        provenance=Section("provenance", "Provenance", provenance_view(analysis, snapshot)),
+        mldiag_version=text(analysis.get("mldiag_version") or ""),
+        xprof_version=text(analysis.get("xprof_version") or snapshot.get("xprof_version") or ""),
+    )
+
