@@ -16,8 +16,8 @@ from typing import Any
 
 from mldiag.analysis.diff.compare import build_diff
 from mldiag.analysis.diff.sides import Side
-from mldiag.analysis.diff_html import render_diff_html
 from mldiag.analysis.judgement.triage import OPTIMAL
+from mldiag.analysis.report.diff import render_diff_html
 from mldiag.errors import MldiagError
 from mldiag.model import REPORTED, SessionRecord
 from mldiag.ports import StateStore, Storage

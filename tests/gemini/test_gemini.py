@@ -31,10 +31,10 @@ from mldiag.adapters.gcp.gemini import (
 from mldiag.analysis.collection.collect import collect
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 from mldiag.analysis.engine import build_analysis, investigate
-from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.followups import FOLLOW_UP_TOOLS, FollowUps
 from mldiag.analysis.judgement.triage import CATEGORIES, OPTIMAL, Triage, triage
+from mldiag.analysis.report.summary import render_summary_html
 from mldiag.settings import Settings
 from tests.gemini.fake_vertex import (
     FakeVertex,

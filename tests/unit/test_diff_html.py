@@ -9,8 +9,8 @@ from typing import Any
 
 from mldiag.analysis.diff.compare import build_diff
 from mldiag.analysis.diff.sides import Side
-from mldiag.analysis.diff_html import render_diff_html
-from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.report.diff import render_diff_html
+from mldiag.analysis.report.summary import render_summary_html
 from tests.unit.snapshots import analysis, cpu_snapshot, hlo
 from tests.unit.test_html import IMG, IMG_ESCAPED, SCRIPT, SCRIPT_ESCAPED, _assert_safe_document
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.report.summary import render_summary_html
 
 DATA = Path(__file__).parent / "data"
 SCRIPT = "<script>alert(1)</script>"

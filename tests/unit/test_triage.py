@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.judgement.triage import NEEDS_ATTENTION, OPTIMAL, idle_sources, triage
+from mldiag.analysis.report.summary import render_summary_html
 from tests.pipeline.test_optimal import _tool, healthy_snapshot
 
 

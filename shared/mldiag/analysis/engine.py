@@ -16,11 +16,11 @@ from typing import Any
 import mldiag
 from mldiag.analysis.collection.collect import ProgressFn, collect, write_json
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
-from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
 from mldiag.analysis.judgement.triage import OPTIMAL, Triage, triage
+from mldiag.analysis.report.summary import render_summary_html
 from mldiag.ports import Investigator
 
 ANALYSIS_SCHEMA_VERSION = "1.0"

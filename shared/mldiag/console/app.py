@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 import mldiag
-from mldiag.analysis.html import prose_html
+from mldiag.analysis.report.model import prose
 from mldiag.console.context import Console
 from mldiag.console.guard import Guard
 
@@ -45,8 +45,8 @@ def templates() -> Jinja2Templates:
     env = Environment(loader=PackageLoader("mldiag.web", "templates"),
                       autoescape=select_autoescape(default=True, default_for_string=True))
     env.filters["fmt"] = _fmt
-    # Escaped by prose_html itself, which only adds <code> around `code` spans.
-    env.filters["prose"] = lambda value: Markup(prose_html(_fmt(value)))
+    # Escaped by prose itself, which only adds <code> around `code` spans.
+    env.filters["prose"] = lambda value: Markup(prose(_fmt(value)))
     return Jinja2Templates(env=env)
 
 

@@ -23,11 +23,11 @@ from mldiag import limits, regression
 from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.analysis.collection.collect import collect as collect_snapshot
 from mldiag.analysis.collection.collect import collect_host as collect_host_parts
+from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
-from mldiag.analysis.html import render_summary_html
-from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
+from mldiag.analysis.report.summary import render_summary_html
 from mldiag.errors import PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
     AnalyzeSession,

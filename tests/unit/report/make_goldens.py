@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.diff_html import render_diff_html
-from mldiag.analysis.html import render_summary_html
+from mldiag.analysis.report.diff import render_diff_html
+from mldiag.analysis.report.summary import render_summary_html
 
 HERE = Path(__file__).resolve().parent
 GOLDENS = HERE / "goldens"
@@ -57,17 +57,17 @@ def _analysed(out: Path, name: str) -> None:
 
 
 def _side(out: Path, label: str) -> Any:
-    from mldiag.analysis.diff_sides import Side
+    from mldiag.analysis.diff.sides import Side
 
     return Side(label, _load(out / "health_snapshot.json"), _load(out / "analysis.json"),
                 _load(out / "investigation.json"), source="analysed now")
 
 
 def fixtures(work: Path) -> None:
-    from mldiag.analysis.diff import build_diff
+    from mldiag.analysis.collection.profile_input import resolve_session
+    from mldiag.analysis.diff.compare import build_diff
+    from mldiag.analysis.diff.xprof import xprof_diff
     from mldiag.analysis.engine import analyze
-    from mldiag.analysis.profile_input import resolve_session
-    from mldiag.analysis.xprof_diff import xprof_diff
 
     outs = {}
     for name in ("tpu_inference_2", "gpu_multi_worker"):
@@ -100,7 +100,7 @@ def planted(work: Path) -> None:
 
 
 def planted_diffs(work: Path) -> None:
-    from mldiag.analysis.diff import build_diff
+    from mldiag.analysis.diff.compare import build_diff
     from mldiag.cli.main import main
 
     logdir = work / "pairs"
