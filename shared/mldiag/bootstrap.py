@@ -55,7 +55,10 @@ TOPIC_PRIORITY = {
 
 
 class RuntimeBusy(MldiagError):
-    """Another `mldiag up` already owns this MLDIAG_HOME."""
+    """Another `mldiag up` already owns this MLDIAG_HOME.
+
+    Transient: it clears when that runtime stops.
+    """
 
 
 class LocalRuntime:

@@ -16,6 +16,8 @@ import urllib.request
 from collections.abc import Collection
 from typing import Any
 
+from mldiag.errors import MldiagError
+
 GOOGLE_CERTS_URL = "https://www.googleapis.com/oauth2/v3/certs"
 GOOGLE_ISSUERS = ("accounts.google.com", "https://accounts.google.com")
 JWKS_TTL_S = 3600.0
@@ -24,12 +26,18 @@ _jwks: dict[str, tuple[float, Any]] = {}
 _jwks_lock = threading.Lock()
 
 
-class InvalidToken(ValueError):
-    """A JWT that is malformed, expired, for another audience or not signed by the issuer."""
+class InvalidToken(MldiagError, ValueError):
+    """A JWT that is malformed, expired, for another audience or not signed by the issuer.
+
+    Permanent: the same token is refused again.
+    """
 
 
-class KeysUnavailable(RuntimeError):
-    """The issuer's public keys could not be fetched: nothing can be verified (transient)."""
+class KeysUnavailable(MldiagError, RuntimeError):
+    """The issuer's public keys could not be fetched: nothing can be verified.
+
+    Transient: the keys are fetched again on the next call.
+    """
 
 
 def jwk_set(url: str) -> Any:

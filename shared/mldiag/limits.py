@@ -32,7 +32,10 @@ MAX_SESSION_BYTES = 64 * 1024**3
 
 
 class LimitExceeded(MldiagError, ValueError):
-    """A value outside one of mldiag's limits; the message names the value and the limit."""
+    """A value outside one of mldiag's limits; the message names the value and the limit.
+
+    Permanent: the same value is refused again.
+    """
 
 
 def _number(what: str, value: object) -> float:

@@ -54,16 +54,26 @@ CONTINUOUS_STATES = frozenset({"OFF", "RING", "NATIVE"})
 
 
 class RegistrationError(MldiagError):
-    """A refused registration request; `status` is its HTTP status."""
+    """A refused registration request; `status` is its HTTP status.
+
+    Permanent: the same request is refused again.
+    """
 
     status = 400
 
 
 class NotAuthenticated(RegistrationError):
+    """The request carries no valid Google ID token for this function (401).
+
+    Permanent: the same token is refused again.
+    """
+
     status = 401
 
 
 class NotYourRun(RegistrationError):
+    """The caller is not the run's owner (403). Permanent."""
+
     status = 403
 
 

@@ -29,7 +29,10 @@ REPORT_CHANGES = 5
 
 
 class NotComparable(MldiagError):
-    """A session cannot be one side of a diff (not reported, or its analysis is missing)."""
+    """A session cannot be one side of a diff (not reported, or its analysis is missing).
+
+    Permanent for the session as it stands: only a new report makes it comparable.
+    """
 
 
 @dataclass(frozen=True)

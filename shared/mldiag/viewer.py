@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.ports import Storage
 
@@ -93,8 +94,9 @@ MANIFEST = "manifest.json"
 GZIP_MIN_BYTES = 1024
 
 
-class ViewerError(Exception):
-    """A request the viewer refuses (unknown host, module or parameter): a 4xx."""
+class ViewerError(MldiagError):
+    """A request the viewer refuses (unknown host, module or parameter: a 4xx) or one xprof
+    failed to answer (a 5xx). Permanent: the same request fails the same way."""
 
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)

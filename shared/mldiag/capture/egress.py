@@ -25,7 +25,10 @@ Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 class EgressRefused(MldiagError):
-    """The target's address or port is not one the capture stage may connect to."""
+    """The target's address or port is not one the capture stage may connect to.
+
+    Permanent: the policy refuses the same address again.
+    """
 
 
 def _ports(text: str) -> list[tuple[int, int]]:

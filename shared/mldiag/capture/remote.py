@@ -20,15 +20,25 @@ from mldiag.errors import MldiagError
 
 
 class CaptureFailed(MldiagError):
-    """A target answered, but no usable profile came back (the reason says why)."""
+    """A target answered, but no usable profile came back (the reason says why).
+
+    Permanent for this capture: the host is recorded FAILED with the reason (a later
+    capture may succeed).
+    """
 
 
 class ProfilerUnreachable(CaptureFailed):
-    """The target's profiler server did not answer."""
+    """The target's profiler server did not answer.
+
+    Permanent for this capture, recorded on its host; the target may answer a later one.
+    """
 
 
 class ProfilerBusy(CaptureFailed):
-    """The profiler server is up but already profiling (its ALREADY_EXISTS answer)."""
+    """The profiler server is up but already profiling (its ALREADY_EXISTS answer).
+
+    Transient: the capture stage tries again until its deadline, then records it.
+    """
 
 
 # What xprof's client raises both when nobody listens and when the server refused the session

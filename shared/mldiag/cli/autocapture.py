@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from mldiag.cli import _control
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.model import AutoCapturePolicy
 
@@ -29,11 +30,11 @@ def register(sub: Any) -> None:
     s.add_argument("--cooldown", type=_control.duration,
                    help="minimum time between two automatic captures (e.g. 5m)")
     s.add_argument("--max-per-hour", type=int)
-    s.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(s)
     sh = verbs.add_parser("show", help="print the policy")
     sh.add_argument("--run", required=True)
     sh.add_argument("--json", action="store_true")
-    sh.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(sh)
 
 
 def _print(run: str, policy: AutoCapturePolicy) -> None:

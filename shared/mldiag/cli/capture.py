@@ -11,6 +11,7 @@ from typing import Any
 
 from mldiag.capture.requests import capture_request
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
 from mldiag.model import FAILED, REPORTED
@@ -42,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report")
     _gcloud.add_format(p)
     _gcloud.add_scope(p)
-    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
 
 
 def run(args: argparse.Namespace) -> int:

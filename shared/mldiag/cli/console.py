@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from mldiag.cli._home import add_home
 from mldiag.settings import Settings
 
 
@@ -16,7 +17,7 @@ def register(sub: Any) -> None:
                        "the settings name: runs, sessions, reports, the XProf viewer, share "
                        "links. Locally it binds 127.0.0.1 (MLDIAG_CONSOLE_PORT, default "
                        "8790); on Cloud Run, --host 0.0.0.0 --port $PORT.")
-    p.add_argument("--home", help="state and bucket directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     p.add_argument("--host", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default $MLDIAG_CONSOLE_PORT or 8790)")
 

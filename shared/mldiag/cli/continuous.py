@@ -9,6 +9,7 @@ from typing import Any
 
 from mldiag.capture.requests import continuous_request
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 
 
@@ -31,7 +32,7 @@ def add_arguments(v: argparse.ArgumentParser, verb: str) -> None:
     start|stop-continuous-profiling`."""
     _gcloud.add_run(v)
     v.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
-    v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(v)
     v.add_argument("--timeout", type=float, default=60.0)
     _gcloud.add_async(v)
     _gcloud.add_scope(v)

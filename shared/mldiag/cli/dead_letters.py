@@ -15,6 +15,7 @@ from typing import Any
 
 from mldiag.bootstrap import open_state
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 
 
 def register(sub: Any) -> None:
@@ -27,7 +28,7 @@ def register(sub: Any) -> None:
     ls.add_argument("--topic", help="only this topic (profile-objects, capture-requests, ...)")
     ls.add_argument("--run", "--machine-learning-run", dest="run",
                     help="only messages naming this run (or objects under it)")
-    ls.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(ls)
     _gcloud.add_format(ls)
     _gcloud.add_scope(ls)
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from mldiag.bootstrap import bootstrap
+from mldiag.cli._home import add_home
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
@@ -41,7 +42,7 @@ def register(sub: Any) -> None:
                        "bottleneck workload and drop its xplane into the bucket instead.")
     p.add_argument("--workload", help="drop mode: a workload of scripts/workloads (host_bound, "
                    "layout_copy, ...)")
-    p.add_argument("--home", help="runtime home (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     p.add_argument("--timeout", type=float, default=170.0, help="seconds to wait for the report")
 
 

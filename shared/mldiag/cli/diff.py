@@ -19,6 +19,7 @@ from typing import Any
 from mldiag.analysis.collection.profile_input import ProfileSession, find_sessions
 from mldiag.analysis.diff.compare import build_diff, kpi
 from mldiag.analysis.diff.sides import Side
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
 
@@ -38,8 +39,7 @@ def register(sub: Any) -> None:
     p.add_argument("--xprof", action="store_true",
                    help="also run xprof's diff_sessions on the raw profiles for the kernel "
                    "diff (automatic when both are GPU profile paths)")
-    p.add_argument("--home", help="state directory for RUN/SESSION (default: $MLDIAG_HOME or "
-                   ".mldiag)")
+    add_home(p)
 
 
 @dataclass

@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 import mldiag
+from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.cli import (
     _gcloud,
     analyze,
@@ -83,10 +84,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = int(COMMANDS[args.command].run(args))
         sys.stdout.flush()  # here, where a reader that has gone is handled below
         return code
+    except SessionTooLarge as e:
+        # Before ProfileUnreadable, its base: a session too large for the memory budget is
+        # not unreadable.
+        print(f"mldiag: too large: {e}", file=sys.stderr)
+        return 2
     except ProfileUnreadable as e:
-        # A session too large for the memory budget is not unreadable: say which it is.
-        kind = "too large" if type(e).__name__ == "SessionTooLarge" else "unreadable profile"
-        print(f"mldiag: {kind}: {e}", file=sys.stderr)
+        print(f"mldiag: unreadable profile: {e}", file=sys.stderr)
         return 2
     except MldiagError as e:
         print(f"mldiag: error: {e}", file=sys.stderr)

@@ -9,6 +9,7 @@ import time
 from typing import Any
 
 from mldiag.bootstrap import control_plane, open_state
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.model import MetricPoint, summarize_metrics
 from mldiag.ports import StateStore
@@ -17,12 +18,12 @@ from mldiag.settings import Settings
 
 def register(sub: Any) -> None:
     p = sub.add_parser("metrics", help="the metrics a run recorded (metrics.record)")
-    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     ls = verbs.add_parser("list", help="each metric of a run: points, steps, last value")
     show = verbs.add_parser("show", help="a run's recorded points, oldest first")
     for v in (ls, show):
-        v.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        add_home(v, repeated=True)
         v.add_argument("--run", required=True)
         v.add_argument("--json", action="store_true")
     show.add_argument("--name", action="append", default=[], metavar="METRIC",

@@ -8,6 +8,7 @@ from typing import Any
 
 from mldiag.access import ALL_RUNS, ROLES, Grant
 from mldiag.cli._access import open_store
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 
 
@@ -26,7 +27,7 @@ def register(sub: Any) -> None:
     lst = verbs.add_parser("list", help="every binding")
     lst.add_argument("--email", default=None)
     for v in (g, r, lst):
-        v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+        add_home(v)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from typing import Any
 from mldiag.analysis.judgement.triage import OPTIMAL
 from mldiag.bootstrap import control_plane, open_state
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.model import REPORTED, RunRecord, check_name
 from mldiag.settings import Settings
@@ -17,10 +18,10 @@ from mldiag.settings import Settings
 
 def register(sub: Any) -> None:
     p = sub.add_parser("runs", help="create, list and describe runs")
-    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     c = verbs.add_parser("create", help="register a run (the SDK does it for a workload)")
-    c.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(c, repeated=True)
     c.add_argument("name")
     c.add_argument("--run-group")
     c.add_argument("--config", action="append", default=[], metavar="KEY=VALUE",
@@ -34,7 +35,7 @@ def register(sub: Any) -> None:
                          "compared with", description="Alert-triggered sessions of the run are "
                          "compared with this session (default: the run's most recent OPTIMAL "
                          "session). --clear goes back to the default.")
-    b.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(b, repeated=True)
     b.add_argument("name", metavar="RUN")
     b.add_argument("session", metavar="SESSION", nargs="?")
     b.add_argument("--clear", action="store_true", help="unpin: compare with the most recent "
@@ -43,14 +44,14 @@ def register(sub: Any) -> None:
 
 def add_list_arguments(ls: argparse.ArgumentParser) -> None:
     """The flags of `runs list` and `machine-learning-run list`."""
-    ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(ls, repeated=True)
     _gcloud.add_format(ls)
     _gcloud.add_scope(ls)
 
 
 def add_describe_arguments(d: argparse.ArgumentParser) -> None:
     """The flags of `runs describe` and `machine-learning-run describe`."""
-    d.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(d, repeated=True)
     d.add_argument("name", help="the run's name, or its full resource name")
     _gcloud.add_format(d)
     _gcloud.add_scope(d)

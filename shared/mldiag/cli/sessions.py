@@ -9,6 +9,7 @@ from typing import Any
 
 from mldiag.bootstrap import open_state
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.model import STATES, SessionRecord
 
@@ -16,7 +17,7 @@ from mldiag.model import STATES, SessionRecord
 def register(sub: Any) -> None:
     p = sub.add_parser("sessions", help="list and describe profile sessions (also: "
                        "profiler-session list|describe)")
-    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_list_arguments(verbs.add_parser("list", help="list sessions"), run_required=False)
     add_describe_arguments(verbs.add_parser(
@@ -25,7 +26,7 @@ def register(sub: Any) -> None:
 
 def add_list_arguments(ls: argparse.ArgumentParser, *, run_required: bool) -> None:
     """The flags of `sessions list` and `profiler-session list`."""
-    ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(ls, repeated=True)
     _gcloud.add_run(ls, required=run_required)
     ls.add_argument("--state", choices=STATES, help="only sessions in this state")
     _gcloud.add_format(ls)
@@ -34,7 +35,7 @@ def add_list_arguments(ls: argparse.ArgumentParser, *, run_required: bool) -> No
 
 def add_describe_arguments(d: argparse.ArgumentParser) -> None:
     """The flags of `sessions describe` and `profiler-session describe`."""
-    d.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(d, repeated=True)
     d.add_argument("session", help="SESSION, RUN/SESSION or its full resource name")
     _gcloud.add_run(d, required=False)
     _gcloud.add_format(d)

@@ -8,6 +8,7 @@ from typing import Any
 
 from mldiag.access import create_link, parse_duration, share_path
 from mldiag.cli._access import open_store, when
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 
 
@@ -27,7 +28,7 @@ def register(sub: Any) -> None:
     r = verbs.add_parser("revoke", help="revoke a link by id")
     r.add_argument("id")
     for v in (c, lst, r):
-        v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+        add_home(v)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -11,20 +11,21 @@ from typing import Any
 from mldiag.bootstrap import open_state
 from mldiag.capture.targets import liveness
 from mldiag.cli import _control, _gcloud
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("targets", help="list a run's profiler targets (also: profiler-target "
                        "list)")
-    p.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     add_list_arguments(verbs.add_parser("list", help="list the targets of a run"))
 
 
 def add_list_arguments(ls: argparse.ArgumentParser) -> None:
     """The flags of `targets list` and `profiler-target list`."""
-    ls.add_argument("--home", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_home(ls, repeated=True)
     _gcloud.add_run(ls)
     _gcloud.add_format(ls)
     _gcloud.add_scope(ls)

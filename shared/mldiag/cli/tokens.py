@@ -9,6 +9,7 @@ from typing import Any
 
 from mldiag.access import ALL_RUNS, ROLES, create_token, parse_duration
 from mldiag.cli._access import open_store, when
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 
 
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
     r = verbs.add_parser("revoke", help="revoke a token by id (at once)")
     r.add_argument("id")
     for v in (c, lst, r):
-        v.add_argument("--home", help="state directory (default: $MLDIAG_HOME or .mldiag)")
+        add_home(v)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
+from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.settings import Settings
@@ -28,7 +29,7 @@ def register(sub: Any) -> None:
         "(SQLite state, in-process bus, rule-based investigator) and print each session's "
         "state transitions. Ctrl-C stops it cleanly.",
     )
-    p.add_argument("--home", help="state and bucket directory (default: $MLDIAG_HOME or .mldiag)")
+    add_home(p)
     p.add_argument("--settle", type=float, help="seconds without a new host before a session "
                    "with unknown expected hosts is analysed (default 2)")
     p.add_argument("--port", type=int, help="console port (default $MLDIAG_CONSOLE_PORT or "

@@ -32,6 +32,7 @@ from mldiag.access import (
     hash_secret,
 )
 from mldiag.console.context import Console
+from mldiag.errors import MldiagError
 from mldiag.identity import InvalidToken, KeysUnavailable, verify_jwt
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,12 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 IAP_ISSUER = "https://cloud.google.com/iap"
 
 
-class NotSignedIn(HTTPException):
+class NotSignedIn(MldiagError, HTTPException):
+    """A page or API call that needs a principal, from a visitor who has none (401).
+
+    Permanent for the request: sign in first.
+    """
+
     def __init__(self) -> None:
         super().__init__(401, "sign in to see this (an mldiag token, or the login URL that "
                          "`mldiag up` printed)")

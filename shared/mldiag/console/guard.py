@@ -16,6 +16,7 @@ from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mldiag.access import ANONYMOUS, Principal
+from mldiag.errors import MldiagError
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,9 @@ def _size(n: int) -> str:
     return f"{n // 1024**2} MiB" if n % 1024**2 == 0 else f"{n} bytes"
 
 
-class BodyTooLarge(HTTPException):
-    """A request body over the cap (a client error: 413)."""
+class BodyTooLarge(MldiagError, HTTPException):
+    """A request body over the cap (a client error: 413). Permanent: the same body is
+    refused again."""
 
     def __init__(self, cap: int) -> None:
         super().__init__(413, f"request body over {_size(cap)}")

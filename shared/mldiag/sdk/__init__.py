@@ -16,8 +16,9 @@ Locally the run lives in `$MLDIAG_HOME` (the embedded bucket and state of `mldia
 """
 
 from mldiag.sdk import custom_types, metric_types, metrics
+from mldiag.sdk.current import current_run
 from mldiag.sdk.profiler import Xprof, xprof
-from mldiag.sdk.run import MLRun, current_run, machinelearning_run
+from mldiag.sdk.run import MLRun, machinelearning_run
 
 __all__ = ["MLRun", "Xprof", "current_run", "custom_types", "machinelearning_run",
            "metric_types", "metrics", "xprof"]

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from mldiag import limits
+from mldiag.sdk.custom_types.exceptions import MLDiagnosticError
 from mldiag.sdk.xspace import merge_xspaces
 
 log = logging.getLogger(__name__)
@@ -32,16 +33,25 @@ OFF, RUNNING, WAITING, FAILED = "OFF", "RUNNING", "WAITING", "FAILED"
 _RETRY_S = 0.5
 
 
-class ContinuousError(RuntimeError):
-    """Continuous profiling cannot serve the request (ring off, timed out, capture failed)."""
+class ContinuousError(MLDiagnosticError, RuntimeError):
+    """Continuous profiling cannot serve the request (ring off, timed out, capture failed).
+
+    Permanent for this request: a pulled request answers with the reason.
+    """
 
 
 class NoWindows(ContinuousError):
-    """The ring holds no complete window for the requested interval yet."""
+    """The ring holds no complete window for the requested interval yet.
+
+    Transient: a window completes every `window_s`.
+    """
 
 
 class CollectTimeout(ContinuousError):
-    """The windows covering a requested interval did not arrive in time."""
+    """The windows covering a requested interval did not arrive in time.
+
+    Transient: a later request may find them.
+    """
 
 
 @dataclass(frozen=True)

@@ -27,12 +27,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mldiag.model import MetricPoint
-from mldiag.sdk import run as _run
+from mldiag.sdk.current import current_run
 from mldiag.sdk.metric_types import METRIC_UNITS, SYSTEM_METRICS, MetricType
 
 if TYPE_CHECKING:
     from mldiag.messages import DegradationDetected
     from mldiag.sdk.monitor import Degradation
+
+    # For the annotations only: `run` imports this module (a run flushes its metrics on
+    # close), so importing it back at run time would be a circle. The current run comes
+    # from the leaf `current`.
     from mldiag.sdk.run import MLRun
 
 log = logging.getLogger(__name__)
@@ -147,7 +151,7 @@ class _Recorder:
         while True:
             with self._lock:
                 self._wake.wait(FLUSH_S)
-            run = _run.current_run()
+            run = current_run()
             if run is not None:
                 self.flush(run)
 
@@ -211,7 +215,7 @@ def record(metric_name: MetricType | str, value: Any, step: int | None = None,
 
 
 def _observe(seconds: float, at: float) -> None:
-    run = _run.current_run()
+    run = current_run()
     if run is not None:
         run.observe_step_time(seconds, at)
 

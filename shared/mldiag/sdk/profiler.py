@@ -28,8 +28,9 @@ from typing import Any, TypeVar
 
 from mldiag.errors import MldiagError
 from mldiag.model import CAPTURING, SessionRecord
+from mldiag.sdk.current import current_run
 from mldiag.sdk.custom_types.exceptions import ProfilingError
-from mldiag.sdk.run import MLRun, current_run
+from mldiag.sdk.run import MLRun
 from mldiag.sdk.workload import session_name
 
 log = logging.getLogger(__name__)

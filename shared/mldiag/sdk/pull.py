@@ -32,6 +32,8 @@ from mldiag.model import ControlRequest
 from mldiag.sdk.continuous import ContinuousError, recorder
 
 if TYPE_CHECKING:
+    # For the annotations only: `run` imports this module to start a run's Puller, so
+    # importing it back at run time would be a circle.
     from mldiag.sdk.run import MLRun
 
 log = logging.getLogger(__name__)

@@ -29,7 +29,9 @@ from mldiag.model import (
     RunRecord,
     TargetRecord,
 )
-from mldiag.sdk import workload
+from mldiag.sdk import metrics, workload
+from mldiag.sdk.continuous import RingBuffer
+from mldiag.sdk.current import current_run, release, set_current
 from mldiag.sdk.custom_types.exceptions import MLRunConfigurationError
 from mldiag.sdk.custom_types.mlrun_types import (
     AcceleratorOrchestrator,
@@ -42,17 +44,15 @@ from mldiag.sdk.custom_types.mlrun_types import (
     ServingEngine,
 )
 from mldiag.sdk.monitor import Degradation, StepTimeMonitor
+from mldiag.sdk.pull import Puller
 from mldiag.settings import Settings
 
 if TYPE_CHECKING:
+    # Not a circle (bootstrap imports no SDK module): bootstrap builds the whole pipeline
+    # (the analysis, NumPy), which a workload pays for only when it starts a run.
     from mldiag.bootstrap import ControlPlane
-    from mldiag.sdk.continuous import RingBuffer
-    from mldiag.sdk.pull import Puller
 
 log = logging.getLogger(__name__)
-
-_current: MLRun | None = None
-_current_lock = threading.Lock()
 
 
 def _at_exit(fn: Callable[[], None]) -> None:
@@ -70,11 +70,6 @@ def _at_exit(fn: Callable[[], None]) -> None:
         register(fn)
     except RuntimeError:  # already shutting down
         atexit.register(fn)
-
-
-def current_run() -> MLRun | None:
-    """The run this process registered last (what `xprof()` and `metrics` use by default)."""
-    return _current
 
 
 def _split_gcs_path(gcs_path: str | None) -> tuple[str, str]:
@@ -259,8 +254,6 @@ class MLRun:
         log.warning("mldiag: %s: %s", self.name, alert.summary)
         if self._closed:
             return
-        from mldiag.sdk import metrics
-
         # Kept with the run's metrics, so the step-time chart marks it even when the policy
         # took no capture (disabled, cooldown).
         metrics.record_alert(self, alert, found)
@@ -291,11 +284,8 @@ class MLRun:
     def close(self) -> None:
         """Stop taking capture requests, finish uploads, stop continuous profiling and
         heartbeats."""
-        global _current
         if self._closed:
             return
-        from mldiag.sdk import metrics
-
         # Metrics first, while the run is still current: they are written in batches.
         metrics.flush_to(self)
         self._closed = True
@@ -328,9 +318,7 @@ class MLRun:
                                                continuous="OFF", last_heartbeat=0.0)
         except Exception as e:  # noqa: BLE001 - exiting anyway
             log.warning("mldiag: could not mark the target stopped: %s", e)
-        with _current_lock:
-            if _current is self:
-                _current = None
+        release(self)
 
     def __enter__(self) -> MLRun:
         return self
@@ -422,7 +410,6 @@ def machinelearning_run(
         run.configs.update({"epochs": 300, "optimizer": "adam"})
         run.configs.batch_size = 64
     """
-    global _current
     if not name:
         raise MLRunConfigurationError(
             "name is required and must be provided. The name parameter helps identify and "
@@ -465,15 +452,13 @@ def machinelearning_run(
     orchestrator, details = workload.detect(run_workload_id=run_workload_id)
     workload_id = workload_id or run_workload_id or os.environ.get("RUN_WORKLOAD_ID")
 
+    # Imported here, not with the SDK (neither imports it back): JAX takes seconds to load,
+    # and bootstrap builds the whole pipeline.
     import jax
 
     from mldiag.bootstrap import control_plane
-    from mldiag.sdk import metrics
-    from mldiag.sdk.continuous import RingBuffer
-    from mldiag.sdk.pull import Puller
 
-    with _current_lock:
-        previous = _current
+    previous = current_run()
     if previous is not None:
         # One run per process at a time: its profiler server and port are taken.
         previous.close()
@@ -545,8 +530,7 @@ def machinelearning_run(
                          daemon=True).start()
         run.puller = Puller(run, settings.pull_poll_s)
         run.puller.start()
-    with _current_lock:
-        _current = run
+    set_current(run)
     metrics.clear()
     if log_system_metrics and metrics_record_interval_sec > 0:
         metrics.start_system_metrics(run, metrics_record_interval_sec)

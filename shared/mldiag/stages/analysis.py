@@ -28,7 +28,7 @@ from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.analysis.report.summary import render_summary_html
-from mldiag.errors import PoisonMessage, ProfileUnreadable
+from mldiag.errors import MldiagError, PoisonMessage, ProfileUnreadable
 from mldiag.messages import (
     AnalyzeSession,
     CollectHost,
@@ -157,8 +157,10 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         _hand_to_job(services, msg, s, str(e))
 
 
-class _TooLargeHere(Exception):
-    """The session does not fit this instance's memory budget, and a collect job exists."""
+class _TooLargeHere(MldiagError):
+    """The session does not fit this instance's memory budget, and a collect job exists: a
+    private signal, not a failure (the session is handed to the collect job). Permanent for
+    this instance: retrying here cannot make it fit."""
 
 
 def _collect_claimed(services: Services, msg: AnalyzeSession,

@@ -18,9 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import random
-import threading
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -30,6 +27,7 @@ from google.cloud import firestore
 from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
 from mldiag.adapters.gcp.firestore_client import LazyFirestore
 from mldiag.adapters.gcp.state import doc_id
+from mldiag.adapters.gcp.transactions import DocumentTransactions
 
 T = TypeVar("T")
 
@@ -44,9 +42,6 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
     ],
     "fieldOverrides": [],
 }
-
-# Rounds of (client retries, then a jittered backoff) before a contended transaction fails.
-_CONTENDED_ROUNDS = 10
 
 
 def grant_id(principal: str, role: str, run: str) -> str:
@@ -65,28 +60,11 @@ class FirestoreAccessStore(LazyFirestore):
                  database: str = "(default)", max_attempts: int = 20) -> None:
         super().__init__(client=client, project=project, database=database)
         self.max_attempts = max_attempts
-        self._doc_locks = [threading.Lock() for _ in range(16)]
+        self._transactions = DocumentTransactions(stripes=16)
 
     def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
-        """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction.
-
-        Threads of this instance queue on a lock per document first, so that they do not
-        abort each other's transactions; the transaction guards against other instances.
-        """
-        with self._doc_locks[hash(ref.path) % len(self._doc_locks)]:
-            for attempt in range(_CONTENDED_ROUNDS):
-                transaction = self.client.transaction(max_attempts=self.max_attempts)
-                try:
-                    result: T = firestore.transactional(fn)(transaction)
-                    return result
-                except ValueError as e:
-                    # All the client's attempts aborted (other instances on this document):
-                    # back off with jitter before trying again, then give up.
-                    if "Failed to commit transaction" not in str(e) or (
-                            attempt == _CONTENDED_ROUNDS - 1):
-                        raise
-                    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+        """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction."""
+        return self._transactions.run(self.client, ref, fn, max_attempts=self.max_attempts)
 
     def _by_id(self, collection: str, record_id: str) -> Any:
         """The reference of the document whose `id` field is `record_id`, or None."""

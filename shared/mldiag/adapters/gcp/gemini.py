@@ -31,6 +31,7 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import triage as tr
 from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator, summarize
+from mldiag.errors import MldiagError
 
 if TYPE_CHECKING:
     from google import genai
@@ -48,8 +49,12 @@ TOOL_OUTPUT_CHARS = 12_000
 _SHRINK_STEPS = ((20, 2000), (10, 600), (5, 300), (3, 120), (2, 60), (1, 40))
 
 
-class GeminiUnavailable(Exception):
-    """The model gave no usable answer; `reason` says why (recorded on fallback)."""
+class GeminiUnavailable(MldiagError):
+    """The model gave no usable answer; `reason` says why (recorded on fallback).
+
+    Permanent for this investigation (429/503 answers were already retried): the
+    investigator falls back to the rule-based findings; it never leaves `investigate`.
+    """
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

@@ -42,7 +42,11 @@ TOKEN_REUSE_S = 1800.0
 
 
 class RegistrationRefused(MldiagError):
-    """The registration function refused a request (not this workload's run, bad input)."""
+    """The registration function refused a request (not this workload's run, bad input).
+
+    Permanent: a 4xx answer (5xx answers and network errors are retried before anything is
+    raised).
+    """
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"registration refused ({status}): {message}")
@@ -107,7 +111,10 @@ class RegistrationClient:
 
 
 class WorkloadRefused(MldiagError, AttributeError):
-    """An operation a workload may not do (it is not an attribute of the workload's ports)."""
+    """An operation a workload may not do (it is not an attribute of the workload's ports).
+
+    Permanent: a workload never has this access.
+    """
 
 
 def _refused(what: str) -> WorkloadRefused:

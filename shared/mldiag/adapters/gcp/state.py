@@ -32,7 +32,6 @@ import hashlib
 import itertools
 import json
 import random
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
@@ -42,6 +41,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from mldiag.adapters.gcp.firestore_client import LazyFirestore
+from mldiag.adapters.gcp.transactions import DocumentTransactions
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
     ControlRequest,
@@ -148,8 +148,6 @@ def _dumps(data: Mapping[str, Any]) -> str:
 _SWAP_ATTEMPTS = 200
 # How long a reservation's alert key is remembered (Pub/Sub redelivers for up to 7 days).
 _RESERVATION_KEY_S = 7 * 86400.0
-# Rounds of (client retries, then a jittered backoff) before a contended transaction fails.
-_CONTENDED_ROUNDS = 10
 
 
 class FirestoreStateStore(LazyFirestore):
@@ -165,32 +163,11 @@ class FirestoreStateStore(LazyFirestore):
         super().__init__(client=client, project=project, database=database)
         self.max_attempts = max_attempts
         self._listeners: list[Callable[[SessionRecord], None]] = []
-        self._doc_locks = [threading.Lock() for _ in range(64)]
+        self._transactions = DocumentTransactions(stripes=64)
 
     def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
-        """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction.
-
-        Contenders in this process queue on a lock per document first: the client retries an
-        aborted transaction only after a backoff that starts at about a second, so threads of
-        one instance (a Cloud Function serving concurrent requests) would otherwise abort
-        each other and sleep. The transaction still guards against other instances.
-        """
-        with self._doc_locks[hash(ref.path) % len(self._doc_locks)]:
-            for attempt in range(_CONTENDED_ROUNDS):
-                transaction = self.client.transaction(max_attempts=self.max_attempts)
-                try:
-                    result: T = firestore.transactional(fn)(transaction)
-                    return result
-                except ValueError as e:
-                    # The client retries an aborted commit at once, keeping its place in line;
-                    # under heavy contention from other instances (a hot session document)
-                    # all its attempts can abort. Back off with jitter and try again before
-                    # giving up, which would make the whole delivery be retried.
-                    if "Failed to commit transaction" not in str(e) or (
-                            attempt == _CONTENDED_ROUNDS - 1):
-                        raise
-                    time.sleep(min(2.0, 0.05 * 2**attempt) * (0.5 + random.random()))
-        raise AssertionError("unreachable")
+        """Run `fn(transaction)`, a read-modify-write of `ref`, in a transaction."""
+        return self._transactions.run(self.client, ref, fn, max_attempts=self.max_attempts)
 
     def add_listener(self, listener: Callable[[SessionRecord], None]) -> None:
         """Call `listener` with the session after every committed change of its state (in

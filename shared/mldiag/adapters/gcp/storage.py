@@ -26,7 +26,7 @@ from google.api_core.retry import Retry
 from google.cloud.storage import Bucket, Client
 from google.cloud.storage.retry import DEFAULT_RETRY
 
-from mldiag.errors import ProfileUnreadable
+from mldiag.errors import MldiagError, ProfileUnreadable
 from mldiag.ports import ObjectInfo
 
 log = logging.getLogger(__name__)
@@ -36,8 +36,11 @@ MIB = 1024**2
 MAX_NAME_BYTES = 1024
 
 
-class ObjectChanged(RuntimeError):
-    """An object was rewritten while it was being downloaded (transient: read it again)."""
+class ObjectChanged(MldiagError, RuntimeError):
+    """An object was rewritten while it was being downloaded.
+
+    Transient: read it again.
+    """
 
 
 def validate_object_name(name: str) -> str:

@@ -1,0 +1,85 @@
+"""mldiag's imports point one way: no module imports, at its top or inside a function, a module
+that imports it back. Imports under `TYPE_CHECKING` are left out: they are the deliberate
+way to name a type across such a pair (each says why in a comment)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import mldiag
+
+PACKAGE = Path(mldiag.__file__).parent
+
+# Circles being removed elsewhere (issue 21: the report and the diff page move to templates).
+# Remove an entry once it is gone.
+PENDING: list[set[str]] = []
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imported(module: str, path: Path, known: dict[str, Path]) -> Iterator[str]:
+    """The mldiag modules `module` imports outside `if TYPE_CHECKING:` blocks."""
+    tree = ast.parse(path.read_text())
+    typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                   and "TYPE_CHECKING" in ast.unparse(block.test) for node in ast.walk(block)}
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + [base] * bool(base))
+            # `from pkg import sub` imports the module pkg.sub; `from pkg import f` uses pkg.
+            subs = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in known]
+            names = subs + [base] * (len(subs) < len(node.names))
+        else:
+            continue
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                yield name
+
+
+def _cycles() -> list[set[str]]:
+    known = _modules()
+    graph = {m: set(_imported(m, p, known)) for m, p in known.items()}
+    # A package's __init__ importing its own submodules is how packages work, not a circle.
+    graph = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
+    reach: dict[str, set[str]] = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                todo += graph.get(m, ())
+        reach[start] = seen
+    groups: list[set[str]] = []
+    for m in sorted(graph):
+        if m in reach[m] and not any(m in g for g in groups):
+            groups.append({m} | {o for o in reach[m] if m in reach[o]})
+    return groups
+
+
+def test_the_walk_sees_imports_inside_functions() -> None:
+    known = _modules()
+    # machinelearning_run imports bootstrap inside the function, for its cost.
+    assert "mldiag.bootstrap" in set(_imported("mldiag.sdk.run", known["mldiag.sdk.run"], known))
+
+
+def test_no_import_circles() -> None:
+    found = _cycles()
+    assert [c for c in found if c not in PENDING] == []
+    assert [c for c in PENDING if c not in found] == [], "a pending circle is gone: remove it"
