@@ -27,10 +27,12 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mldiag.analysis.judgement import detections, readings
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import triage as tr
 from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator, summarize
+from mldiag.analysis.judgement.rules import host_bound, idle
 
 if TYPE_CHECKING:
     from google import genai
@@ -191,11 +193,14 @@ Work like this:
 
 Finding categories (use exactly these names): {", ".join(tr.CATEGORIES)}.
 Priority rules:
-- P0 (critical): host wait >= {tr.HOST_WAIT_P0_PERCENT:g}% of step; device idle >=
-  {tr.IDLE_P0_PERCENT:g}%; data transfer or collectives >= {tr.OP_CATEGORY_P0_PERCENT:g}% of
-  device time; a detector finding >= {tr.DETECTOR_P0_PERCENT:g}% of step; OOM risk HIGH.
-- P1: host wait >= {tr.HOST_WAIT_P1_PERCENT:g}%; idle >= {tr.IDLE_P1_PERCENT:g}%; transfer or
-  collectives >= {tr.OP_CATEGORY_P1_PERCENT:g}%; detector >= {tr.DETECTOR_P1_PERCENT:g}%; OOM risk
+- P0 (critical): host wait >= {host_bound.HOST_WAIT_P0_PERCENT:g}% of step; device idle >=
+  {idle.IDLE_P0_PERCENT:g}%; data transfer or collectives >= \
+{readings.OP_CATEGORY_P0_PERCENT:g}% of
+  device time; a detector finding >= {detections.DETECTOR_P0_PERCENT:g}% of step; OOM risk HIGH.
+- P1: host wait >= {host_bound.HOST_WAIT_P1_PERCENT:g}%; idle >= {idle.IDLE_P1_PERCENT:g}%; \
+transfer or
+  collectives >= {readings.OP_CATEGORY_P1_PERCENT:g}%; detector >= \
+{detections.DETECTOR_P1_PERCENT:g}%; OOM risk
   MEDIUM; roofline efficiency below 10%.
 - P2: anything smaller that is still worth fixing.
 Missing data is never evidence of health: say what could not be judged.
