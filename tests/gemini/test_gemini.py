@@ -25,7 +25,6 @@ from mldiag.adapters.gcp.gemini import (
     DIGEST_CHARS,
     REPORT_SCHEMA,
     GeminiInvestigator,
-    NumberPool,
     snapshot_digest,
 )
 from mldiag.analysis.collection.collect import collect
@@ -33,6 +32,7 @@ from mldiag.analysis.collection.profile_input import ProfileSession, resolve_ses
 from mldiag.analysis.engine import build_analysis, investigate
 from mldiag.analysis.html import render_summary_html
 from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.evidence_check import NumberPool
 from mldiag.analysis.judgement.followups import FOLLOW_UP_TOOLS, FollowUps
 from mldiag.analysis.judgement.triage import CATEGORIES, OPTIMAL, Triage, triage
 from mldiag.settings import Settings

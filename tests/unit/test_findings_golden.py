@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings
 from mldiag.analysis.judgement.followups import FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
 from mldiag.analysis.judgement.triage import triage
@@ -112,6 +113,27 @@ def judge(case: str) -> dict[str, Any]:
         "findings": [{k: f[k] for k in keys} for f in report["findings"]],
         "summary": report["summary"],
     }
+
+
+def test_every_cited_field_resolves_in_a_tool_output() -> None:
+    """The rule-based findings cite what is there: the evidence check the model's report goes
+    through finds every cited field (but the HLO excerpt, cleaned of its backend config)."""
+    for case in CASES:
+        base, edit = VARIANTS.get(case, (case, None))
+        with gzip.open(DATA / f"{base}.json.gz", "rt") as f:
+            recorded = json.load(f)
+        snapshot = recorded["snapshot"]
+        if edit is not None:
+            edit(snapshot)
+        t = triage(snapshot)
+        follow_ups = ReplayedFollowUps(recorded["follow_ups"], strict=edit is None)
+        report = RuleBasedInvestigator().investigate(snapshot, t, follow_ups)
+        pool = NumberPool([snapshot.get("tools"), [r.get("data") for r in follow_ups.records],
+                           t.to_dict(), snapshot.get("session")])
+        _, check = check_findings(report["findings"], snapshot, follow_ups.records, pool)
+        moved = [c for c in check["corrected"]
+                 if c["item"] != "evidence get_hlo_neighborhood.text (backend_config omitted)"]
+        assert not moved, (case, moved)
 
 
 def _normal(value: Any) -> Any:
