@@ -38,11 +38,13 @@ from mldiag.analysis.judgement.rules import (
 
 
 class Rule(Protocol):
-    @property
-    def CATEGORY(self) -> str: ...  # noqa: N802 (a module constant, seen as a protocol member)
+    """What every rule module has (its constants are read-only protocol members)."""
 
     @property
-    def RAISE_ORDER(self) -> int: ...  # noqa: N802
+    def CATEGORY(self) -> str: ...
+
+    @property
+    def RAISE_ORDER(self) -> int: ...
 
     def follow_ups(self, snapshot: Mapping[str, Any], h: Hypothesis) -> list[Plan]: ...
 
@@ -62,10 +64,10 @@ class DetectorRule(Rule, Protocol):
     """A rule whose hypotheses an HLO detector's detections raise (`detections.py`)."""
 
     @property
-    def DETECTOR(self) -> str: ...  # noqa: N802
+    def DETECTOR(self) -> str: ...
 
     @property
-    def LABEL(self) -> str: ...  # noqa: N802
+    def LABEL(self) -> str: ...
 
 
 RULES: tuple[RaisingRule | DetectorRule, ...] = (
