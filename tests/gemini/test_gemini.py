@@ -25,13 +25,13 @@ from mldiag.adapters.gcp.gemini import (
     DIGEST_CHARS,
     REPORT_SCHEMA,
     GeminiInvestigator,
-    NumberPool,
     snapshot_digest,
 )
 from mldiag.analysis.collection.collect import collect
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 from mldiag.analysis.engine import build_analysis, investigate
 from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.evidence_check import NumberPool
 from mldiag.analysis.judgement.followups import FOLLOW_UP_TOOLS, FollowUps
 from mldiag.analysis.judgement.triage import CATEGORIES, OPTIMAL, Triage, triage
 from mldiag.analysis.report.summary import render_summary_html

@@ -365,16 +365,17 @@ def test_async_copies_have_their_direction_from_memory_spaces():
 
 
 def test_a_sum_and_a_max_of_one_f32_copy_get_their_own_fix():
-    from mldiag.analysis.judgement.investigator import _Context, _convert_reduce
-    from mldiag.analysis.judgement.triage import Hypothesis
+    from mldiag.analysis.judgement.context import Context
+    from mldiag.analysis.judgement.model import Hypothesis
+    from mldiag.analysis.judgement.rules import convert_reduce
 
     (d,) = detect_unnecessary_convert_reduce(_modules("cpu_multi_output_convert"))
     assert "(reducers: add, maximum)" in d.description
     h = Hypothesis(category="convert_reduce", priority="P1", title="t", evidence=[],
                    impact={}, details={"detection": d.to_dict(),
                                        "tool": "detect_unnecessary_convert_reduce"})
-    ctx = _Context({"tools": {}}, None)  # type: ignore[arg-type]
-    fix = _convert_reduce(h, ctx)["fix"]
+    ctx = Context({"tools": {}}, None)  # type: ignore[arg-type]
+    fix = convert_reduce.finding(h, ctx)["fix"]
     assert "jnp.max(x, axis=axis)" in fix and "sum-of-squares" not in fix
 
 

@@ -15,8 +15,7 @@ PACKAGE = Path(mldiag.__file__).parent
 
 # Classes in modules being reworked elsewhere (issue 21), by name so a move keeps the entry:
 # each gets its MldiagError base and its docstring there. Remove an entry once it complies.
-PENDING = {"MissingField", "FollowUpRefused", "HloParseError", "XprofBusy", "NoData",
-           "SessionTooLarge", "CorruptXSpace"}
+PENDING: set[str] = set()
 
 
 def _exception_classes() -> list[type[BaseException]]:

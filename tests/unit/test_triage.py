@@ -339,7 +339,8 @@ def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
 
 
 def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> None:
-    from mldiag.analysis.judgement import investigator
+    from mldiag.analysis.judgement.context import Context
+    from mldiag.analysis.judgement.rules import other
 
     s = _cpu_without_steps(97.0)
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
@@ -349,19 +350,20 @@ def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> Non
          "share_of": "capture window"}]
     t = triage(s)
     h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
-    f = investigator._generic(h, investigator._Context(s, t))
+    f = other.finding(h, Context(s, t))
     assert "`lapack_ssyevd_ffi`" in f["what"] and "0 FLOPs" in f["what"]
     assert f["fix"].startswith("Make the library calls cheaper or rarer, biggest first: "
                                "`eigh` at `train.py:9`: the eigenvectors (output 0) are never "
                                "read: call `jnp.linalg.eigvalsh`")
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
         "outputs_read"] = [0, 1]
-    f = investigator._generic(h, investigator._Context(s, triage(s)))
+    f = other.finding(h, Context(s, triage(s)))
     assert "eigenvectors are read" in f["fix"]
 
 
 def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None:
-    from mldiag.analysis.judgement import investigator
+    from mldiag.analysis.judgement.context import Context
+    from mldiag.analysis.judgement.rules import memory_pressure
 
     s = _cpu_without_steps(97.0)
     hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
@@ -379,14 +381,15 @@ def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None
     h = next(h for h in t.hypotheses if h.category == "memory_pressure")
     assert "0.62 GiB" in h.title
     assert [e["value"] for e in h.evidence][:2] == ["jit_step(7)", 640.0]
-    f = investigator._memory_pressure(h, investigator._Context(s, t))
+    f = memory_pressure.finding(h, Context(s, t))
     assert "`jit_step(7)`" in f["what"] and "activations" in f["what"]
     assert "jit_init" not in f["what"]
 
 
 def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
-    from mldiag.analysis.judgement import investigator
-    from mldiag.analysis.judgement.triage import Hypothesis
+    from mldiag.analysis.judgement.context import Context
+    from mldiag.analysis.judgement.model import Hypothesis
+    from mldiag.analysis.judgement.rules import layout_copy
 
     d = {"module": "jit_step(7)", "instruction": "add_tanh_fusion", "fused_with": ["add"],
          "source": "train.py:41 (jit(step)/transpose)",
@@ -395,17 +398,17 @@ def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
                                                   "text": ""},
                    {"detection": d, "tool": "detect_layout_mismatch_copies"})
     s = _cpu_without_steps(97.0)
-    ctx = investigator._Context(s, triage(s))
+    ctx = Context(s, triage(s))
     key = "hlo:jit_step(7):add_tanh_fusion"
     near = ("[dist=0] add_tanh_fusion = f32[2048,2048]{1,0} fusion(x.1, y.1)\n"
             "[dist=1] x.1 = f32[2048,2048]{1,0} parameter(0)\n")
     ctx.results[key] = {"status": "DATA", "data": {"text": near}}
-    f = investigator._layout_copy(h, ctx)
+    f = layout_copy.finding(h, ctx)
     assert f["fix"].startswith("At `train.py:41` (op `jit(step)/transpose`): Keep the step's "
                                "argument `x` (HLO `x.1`)")
     assert "Format(" not in f["fix"]
     ctx.results[key]["data"]["text"] = near + (
         "[dist=1] dot.2 = f32[2048,128]{1,0} dot(add_tanh_fusion, w.1)\n")
-    f = investigator._layout_copy(h, ctx)
+    f = layout_copy.finding(h, ctx)
     assert "Do not transpose the step's argument `x`" in f["fix"]
     assert "jnp.einsum('ki,kj->ij', x, w)" in f["fix"]

@@ -510,7 +510,9 @@ def _partreason_of(part: Mapping[str, Any]) -> str:
 
 
 class SessionTooLarge(ProfileUnreadable):
-    """Not even the core of the analysis (the op_stats build) fits the memory budget."""
+    """Not even the core of the analysis (the op_stats build) fits the memory budget.
+
+    Permanent under this budget: the same session needs a larger one (or the collect job)."""
 
 
 def collect(

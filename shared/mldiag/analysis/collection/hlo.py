@@ -19,6 +19,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from mldiag.errors import MldiagError
+
 # Bits per element of each HLO primitive type; sub-byte types pack.
 _DTYPE_BITS: dict[str, int] = {
     "pred": 8,
@@ -47,8 +49,10 @@ _OPEN = "([{"
 _CLOSE = ")]}"
 
 
-class HloParseError(ValueError):
-    """The text is not an HLO module this parser can read."""
+class HloParseError(MldiagError, ValueError):
+    """The text is not an HLO module this parser can read.
+
+    Permanent: the same text never parses; its passes skip that module."""
 
 
 @dataclass(frozen=True)

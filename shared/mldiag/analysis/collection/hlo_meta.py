@@ -1,7 +1,7 @@
 """Where each HLO instruction came from: `op_name`, `source_file` and `source_line` from the
 OpMetadata of xprof's `<module>.hlo_proto.pb` files (the HLO text xprof prints omits them).
 
-A minimal protobuf reader, for the few fields read here (xla/service/hlo.proto):
+The few fields read here, with the wire-format reader of `protobuf.py` (xla/service/hlo.proto):
 HloProto.hlo_module = 1; HloModuleProto.computations = 3; HloComputationProto.instructions = 2;
 HloInstructionProto.name = 1, metadata = 7; OpMetadata.op_name = 2, source_file = 3,
 source_line = 4, stack_frame_id = 15.
@@ -19,39 +19,16 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    shift = value = 0
-    while True:
-        b = buf[i]
-        i += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, i
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+from mldiag.analysis.collection.protobuf import CorruptProtobuf, fields
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:
-    """(field number, wire type, value) of one message; unknown wire types end it."""
-    i, n = 0, len(buf)
-    while i < n:
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
+    """(field number, wire type, value) of one message's varint and length-delimited fields."""
+    for number, wire, value, end in fields(buf, 0, len(buf)):
         if wire == 0:
-            value, i = _varint(buf, i)
-            yield field, wire, value
+            yield number, wire, value
         elif wire == 2:
-            size, i = _varint(buf, i)
-            yield field, wire, buf[i:i + size]
-            i += size
-        elif wire == 1:
-            i += 8
-        elif wire == 5:
-            i += 4
-        else:
-            return
+            yield number, wire, buf[value:end]
 
 
 def _sub(buf: bytes, number: int) -> Iterator[bytes]:
@@ -128,7 +105,7 @@ def module_sources(run_dir: Path) -> dict[str, dict[str, str]]:
     for path in sorted(run_dir.glob("*.hlo_proto.pb")):
         try:
             found = sources(path.read_bytes())
-        except (OSError, ValueError, IndexError):
+        except (OSError, CorruptProtobuf):
             continue
         if found:
             out[path.name[: -len(".hlo_proto.pb")]] = found

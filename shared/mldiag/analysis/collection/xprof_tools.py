@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.errors import MldiagError
 
 XPROF_VERSION = "2.24.2"
 
@@ -45,12 +46,16 @@ _NO_DATA_PATTERNS = re.compile(
 GLOBALS_WAIT_S = 600.0
 
 
-class XprofBusy(RuntimeError):
-    """xprof's process-global state is held by a tool that has not finished."""
+class XprofBusy(MldiagError, RuntimeError):
+    """xprof's process-global state is held by a tool that has not finished.
+
+    Transient: the tool can run once the other one ends (a fresh worker process)."""
 
 
-class NoData(Exception):
-    """A tool ran correctly and found nothing to report (normal on CPU profiles)."""
+class NoData(MldiagError):
+    """A tool ran correctly and found nothing to report (normal on CPU profiles).
+
+    Permanent for this profile: recorded as the tool's NO_DATA result, not retried."""
 
 
 def xprof_installed_version() -> str:

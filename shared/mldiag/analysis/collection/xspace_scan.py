@@ -32,7 +32,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.errors import ProfileUnreadable
+from mldiag.analysis.collection.protobuf import (
+    CorruptProtobuf,
+    encode_varint,
+    fields,
+    read_varint,
+)
 
 _EVENT_TAG = 0x22  # field 4 (XLine.events), wire type 2
 _MAX_VARINT = 10
@@ -40,66 +45,20 @@ _MAX_VARINT = 10
 I64 = NDArray[np.int64]
 
 
-class CorruptXSpace(ProfileUnreadable):
-    """The bytes do not decode as an XSpace."""
-
-
-def _varint(buf: Any, pos: int, end: int) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end or shift > 63:
-            raise CorruptXSpace("truncated or corrupt protobuf (bad varint)")
-        b = buf[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if b < 0x80:
-            return result, pos
-        shift += 7
-
-
-def _fields(buf: Any, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, value or start, end) of each field in buf[pos:end].
-
-    For length-delimited fields the value is the payload's start and `end` its end; for
-    varints the value is the number; fixed-width fields give their start.
-    """
-    while pos < end:
-        key, pos = _varint(buf, pos, end)
-        num, wt = key >> 3, key & 7
-        if num == 0:
-            raise CorruptXSpace("truncated or corrupt protobuf (field number 0)")
-        if wt == 0:
-            value, pos = _varint(buf, pos, end)
-            yield num, wt, value, pos
-        elif wt == 2:
-            length, pos = _varint(buf, pos, end)
-            if pos + length > end:
-                raise CorruptXSpace("truncated or corrupt protobuf (field runs past its parent)")
-            yield num, wt, pos, pos + length
-            pos += length
-        elif wt == 1:
-            if pos + 8 > end:
-                raise CorruptXSpace("truncated or corrupt protobuf (fixed64 past the end)")
-            yield num, wt, pos, pos + 8
-            pos += 8
-        elif wt == 5:
-            if pos + 4 > end:
-                raise CorruptXSpace("truncated or corrupt protobuf (fixed32 past the end)")
-            yield num, wt, pos, pos + 4
-            pos += 4
-        else:
-            raise CorruptXSpace(f"truncated or corrupt protobuf (wire type {wt})")
+# An XSpace that does not decode: the protobuf reader's error, by the name the scan's callers
+# know.
+CorruptXSpace = CorruptProtobuf
 
 
 def _fields_until_events(buf: Any, pos: int, end: int) -> Iterator[tuple[int, int, int, int]]:
-    """Like _fields, but an `events` field (4, length-delimited) is yielded as (4, 2, the offset
+    """Like `fields`, but an `events` field (4, length-delimited) is yielded as (4, 2, the offset
     of its tag, end) without being read: events are decoded column-wise, not one by one."""
     while pos < end:
-        key, _ = _varint(buf, pos, end)
+        key, _ = read_varint(buf, pos, end)
         if key == _EVENT_TAG:
             yield 4, 2, pos, end
             return
-        for item in _fields(buf, pos, end):
+        for item in fields(buf, pos, end):
             yield item
             pos = item[3]
             break
@@ -265,7 +224,7 @@ class XSpaceScan:
         m = self._map
         planes = []
         key_at = 0
-        for num, wt, start, end in _fields(m, 0, self.size):
+        for num, wt, start, end in fields(m, 0, self.size):
             if num == 1 and wt == 2:
                 planes.append(self._parse_plane(start, end))
             else:
@@ -282,7 +241,7 @@ class XSpaceScan:
         md_stats: dict[int, list[tuple[int, int]]] = {}
         layout: list[tuple[int, int, int]] = []
         key_at = pos
-        for num, wt, start, stop in _fields(m, pos, end):
+        for num, wt, start, stop in fields(m, pos, end):
             layout.append((num, key_at, stop))
             key_at = stop
             if wt != 2:
@@ -293,7 +252,7 @@ class XSpaceScan:
                 lines.append(self._parse_line(start, stop))
             elif num in (4, 5):
                 key, value = 0, None
-                for n2, w2, s2, e2 in _fields(m, start, stop):
+                for n2, w2, s2, e2 in fields(m, start, stop):
                     if n2 == 1 and w2 == 0:
                         key = _signed(s2)
                     elif n2 == 2 and w2 == 2:
@@ -301,7 +260,7 @@ class XSpaceScan:
                 if value is None:
                     continue
                 md_name, stats = "", []
-                for n3, w3, s3, e3 in _fields(m, value[0], value[1]):
+                for n3, w3, s3, e3 in fields(m, value[0], value[1]):
                     if n3 == 2 and w3 == 2:
                         md_name = m[s3:e3].decode("utf-8", errors="replace")
                     elif num == 4 and n3 == 5 and w3 == 2:
@@ -428,10 +387,10 @@ class XSpaceScan:
                     payload = self._filtered_line(line, mask)
                     kept_total += int(mask.sum())
                     dropped_total += int(len(mask) - mask.sum())
-                    chunks.append(b"\x1a" + _encode_varint(len(payload)))
+                    chunks.append(b"\x1a" + encode_varint(len(payload)))
                     chunks.append(payload)
                 body_len = sum(len(c) for c in chunks)
-                f.write(b"\x0a" + _encode_varint(body_len))
+                f.write(b"\x0a" + encode_varint(body_len))
                 for c in chunks:
                     f.write(c)
             for start, stop in self._space_fields:
@@ -458,7 +417,7 @@ class XSpaceScan:
 
     def stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
         """(stat metadata id, value) of each XStat in the bytes [start, end) of an event."""
-        for num, wt, s, e in _fields(self._map, start, end):
+        for num, wt, s, e in fields(self._map, start, end):
             if num == 4 and wt == 2:
                 yield self.stat(s, e)
 
@@ -466,7 +425,7 @@ class XSpaceScan:
         """(stat metadata id, value) of one XStat message (an event's, or a metadata's)."""
         m = self._map
         sid, value = 0, None  # type: tuple[int, Any]
-        for n2, w2, s2, e2 in _fields(m, start, end):
+        for n2, w2, s2, e2 in fields(m, start, end):
             if n2 == 1 and w2 == 0:
                 sid = s2
             elif n2 == 2 and w2 == 1:
@@ -510,18 +469,6 @@ class XSpaceScan:
 
 
 KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
 
 
 def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:

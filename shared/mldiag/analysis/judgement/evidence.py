@@ -10,11 +10,15 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mldiag.errors import MldiagError
+
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
 
 
-class MissingField(KeyError):
-    """The field path does not exist in the tool output."""
+class MissingField(MldiagError, KeyError):
+    """The field path does not exist in the tool output.
+
+    Permanent: the output holds what it holds; the citation is left out."""
 
 
 def lookup(data: Any, path: str) -> Any:

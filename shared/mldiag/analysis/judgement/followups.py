@@ -19,6 +19,7 @@ from typing import Any
 
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
+from mldiag.errors import MldiagError
 
 MAX_FOLLOW_UPS = 4
 DEFAULT_FOLLOW_UP_TIMEOUT_S = 120.0
@@ -40,8 +41,10 @@ HOST_PYTHON_EVENTS: dict[str, Any] = {"plane_regex": "^/host:CPU$", "event_regex
 LLO_RECAPTURE = 'LIBTPU_INIT_ARGS="--xla_xprof_register_llo_debug_info=true"'
 
 
-class FollowUpRefused(Exception):
-    """The call is not an allowed follow-up, or the budget of calls is spent."""
+class FollowUpRefused(MldiagError):
+    """The call is not an allowed follow-up, or the budget of calls is spent.
+
+    Permanent for this investigation: the investigator stops asking and writes its findings."""
 
 
 class FollowUps:

@@ -1,0 +1,111 @@
+"""host_bound: the device waits for the host between steps (our timeline's host wait).
+
+Raised from get_step_trace's host_bound_analysis (the worst host when there are several);
+its follow-up names the host-side Python frames that fill the waits, and the fix says how to
+take them off the step's critical path (or, when they are JAX's own dispatch, to jit the step).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.context import (
+    Context,
+    Plan,
+    finding_of,
+    host_events,
+    host_events_plan,
+)
+from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
+
+CATEGORY = "host_bound"
+RAISE_ORDER = 10
+HOST_WAIT_P0_PERCENT = 50.0
+HOST_WAIT_P1_PERCENT = 20.0
+
+
+def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
+               ) -> list[Hypothesis]:
+    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis")
+    if not hb or not hb.get("steps_analyzed"):
+        return []
+    tool, base = "get_step_trace", "host_bound_analysis"
+    wait = ev.number(hb.get("host_wait_percent"))
+    hosts = [h for h in hb.get("per_host") or [] if h.get("host_wait_percent") is not None]
+    proof: list[dict[str, Any]] = []
+    if len(hosts) > 1:
+        # An average over hosts hides a straggler: judge and cite the worst host.
+        i, worst = max(enumerate(hosts), key=lambda kv: kv[1]["host_wait_percent"])
+        index = (hb.get("per_host") or []).index(worst)
+        wait = float(worst["host_wait_percent"])
+        proof += [ev.cite(snapshot, tool, f"{base}.per_host[{index}].{k}") for k in (
+            "host", "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average")]
+        step_ms = float(worst["step_time_ms_average"])
+        wait_ms = step_ms - float(worst["compute_busy_ms_average"] or 0.0)
+        who = f"host {worst['host']} waits"
+    else:
+        step_ms = float(hb["step_time_ms_average"])
+        wait_ms = ev.number(hb.get("host_wait_ms_average")) or 0.0
+        who = "the device waits"
+    if wait is None or wait < HOST_WAIT_P1_PERCENT:
+        return []
+    proof += [ev.cite(snapshot, tool, f"{base}.{k}") for k in (
+        "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average",
+        "steps_mostly_waiting", "steps_analyzed")]
+    return [Hypothesis(
+        category="host_bound",
+        priority=priority_of(wait, HOST_WAIT_P0_PERCENT, HOST_WAIT_P1_PERCENT),
+        title=f"Host-bound: {who} {wait:.1f}% of each step for the host",
+        evidence=proof,
+        impact=impact_of(wait, "% of step",
+                       f"up to {wait_ms:.1f} ms of each {step_ms:.1f} ms step ({wait:.1f}%) is "
+                       "spent outside compiled XLA work"),
+        details={"host_wait_ms": wait_ms},
+    )]
+
+
+def follow_ups(snapshot: Mapping[str, Any], h: Hypothesis) -> list[Plan]:
+    return [host_events_plan()]
+
+_JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_params|"
+                           r"lax\.py|numpy/reductions|array_methods")
+
+
+def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
+    hb = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    step_ms = float(hb.get("step_time_ms_average") or 0.0)
+    busy_ms = float(hb.get("compute_busy_ms_average") or 0.0)
+    culprits = host_events(ctx, step_ms) if step_ms else []
+    extra = []
+    names = []
+    for i, row in culprits:
+        extra.append(ev.cite_value("aggregate_xplane_events", f"aggregates[{i}].event",
+                                   ctx.data("host_events")))
+        extra.append(ev.cite_value("aggregate_xplane_events", f"aggregates[{i}].avg_duration_ps",
+                                   ctx.data("host_events")))
+        names.append(f"`{row['event'].lstrip('$')}` ({row['avg_duration_ps'] / 1e9:.1f} ms per "
+                     "call)")
+    what = (f"Each step takes {step_ms:.1f} ms of wall time but compiled XLA work runs only "
+            f"{busy_ms:.2f} ms of it; {hb.get('steps_mostly_waiting')} of "
+            f"{hb.get('steps_analyzed')} steps spend over half their time waiting for the host.")
+    if names:
+        what += " The host is busy in " + ", ".join(names) + " between device executions."
+    fix = ("Take host work off the step's critical path: produce batches in a background thread "
+           "or process and prefetch them to the device (e.g. a `queue.Queue` filled by a "
+           "producer thread plus `jax.device_put` of the next batch while the current step runs, "
+           "or `grain`/`tf.data` with `.prefetch`), and avoid a host sync per step "
+           "(`.block_until_ready()`, `float(loss)`, `print(loss)`) so JAX's async dispatch can "
+           "overlap the host with the device.")
+    jax_internal = [row for _, row in culprits if _JAX_INTERNAL.search(str(row["event"]))]
+    if culprits and len(jax_internal) * 2 >= len(culprits):
+        fix = ("The host time is JAX's own dispatch and tracing (" + ", ".join(
+            f"`{r['event'].lstrip('$')}`" for r in jax_internal[:2]) + "): the step runs as "
+            "many small un-jitted operations. Wrap the whole training step in one `jax.jit` "
+            "(arguments that change shape or are Python values go in `static_argnums` or "
+            "become arrays), so each step is one dispatch of one compiled program.")
+    elif names:
+        fix = f"Remove or overlap {names[0]} first: " + fix[0].lower() + fix[1:]
+    return finding_of(h, what, fix, extra)

@@ -1,0 +1,172 @@
+"""The rule-based judgement, held equal to a saved golden through refactors.
+
+Each case in data/findings_golden/ is a health snapshot and the follow-up calls the
+investigator made on it, recorded from a real analysis: the team's TPU and GPU fixtures and
+the planted-bottleneck workloads of scripts/workloads (XLA:CPU). Triage and the rule-based
+investigator run on it again, the follow-ups answered from the recording, and what a user
+reads (the verdict, the checks, every finding's category, priority, title, what, evidence,
+impact and fix, the summary) must equal findings.json.
+
+After a deliberate change to the judgement, rewrite the golden and review its diff:
+    python -m tests.unit.test_findings_golden
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings
+from mldiag.analysis.judgement.followups import FollowUps
+from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis.judgement.triage import triage
+
+DATA = Path(__file__).parent / "data" / "findings_golden"
+GOLDEN = DATA / "findings.json"
+RECORDED = sorted(p.name.removesuffix(".json.gz") for p in DATA.glob("*.json.gz"))
+
+
+def _compute_bound(s: dict[str, Any]) -> None:
+    s["tools"]["get_roofline_model"]["data"]["program"]["bound_by"] = "Compute"
+
+
+def _oom_high(s: dict[str, Any]) -> None:
+    s["tools"]["get_memory_profile"]["data"]["peak_memory_usage_gib"] = 30.5
+
+
+def _suggestions(s: dict[str, Any]) -> None:
+    s["tools"]["get_smart_suggestions"]["data"]["suggestions"] = [
+        {"suggestion": "Consider increasing the batch size."}, {"text": "Use bf16."}]
+
+
+def _mixed_detectors(s: dict[str, Any]) -> None:
+    tools = s["tools"]
+    (copy,) = [d for d in tools["detect_layout_mismatch_copies"]["data"]["detections"]
+               if d["executed_in_profile"]]
+    # The same op read by a second detector (one finding, both causes), an untimed one
+    # (P2, impact not measured) and small timed ones (P2, or dropped under 1%).
+    same_op = dict(copy, detector="detect_unnecessary_convert_reduce", percent_of_step=12.5,
+                   description="A convert feeds a reduce (reducers: add).")
+    untimed = dict(copy, instruction="copy.9", percent_of_step=None, time_ms=None)
+    small = dict(copy, instruction="copy.7", percent_of_step=2.0, time_ms=0.5)
+    tiny = dict(copy, instruction="copy.8", percent_of_step=0.4, time_ms=0.1)
+    tools["detect_layout_mismatch_copies"]["data"]["detections"] += [untimed, small, tiny]
+    tools["detect_unnecessary_convert_reduce"]["data"]["detections"] = [same_op]
+    tools["detect_unfused_reshapes"]["data"]["detections"] = [
+        dict(copy, detector="detect_unfused_reshapes", instruction="fusion.3", chain=[
+            "fusion.3", "copy.7"], percent_of_step=39.23, description="A reshape chain.")]
+
+
+# Recorded cases with one deliberate edit, for the rules the recordings do not reach.
+VARIANTS = {
+    "variant_tpu_compute_bound": ("fixture_tpu_inference_2", _compute_bound),
+    "variant_tpu_oom_high": ("fixture_tpu_inference_2", _oom_high),
+    "variant_tpu_suggestions": ("fixture_tpu_inference_2", _suggestions),
+    "variant_cpu_mixed_detectors": ("planted_layout_copy", _mixed_detectors),
+}
+CASES = sorted([*RECORDED, *VARIANTS])
+
+
+class ReplayedFollowUps(FollowUps):
+    """The recorded follow-ups, answered by tool and arguments. On a recorded case a call the
+    recording does not hold fails the test (the investigator asks for something it did not
+    ask before); on an edited one it answers NO_DATA."""
+
+    def __init__(self, recorded: list[dict[str, Any]], strict: bool) -> None:
+        super().__init__(session=None, max_calls=4)  # type: ignore[arg-type]
+        self.recorded = {self._key(r["tool"], r["args"]): r for r in recorded}
+        self.strict = strict
+
+    @staticmethod
+    def _key(tool: str, args: Mapping[str, Any]) -> str:
+        return json.dumps([tool, args], sort_keys=True)
+
+    def call(self, tool: str, purpose: str, **args: Any) -> dict[str, Any]:
+        key = self._key(tool, args)
+        assert key in self.recorded or not self.strict, f"follow-up not recorded: {key}"
+        record = dict(self.recorded.get(key) or {"tool": tool, "args": args, "purpose": purpose,
+                                                 "status": "NO_DATA", "data": None})
+        self.records.append(record)
+        return record
+
+
+def judge(case: str) -> dict[str, Any]:
+    base, edit = VARIANTS.get(case, (case, None))
+    with gzip.open(DATA / f"{base}.json.gz", "rt") as f:
+        recorded = json.load(f)
+    snapshot = recorded["snapshot"]
+    if edit is not None:
+        edit(snapshot)
+    t = triage(snapshot)
+    report = RuleBasedInvestigator().investigate(snapshot, t, ReplayedFollowUps(
+        recorded["follow_ups"], strict=edit is None))
+    keys = ("id", "category", "priority", "title", "what", "evidence", "impact", "fix")
+    return {
+        "status": t.status, "metrics": t.metrics, "checks": t.checks,
+        "not_judged": t.not_judged,
+        "follow_ups": [[r["tool"], r["args"]] for r in report["follow_ups"]],
+        "findings": [{k: f[k] for k in keys} for f in report["findings"]],
+        "summary": report["summary"],
+    }
+
+
+def test_every_cited_field_resolves_in_a_tool_output() -> None:
+    """The rule-based findings cite what is there: the evidence check the model's report goes
+    through finds every cited field (but the HLO excerpt, cleaned of its backend config)."""
+    for case in CASES:
+        base, edit = VARIANTS.get(case, (case, None))
+        with gzip.open(DATA / f"{base}.json.gz", "rt") as f:
+            recorded = json.load(f)
+        snapshot = recorded["snapshot"]
+        if edit is not None:
+            edit(snapshot)
+        t = triage(snapshot)
+        follow_ups = ReplayedFollowUps(recorded["follow_ups"], strict=edit is None)
+        report = RuleBasedInvestigator().investigate(snapshot, t, follow_ups)
+        pool = NumberPool([snapshot.get("tools"), [r.get("data") for r in follow_ups.records],
+                           t.to_dict(), snapshot.get("session")])
+        _, check = check_findings(report["findings"], snapshot, follow_ups.records, pool)
+        moved = [c for c in check["corrected"]
+                 if c["item"] != "evidence get_hlo_neighborhood.text (backend_config omitted)"]
+        assert not moved, (case, moved)
+
+
+def _normal(value: Any) -> Any:
+    """As JSON would hold it (tuples are lists)."""
+    return json.loads(json.dumps(value))
+
+
+@pytest.fixture(scope="module")
+def golden() -> dict[str, Any]:
+    return json.loads(GOLDEN.read_text())
+
+
+def test_every_recorded_case_has_a_golden(golden: dict[str, Any]) -> None:
+    assert sorted(golden) == CASES
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_judgement_equals_the_golden(case: str, golden: dict[str, Any]) -> None:
+    got, want = _normal(judge(case)), golden[case]
+    for key in want:
+        assert got[key] == want[key], f"{case}: {key} changed"
+    assert got == want
+
+
+def test_the_cases_raise_most_categories(golden: dict[str, Any]) -> None:
+    # The golden guards every category's rule.
+    seen = {f["category"] for case in golden.values() for f in case["findings"]}
+    assert seen == {"host_bound", "idle", "layout_copy", "unfused_reshape", "convert_reduce",
+                    "memory_pressure", "memory_bound", "compute_bound", "communication",
+                    "data_transfer", "other"}
+
+
+if __name__ == "__main__":
+    GOLDEN.write_text(json.dumps({c: _normal(judge(c)) for c in CASES}, indent=1,
+                                 sort_keys=True, ensure_ascii=False) + "\n")
+    print(f"wrote {GOLDEN}")
