@@ -47,7 +47,10 @@ class ProfilerEngine(Protocol):
     def platform(self) -> str: ...
     def start_trace(self, logdir: Path) -> None: ...
     def stop_trace(self) -> None: ...
-    def start_server(self, port: int) -> Any: ...
+    def start_server(self, port: int) -> Any:
+        """Start the on-demand server; returns a handle (never None) for `stop_server`."""
+        ...
+
     def stop_server(self, server: Any) -> None: ...
 
 
@@ -197,7 +200,8 @@ class TorchTpuEngine:
     def start_server(self, port: int) -> Any:
         from torch_tpu._internal.profiler import start_server
 
-        return start_server(port)
+        start_server(port)
+        return self  # the handle the run keeps: torch_tpu stops its one server by a call
 
     def stop_server(self, server: Any) -> None:
         from torch_tpu._internal.profiler import stop_server
