@@ -37,8 +37,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from importlib import metadata
 from typing import Any
 
-from tunix.sft.hooks import TrainingHooks
-
 from mldiag.sdk import metrics
 from mldiag.sdk.custom_types.exceptions import ProfilingError
 from mldiag.sdk.custom_types.mlrun_types import RlOrchestrator
@@ -47,6 +45,15 @@ from mldiag.sdk.profiler import Xprof
 from mldiag.sdk.run import MLRun, current_run
 
 log = logging.getLogger(__name__)
+
+try:
+    from tunix.sft.hooks import TrainingHooks
+except ImportError as e:
+    # Importable without Tunix (docs, type checks); making the hooks says what is missing.
+    TrainingHooks = object
+    _MISSING = f"MldiagHooks needs google-tunix (pip install google-tunix): {e}"
+else:
+    _MISSING = ""
 
 
 class MldiagHooks(TrainingHooks):
@@ -60,6 +67,8 @@ class MldiagHooks(TrainingHooks):
 
     def __init__(self, run: MLRun | None = None, *, profile_steps: range | None = None,
                  session_id: str | None = None, fetch_every: int = 16) -> None:
+        if _MISSING:
+            raise ImportError(_MISSING)
         if profile_steps is not None:
             if profile_steps.step != 1 or len(profile_steps) == 0:
                 raise ValueError(f"profile_steps must be a non-empty range of consecutive steps, "
