@@ -30,6 +30,7 @@ from mldiag.errors import MldiagError
 from mldiag.model import CAPTURING, SessionRecord
 from mldiag.sdk.current import current_run
 from mldiag.sdk.custom_types.exceptions import ProfilingError
+from mldiag.sdk.engines import trace_file
 from mldiag.sdk.run import MLRun
 from mldiag.sdk.workload import session_name
 
@@ -86,8 +87,6 @@ class Xprof:
 
     def start(self, session_id: str | None = None) -> None:
         """Start capturing; `session_id` names the session (default: the start time)."""
-        import jax
-
         run = self._resolve()
         if self._active is not None:
             log.warning("Profiling is already active (session %s). Call stop() first.",
@@ -111,7 +110,7 @@ class Xprof:
         else:
             tmp = Path(tempfile.mkdtemp(prefix="mldiag-xprof-"))
             try:
-                jax.profiler.start_trace(str(tmp))
+                run.engine.start_trace(tmp)
             except Exception as e:  # noqa: BLE001 - logged and recorded, training goes on
                 shutil.rmtree(tmp, ignore_errors=True)
                 self._failed(run, session, f"the profiler did not start: {e}")
@@ -141,8 +140,6 @@ class Xprof:
 
     def stop(self) -> None:
         """Stop capturing; the upload of the trace starts in the background."""
-        import jax
-
         if self._active is None:
             log.warning("No active profiling session to stop.")
             return
@@ -162,7 +159,7 @@ class Xprof:
         assert tmp is not None
         self._tmp = None
         try:
-            jax.profiler.stop_trace()
+            run.engine.stop_trace()
         except Exception as e:  # noqa: BLE001 - logged and recorded, training goes on
             shutil.rmtree(tmp, ignore_errors=True)
             self._failed(run, session, f"the profiler did not stop: {e}")
@@ -170,10 +167,11 @@ class Xprof:
 
         def read() -> bytes:
             try:
-                found = sorted(tmp.glob("plugins/profile/*/*.xplane.pb"))
-                if not found:
-                    raise MldiagError(f"session {session}: jax wrote no .xplane.pb")
-                return found[-1].read_bytes()
+                found = trace_file(tmp)
+                if found is None:
+                    raise MldiagError(
+                        f"session {session}: the {run.engine.name} profiler wrote no .xplane.pb")
+                return found.read_bytes()
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
 

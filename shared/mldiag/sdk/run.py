@@ -23,13 +23,14 @@ from mldiag.model import (
     CAPTURING,
     FAILED,
     PULL,
+    PUSH,
     REQUESTED,
     AutoCapturePolicy,
     HostRecord,
     RunRecord,
     TargetRecord,
 )
-from mldiag.sdk import metrics, workload
+from mldiag.sdk import engines, metrics, workload
 from mldiag.sdk.continuous import RingBuffer
 from mldiag.sdk.current import current_run, release, set_current
 from mldiag.sdk.custom_types.exceptions import MLRunConfigurationError
@@ -130,6 +131,8 @@ class MLRun:
     ring: RingBuffer | None = None
     puller: Puller | None = None
     profiler_server: Any = None
+    # The framework's profiler (mldiag.sdk.engines): JAX, PyTorch/XLA or TorchTPU.
+    engine: engines.ProfilerEngine = field(default_factory=engines.JaxEngine)
     alerts: list[DegradationDetected] = field(default_factory=list)
     _executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="mldiag-upload"))
@@ -303,10 +306,8 @@ class MLRun:
         if self.ring is not None and self.ring.active:
             self.ring.stop()
         if self.profiler_server is not None:
-            import jax
-
-            jax.profiler.stop_server()
-            self.profiler_server = None
+            server, self.profiler_server = self.profiler_server, None
+            self.engine.stop_server(server)
         try:
             # Only if the record is still ours: a newer process may own this host and port.
             mine = [t for t in self.plane.state.list_targets(self.name)
@@ -421,11 +422,13 @@ def machinelearning_run(
     application_framework = _enum(ApplicationFramework, application_framework,
                                   "application_framework")
     rl_orchestrator = _enum(RlOrchestrator, rl_orchestrator, "rl_orchestrator")
-    if framework is not Framework.JAX or serving_engine is not ServingEngine.NONE:
+    framework = Framework.JAX if framework is None else _enum(Framework, framework, "framework")
+    serving_engine = _enum(ServingEngine, serving_engine, "serving_engine")
+    engine = engines.select(framework, profiling=not metric_only_run)
+    if continuous and not engine.pulls:
         raise MLRunConfigurationError(
-            f"mldiag profiles JAX workloads: framework={getattr(framework, 'value', framework)}"
-            f", serving_engine={getattr(serving_engine, 'value', serving_engine)} is not "
-            "supported")
+            f"continuous profiling is the SDK's JAX ring: the {engine.name} profiler cannot "
+            "run it (start on_demand_xprof and capture on demand instead)")
     if region is not None:
         workload.validate_region(region)
     display_name = name
@@ -452,10 +455,8 @@ def machinelearning_run(
     orchestrator, details = workload.detect(run_workload_id=run_workload_id)
     workload_id = workload_id or run_workload_id or os.environ.get("RUN_WORKLOAD_ID")
 
-    # Imported here, not with the SDK (neither imports it back): JAX takes seconds to load,
-    # and bootstrap builds the whole pipeline.
-    import jax
-
+    # Imported here, not with the SDK (it does not import the SDK back): bootstrap builds the
+    # whole pipeline.
     from mldiag.bootstrap import control_plane
 
     previous = current_run()
@@ -494,12 +495,13 @@ def machinelearning_run(
                     if monitor else None)
     # mldiag's own captures come by pull (mldiag.sdk.pull): nothing listens for them. JAX's
     # profiler server is only for tools that push (TensorBoard, the XProf UI's capture).
-    server = jax.profiler.start_server(port) if on_demand_xprof else None
+    # A torch engine's target is its profiler server, which the capture stage connects to.
+    server = engine.start_server(port) if on_demand_xprof else None
     ring = RingBuffer()
     target = TargetRecord(
-        run=stored_name, host=host, port=port, process_index=jax.process_index(),
-        framework="jax", framework_version=jax.__version__, last_heartbeat=now,
-        address=address, delivery=PULL, platform=jax.devices()[0].platform,
+        run=stored_name, host=host, port=port, process_index=engine.process_index(),
+        framework=engine.framework, framework_version=engine.version(), last_heartbeat=now,
+        address=address, delivery=PULL if engine.pulls else PUSH, platform=engine.platform(),
         pid=os.getpid(), registered_at=now, heartbeat_s=heartbeat_s)
     if not metric_only_run:
         # A metric-only run profiles nothing: no target to capture from or to wait for.
@@ -519,7 +521,7 @@ def machinelearning_run(
         accelerator_orchestrator=accelerator_orchestrator,
         application_framework=application_framework, rl_orchestrator=rl_orchestrator,
         control_plane_url=base_url, cluster_id=cluster_id, workload_id=workload_id,
-        namespace=namespace, ring=ring, profiler_server=server,
+        namespace=namespace, ring=ring, profiler_server=server, engine=engine,
         _record=record)
     object.__setattr__(run.configs, "_on_change", run._save_configs)
     holder.append(run)
@@ -528,8 +530,9 @@ def machinelearning_run(
     if not metric_only_run:
         threading.Thread(target=run._heartbeat, args=(heartbeat_s,), name="mldiag-heartbeat",
                          daemon=True).start()
-        run.puller = Puller(run, settings.pull_poll_s)
-        run.puller.start()
+        if engine.pulls:
+            run.puller = Puller(run, settings.pull_poll_s)
+            run.puller.start()
     set_current(run)
     metrics.clear()
     if log_system_metrics and metrics_record_interval_sec > 0:

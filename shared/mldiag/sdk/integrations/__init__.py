@@ -1,0 +1,1 @@
+"""Framework integrations that go beyond an import change: `tunix` (TrainingHooks)."""
