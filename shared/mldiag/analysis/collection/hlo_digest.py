@@ -155,8 +155,12 @@ def op_info(module: HloModule, computation: Computation, instruction: Instructio
         what = _canonical(module, body, seen)
     else:
         # One instruction: its own canonical form, its operands by their shapes.
-        what = _canonical(module, Computation(name=f"<{instruction.name}>", instructions=[
-            instruction]), {})
+        alone = Instruction(name=instruction.name, opcode=instruction.opcode,
+                            shape=instruction.shape, operands=instruction.operands,
+                            computation="", index=0, attributes=instruction.attributes,
+                            literal=instruction.literal)
+        what = _canonical(module, Computation(name=f"<{instruction.name}>",
+                                              instructions=[alone]), {})
     shapes = [o.shape.text if o is not None else "?" for o in operands]
     info: dict[str, Any] = {
         "name": instruction.name,

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import mldiag
-from mldiag.analysis.diff import stats
+from mldiag.analysis.diff import pairing, stats
 from mldiag.analysis.diff.explain import NEGLIGIBLE, explain
 from mldiag.analysis.diff.sides import (
     PERCENT,
@@ -413,6 +413,10 @@ def _hlo(pa: Profile, pb: Profile) -> dict[str, Any]:
             row.update(status="changed", a_fingerprint=da.get("fingerprint"),
                        b_fingerprint=db.get("fingerprint"), parameters=_params(da, db),
                        ops_added=added, ops_removed=removed, ops_refused=refused)
+            fa, fb = pairing.facts(da), pairing.facts(db)
+            if fa is not None and fb is not None:
+                # Ops paired by what they compute, not by their generated names.
+                row["pairing"] = pairing.pair(fa, fb).to_dict()
         modules.append(row)
     # Programs that ran in the steps first, then changes.
     order = {"changed": 0, "new": 1, "vanished": 2, "unchanged": 3}

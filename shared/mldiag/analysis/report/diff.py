@@ -44,7 +44,8 @@ _KINDS = {
     "removed_copy": "copy removed", "new_ops": "new ops", "removed_ops": "ops removed",
     "shape_change": "input shapes", "recompile": "recompiled", "same_program": "same HLO",
     "new_program": "new program", "removed_program": "program removed",
-    "device_type_change": "device type",
+    "device_type_change": "device type", "dtype_change": "dtype change",
+    "fusion_change": "fusion boundary",
 }
 _TOC = (TocEntry("explanation", "What changed"), TocEntry("kpis", "KPIs"),
         TocEntry("ops", "Ops"), TocEntry("hlo", "HLO"), TocEntry("kernels", "Kernels"),
