@@ -9,7 +9,10 @@
    - `mldiag diff RUN/A RUN/B` as a fresh process (Python start-up and imports included);
    - with `--xprof`, xprof's own `diff_sessions` on the raw profiles, which converts both
      again, for contrast.
-2. Large sessions, `--sizes` MB each: two profiles of bench/scale.py's workload are generated
+2. Pairing a recompiled program's ops (`--pair-ops N`, default 4000, below the 5000 a digest
+   keeps per module): the digests of two synthetic modules of N fusions, every fusion renamed and
+   one boundary moved, then `pairing.pair` on them (medians of `--repeat`).
+3. Large sessions, `--sizes` MB each: two profiles of bench/scale.py's workload are generated
    (about 2.3 KB a step), analysed once into the store, and diffed the same ways. What a diff
    would cost if it collected both sides again is the two analyses' time, printed beside it.
 
@@ -142,6 +145,56 @@ def xprof(store: Store, run: str, a: str, b: str) -> dict[str, Any]:
             "kernels": len((result or {}).get("kernel_diffs") or []), "error": why}
 
 
+def _module(n: int, moved: bool) -> tuple[str, dict[str, str]]:
+    """HLO text of `n` chained loop fusions (each exp then add, from its own source line),
+    renamed on the `moved` side, whose first fusion is also split in two there."""
+    bodies, entry, sources = [], ["  p0 = f32[256]{0} parameter(0)"], {}
+    prev = "p0"
+    for i in range(n):
+        sources[f"e{i}"] = f"model.py:{10 + 2 * i} (jit(step)/exp)"
+        sources[f"a{i}"] = f"model.py:{11 + 2 * i} (jit(step)/add)"
+        name = f"fusion.{i + 7 if moved else i}"
+        if moved and i == 0:
+            bodies.append("split_e {\n  q = f32[256]{0} parameter(0)\n"
+                          "  ROOT e0 = f32[256]{0} exponential(q)\n}\n")
+            bodies.append("split_a {\n  q = f32[256]{0} parameter(0)\n"
+                          "  ROOT a0 = f32[256]{0} add(q, q)\n}\n")
+            entry.append(f"  split.e = f32[256]{{0}} fusion({prev}), kind=kLoop, calls=split_e")
+            entry.append("  split.a = f32[256]{0} fusion(split.e), kind=kLoop, calls=split_a")
+            prev = "split.a"
+            continue
+        bodies.append(f"body{i} {{\n  q = f32[256]{{0}} parameter(0)\n"
+                      f"  e{i} = f32[256]{{0}} exponential(q)\n"
+                      f"  ROOT a{i} = f32[256]{{0}} add(e{i}, q)\n}}\n")
+        entry.append(f"  {name} = f32[256]{{0}} fusion({prev}), kind=kLoop, calls=body{i}")
+        prev = name
+    entry[-1] = "  ROOT " + entry[-1].lstrip()
+    return ("HloModule jit_step, entry_computation_layout={(f32[256]{0})->f32[256]{0}}\n\n"
+            + "\n".join(bodies) + "\nENTRY main {\n" + "\n".join(entry) + "\n}\n"), sources
+
+
+def pairing_cost(n: int, repeat: int) -> dict[str, Any]:
+    """Digest two modules of `n` fusions and pair their ops (see the module docstring)."""
+    from mldiag.analysis.collection.hlo_digest import digest
+    from mldiag.analysis.diff.pairing import facts, pair
+
+    (ta, sa), (tb, sb) = _module(n, False), _module(n, True)
+    start = time.perf_counter()
+    da, db = digest("jit_step(1)", ta, sa), digest("jit_step(2)", tb, sb)
+    digest_ms = (time.perf_counter() - start) * 1000.0
+    fa, fb = facts(da), facts(db)
+    assert fa is not None and fb is not None
+    walls = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        found = pair(fa, fb)
+        walls.append((time.perf_counter() - start) * 1000.0)
+    return {"case": f"pairing {n} ops", "digest_both_ms": round(digest_ms, 1),
+            "pair_ms": round(statistics.median(walls), 1), "pairs": len(found.pairs),
+            "groups": len(found.groups), "new": len(found.new), "removed": len(found.removed),
+            "digest_json_kb": round(len(json.dumps(db)) / 1024, 1)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="100", help="large session sizes in MB ('' for "
@@ -152,6 +205,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--xprof", action="store_true",
                         help="also time xprof's diff_sessions on the raw profiles")
+    parser.add_argument("--pair-ops", type=int, default=4000,
+                        help="ops per module for the pairing benchmark (0: skip it)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-diffbench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -183,6 +238,10 @@ def main() -> int:
     else:
         print(f"fixtures: {FIXTURES} is absent, skipped", flush=True)
 
+    pair_rows = [pairing_cost(args.pair_ops, args.repeat)] if args.pair_ops else []
+    for row in pair_rows:
+        print(json.dumps(row), flush=True)
+
     calib: Path | None = None
     for mb in [float(s) for s in args.sizes.split(",") if s.strip()]:
         if calib is None:
@@ -209,7 +268,7 @@ def main() -> int:
         print(f"{r['case']:<40} {mb:>12} {r['in_process']['wall_ms']:>8} "
               f"{r['in_process']['cpu_ms']:>7} {r['cli']['wall_s']:>6} "
               f"{r['cli']['import_only_s']:>8} {r['recollect_s']:>12}")
-    write_results(args.json, rows)
+    write_results(args.json, rows + pair_rows)
     return 0
 
 

@@ -13,6 +13,16 @@ the rest (the machine's load, the warm caches) is as equal as it can be:
   across the devices: a new all-reduce every step (``before`` is the same program without it);
 - ``none``: nothing: two captures of the same program (run-to-run variation only).
 
+Three more recompile the same program, a step of elementwise work feeding a matmul, with one
+change in one line (`RECOMPILED`), so the compiled HLO changes and XLA renames its fusions:
+
+- ``transpose``: the activations are materialized transposed before the matmul (a transpose
+  fusion and a copy, and the matmul split out of its fusion);
+- ``dtype``: the step starts with a softmax; it and the elementwise work run in float16
+  instead of float32 (which XLA:CPU computes several times slower);
+- ``fusion``: an optimization barrier splits the elementwise fusion in two (a fusion
+  boundary that moves: the intermediate is written out and read back).
+
     python scripts/workloads/regression.py --logdir DIR --change layout [--steps 8]
     python scripts/workloads/regression.py --logdir DIR --change stall,layout  # DIR/<change>/
 """
@@ -27,7 +37,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-CHANGES = ("stall", "layout", "batch", "collective", "none")
+CHANGES = ("stall", "layout", "batch", "collective", "transpose", "dtype", "fusion", "none")
+RECOMPILED = ("transpose", "dtype", "fusion")
 STALL_S = 0.04
 # Elements of the accumulator that `collective` sums across the devices every step (8 MB).
 ACCUMULATOR = 2 * 1024 * 1024
@@ -39,6 +50,9 @@ SIZES = {
     "batch": (1024, 1024, 256),
     "collective": (64, 512, 256),
     "none": (512, 1024, 256),
+    "transpose": (1024, 2048, 32),
+    "dtype": (2048, 2048, 32),
+    "fusion": (1024, 2048, 32),
 }
 
 
@@ -56,6 +70,8 @@ def _program(change: str, planted: bool) -> tuple[Any, tuple[Any, ...], dict[str
     from jax.sharding import PartitionSpec as P
 
     batch, width, out = SIZES[change]
+    if change in RECOMPILED:
+        return _recompiled(change, planted)
     if planted and change == "batch":
         batch *= 2
     kx, kw = jax.random.split(jax.random.key(0))
@@ -106,6 +122,40 @@ def _program(change: str, planted: bool) -> tuple[Any, tuple[Any, ...], dict[str
 
         kwargs["host_work"] = load_batch
     return dense, (w, x), kwargs
+
+
+def _recompiled(change: str, planted: bool) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    """One program for `RECOMPILED`: every line the same on both sides but the planted one."""
+    import jax
+    import jax.numpy as jnp
+
+    batch, width, out = SIZES[change]
+    kx, kw = jax.random.split(jax.random.key(1))
+    same = (lambda v: v)  # noqa: E731
+    barrier = jax.lax.optimization_barrier
+    if planted and change == "transpose":
+        def layout(v: jax.Array) -> jax.Array:
+            return barrier(v.T).T  # the planted change: a materialized transpose
+    else:
+        layout = same
+    if planted and change == "dtype":
+        def precision(v: jax.Array) -> jax.Array:
+            return v.astype(jnp.float16)  # the planted change: float16 activations
+    else:
+        precision = same
+    split = barrier if planted and change == "fusion" else same
+
+    def step(w: jax.Array, x: jax.Array) -> jax.Array:
+        if change == "dtype":
+            x = jax.nn.softmax(precision(x), axis=-1)
+        e = split(jnp.exp(x * 0.5))
+        a = (e * 2.0 + 1.0).astype(jnp.float32)
+        h = jnp.tanh(layout(a) @ w)
+        return w - 1e-3 * jnp.mean(h, axis=0, keepdims=True) * w
+
+    w = jax.random.normal(kw, (width, out), jnp.float32) / width**0.5
+    x = jax.random.normal(kx, (batch, width), jnp.float32)
+    return step, (w, x), {}
 
 
 def run(logdir: str, change: str, steps: int = 8) -> tuple[Path, Path]:

@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow
 # The planted change and the kind of change the explanation must rank first.
 PLANTED = {"stall": "host_wait", "layout": "layout_change", "batch": "shape_change",
            "collective": "new_collective"}
+# One change in one line that recompiles the program, XLA renaming its fusions: the kind the
+# explanation must rank first, and the fused opcodes it must name.
+RECOMPILED = {"transpose": ("layout_change", "transpose"), "dtype": ("dtype_change", "f16"),
+              "fusion": ("fusion_change", "exponential")}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +42,11 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], tuple[Path
     def make(change: str) -> tuple[Path, Path]:
         if not done:
             subprocess.run([sys.executable, str(WORKLOADS / "regression.py"), "--logdir",
-                            str(logdir), "--change", ",".join(PLANTED)], check=True,
+                            str(logdir), "--change", ",".join([*PLANTED, *RECOMPILED]),
+                            # 16 steps a side: a burst of load on a shared machine then
+                            # slows only some steps of one capture, not all of them.
+                            "--steps", "16"],
+                           check=True,
                            timeout=300, capture_output=True,
                            env={**os.environ, "JAX_PLATFORMS": "cpu"})
             done.append(True)
@@ -91,6 +99,42 @@ def test_the_planted_change_is_ranked_first(change: str, pair: Any, tmp_path: Pa
     else:
         assert top["signature"] == "all-reduce"
         assert "all-reduce" in changed[0]["ops_added"]
+
+
+@pytest.mark.parametrize("change", [
+    pytest.param("dtype", marks=pytest.mark.xfail(
+        strict=False, reason="on a loaded 2-core machine the float16 softmax step was not "
+        "reliably slower than the float32 one inside the profile (seen -28 ms): the pair's "
+        "ranking holds, its direction does not yet")),
+    "fusion", "transpose"])
+def test_a_change_that_recompiles_the_program_is_ranked_first_with_its_ms(
+        change: str, pair: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The issue's case: fusions renamed by the recompile must not split the change into a
+    "new fusion" and "the other ops" that cancel out; ops pair by what they compute."""
+    before, after = pair(change)
+    doc, printed = diff_paths(before, after, tmp_path, capsys)
+    kind, named = RECOMPILED[change]
+    top = doc["explanation"][0]
+    assert top["kind"] == kind, json.dumps(doc["explanation"], indent=1)
+    assert named in top["change"] and "regression.py:" in top["change"], top["change"]
+    step = next(k for k in doc["kpis"] if k["name"] == "step time")
+    # Not "within run-to-run variation": the rank test on the step times says so.
+    test = step["variation"]
+    assert step["significant"] is True and test["p_value"] < 0.05, test
+    assert test["test"].startswith("Mann-Whitney U") and "median_shift_ms" in test["effect"]
+    assert "within run-to-run variation" not in doc["headline"]
+    # Its milliseconds: the time of the ops it regrouped on each side, most of the step's
+    # change (the rest is the host wait and the other ops, which moved little).
+    assert step["delta"] > 0 and top["delta_ms"] == pytest.approx(step["delta"], rel=0.5), (
+        top, step)
+    others = doc["explanation"][1:]
+    assert all(abs(i["delta_ms"]) < top["delta_ms"] / 2 for i in others), others
+    module = next(m for m in doc["hlo"]["modules"] if m["status"] == "changed")
+    (group,) = module["pairing"]["groups"]
+    assert set(top["ops_a"]) == set(group["a"]) and set(top["ops_b"]) == set(group["b"])
+    assert top["evidence"] and any(e["tool"] == "hlo_digests" for e in top["evidence"])
+    first = next(line for line in printed.splitlines() if line.lstrip().startswith("1."))
+    assert kind in first, printed
 
 
 def test_an_alert_triggered_session_reports_what_changed_since_the_baseline(

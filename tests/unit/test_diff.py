@@ -128,13 +128,48 @@ def test_an_unchanged_program_that_ran_slower_is_one_change():
     assert ops[0]["op"] == "dot.1" and ops[0]["delta"] == pytest.approx(2.0)
 
 
+def with_steps(snapshot: dict[str, Any], times: list[float]) -> dict[str, Any]:
+    """`snapshot` whose step trace lists these per-step times."""
+    data = snapshot["tools"]["get_step_trace"]["data"]
+    data["step_breakdown"] = [{"step_num": f"train {i}", "step_time_ms": t}
+                              for i, t in enumerate(times)]
+    return snapshot
+
+
 def test_a_delta_within_run_to_run_variation_is_said_so():
-    a = cpu_snapshot(step_ms=10.0, wait_ms=0.5, ops={"dot.1": 9.5}, stddev_ms=3.0)
-    b = cpu_snapshot(step_ms=10.4, wait_ms=0.5, ops={"dot.1": 9.9}, stddev_ms=3.0)
+    a = with_steps(cpu_snapshot(step_ms=10.0, wait_ms=0.5, ops={"dot.1": 9.5}, stddev_ms=3.0),
+                   [7.1, 13.2, 9.8, 6.9, 12.6, 10.4, 8.3, 11.7])
+    b = with_steps(cpu_snapshot(step_ms=10.4, wait_ms=0.5, ops={"dot.1": 9.9}, stddev_ms=3.0),
+                   [8.0, 12.9, 10.1, 7.4, 13.8, 11.0, 8.6, 11.4])
     doc = diff(a, b)
     step = kpi(doc, "step time")
     assert step["significant"] is False and step["noise_ms"] == pytest.approx(3.0)
+    test = step["variation"]
+    assert test["test"].startswith("Mann-Whitney U") and test["method"] == "exact"
+    assert test["p_value"] > 0.05 and test["a_steps"] == test["b_steps"] == 8
     assert "within run-to-run variation" in doc["headline"]
+    assert f"p={test['p_value']:.2g}" in doc["headline"]
+
+
+def test_eight_steps_of_a_22_percent_change_are_not_called_noise():
+    """The issue's case: 38.7 -> 47.4 ms over 8 steps a side, with a slow first step on each
+    side that makes two standard errors of the means (±8.9 ms) swallow the change."""
+    a_times = [62.0, 35.4, 35.1, 35.9, 34.8, 35.6, 35.2, 35.6]
+    b_times = [70.0, 44.1, 44.6, 43.9, 44.8, 44.2, 43.7, 43.9]
+    a = with_steps(cpu_snapshot(step_ms=38.7, wait_ms=0.5, ops={"dot.1": 38.0},
+                                stddev_ms=12.6), a_times)
+    b = with_steps(cpu_snapshot(step_ms=47.4, wait_ms=0.5, ops={"dot.1": 46.7},
+                                stddev_ms=12.6), b_times)
+    doc = diff(a, b)
+    step = kpi(doc, "step time")
+    assert step["noise_ms"] > step["delta"]  # the old rule would have called it noise
+    test = step["variation"]
+    assert step["significant"] is True and test["p_value"] < 0.01
+    assert test["effect"]["median_shift_ms"] == pytest.approx(8.75, abs=0.5)
+    low, high = test["effect"]["median_shift_ci_ms"]
+    assert 0 < low < 8.7 < high
+    assert test["effect"]["probability_b_slower"] > 0.85
+    assert "rose from 38.70 to 47.40 ms" in doc["headline"] and "Mann-Whitney" in doc["headline"]
 
 
 def test_two_identical_sessions_have_no_change():

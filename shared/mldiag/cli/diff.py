@@ -200,8 +200,15 @@ def _print(doc: dict[str, Any], out: Path) -> None:
     print(f"diff  {doc['a']['label']} → {doc['b']['label']}")
     print(f"  {doc['headline']}")
     step = kpi(doc, "step time")
-    if step.get("noise_ms") is not None:
-        verdict = "beyond" if step.get("significant") else "within"
+    test = step.get("variation") or {}
+    verdict = "beyond" if step.get("significant") else "within"
+    if test.get("p_value") is not None:
+        effect = test.get("effect") or {}
+        print(f"  step time {step['a']:.2f} → {step['b']:.2f} ms: {verdict} run-to-run "
+              f"variation ({test['test']}, {test['method']}: U={test['u']}, "
+              f"p={test['p_value']:.3g}; median shift {effect['median_shift_ms']:+.2f} ms, "
+              f"P(B step slower)={effect['probability_b_slower']:.2f})")
+    elif step.get("noise_ms") is not None:
         print(f"  step time {step['a']:.2f} → {step['b']:.2f} ms: {verdict} run-to-run "
               f"variation (±{step['noise_ms']:.2f} ms)")
     for item in doc["explanation"]:

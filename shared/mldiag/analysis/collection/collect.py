@@ -588,7 +588,8 @@ def collect(
                                elapsed_ms, session_bytes),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
         # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
-        "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}))
+        "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}),
+                                          texts.value.get("sources", {}))
         if texts is not None and texts.status == DATA and isinstance(texts.value, dict)
         else [],
     }

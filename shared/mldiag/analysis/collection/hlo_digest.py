@@ -7,6 +7,14 @@ and each executed instruction's *signature*, its opcode (for a fusion, its kind 
 opcodes fused inside). Signatures carry no names and no shapes, so a recompile that renumbers
 instructions or only changes shapes adds and removes none, while a new copy, transpose or
 collective shows up as one.
+
+For pairing ops across a recompile by what they compute rather than by their generated names,
+each executed instruction also keeps its `op_info`: its result and operand shapes (with
+dtypes and layouts), the fingerprint of what it computes (`body`: for a fusion, its fused
+computation with every name canonicalised, so a fusion renamed `fusion.3` -> `fusion.7` keeps
+it), and its *atoms*, one per computing instruction inside it: `[opcode, dtype, where]`, where
+`where` is the instruction's `file.py:LINE` from op metadata (else its op name). A fusion whose
+boundary moved keeps its atoms: they then sit in other fusions.
 """
 
 from __future__ import annotations
@@ -17,10 +25,18 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis.collection.hlo import HloModule, HloParseError, Instruction, parse_module
+from mldiag.analysis.collection.hlo import (
+    Computation,
+    HloModule,
+    HloParseError,
+    Instruction,
+    parse_module,
+)
 
 # Names and signatures kept per module; a larger module keeps its signature counts only.
 MAX_OPS = 5000
+# Atoms kept per executed op (a larger fusion keeps its first ones and says so).
+MAX_ATOMS = 64
 # Fused opcodes that say nothing about what a fusion does.
 _PLUMBING = frozenset({"parameter", "constant", "bitcast", "tuple", "get-tuple-element"})
 COLLECTIVES = frozenset({
@@ -76,8 +92,93 @@ def opcodes_of(sig: str) -> set[str]:
     return {sig.split(":", 1)[0]}
 
 
-def digest(name: str, text: str) -> dict[str, Any]:
-    """The digest of one module's HLO text (see the module docstring)."""
+_DROPPED_ATTRIBUTES = frozenset({"metadata", "backend_config", "sharding", "frontend_attributes",
+                                  "statistics", "origin", "schedule_name"})
+_CALLED = ("calls", "to_apply", "body", "condition", "true_computation", "false_computation",
+           "branch_computations", "called_computations", "select", "scatter")
+_LOCATION = re.compile(r"^(?P<where>[^\s()]+:\d+)(?: \((?P<op>.*)\))?$")
+
+
+def _canonical(module: HloModule, computation: Computation, seen: dict[str, str]) -> str:
+    """A computation as text with every instruction and computation name replaced by its
+    position (parameters by their number): what it computes, not what it is called."""
+    if computation.name in seen:
+        return seen[computation.name]
+    seen[computation.name] = "<recursive>"
+    ids = {i.name: f"%{n}" for n, i in enumerate(computation.instructions)}
+    lines = []
+    for i in computation.instructions:
+        args = ",".join(ids.get(o, "?") for o in i.operands)
+        attrs = []
+        for key in sorted(i.attributes):
+            if key in _DROPPED_ATTRIBUTES:
+                continue
+            value = i.attributes[key]
+            if key in _CALLED:
+                called = [module.computations.get(c.strip().lstrip("%"))
+                          for c in value.strip("{}").split(",") if c.strip()]
+                value = "|".join(_fp(_canonical(module, c, seen)) if c else "?"
+                                 for c in called)
+            attrs.append(f"{key}={value}")
+        literal = i.literal if i.opcode != "parameter" else str(i.parameter_number)
+        lines.append(f"{'ROOT ' if i.is_root else ''}{ids[i.name]} = {i.shape.text} "
+                     f"{i.opcode}({args}){literal} {' '.join(attrs)}")
+    seen[computation.name] = "\n".join(lines)
+    return seen[computation.name]
+
+
+def _fp(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _where(instruction: Instruction, sources: Mapping[str, str]) -> str:
+    """`file.py:LINE` of an instruction (from the HLO protos' metadata, else the text's), or
+    its op name when no line is known, or ""."""
+    found = sources.get(instruction.name, "")
+    match = _LOCATION.match(found)
+    if match:
+        return match["where"]
+    meta = instruction.metadata
+    if meta.source_file and meta.source_line:
+        return f"{meta.source_file.rsplit('/', 1)[-1]}:{meta.source_line}"
+    return found or meta.op_name
+
+
+def op_info(module: HloModule, computation: Computation, instruction: Instruction,
+            sources: Mapping[str, str], seen: dict[str, str]) -> dict[str, Any]:
+    """What one executed instruction computes (see the module docstring)."""
+    body = module.fusion_body(instruction)
+    inner = [i for i in (body.instructions if body else [instruction])
+             if i.opcode not in _PLUMBING]
+    operands = [computation.get(o) for o in instruction.operands]
+    if body is not None:
+        what = _canonical(module, body, seen)
+    else:
+        # One instruction: its own canonical form, its operands by their shapes.
+        alone = Instruction(name=instruction.name, opcode=instruction.opcode,
+                            shape=instruction.shape, operands=instruction.operands,
+                            computation="", index=0, attributes=instruction.attributes,
+                            literal=instruction.literal)
+        what = _canonical(module, Computation(name=f"<{instruction.name}>",
+                                              instructions=[alone]), {})
+    shapes = [o.shape.text if o is not None else "?" for o in operands]
+    info: dict[str, Any] = {
+        "name": instruction.name,
+        "shape": instruction.shape.text,
+        "operands": shapes,
+        "args": [o.name for o in operands if o is not None and o.opcode not in _PLUMBING],
+        "body": _fp(f"{instruction.opcode}:{instruction.kind or ''}:{','.join(shapes)}\n"
+                    f"{what}"),
+        "atoms": [[i.opcode, i.shape.dtype, _where(i, sources)] for i in inner[:MAX_ATOMS]],
+    }
+    if len(inner) > MAX_ATOMS:
+        info["atoms_truncated"] = len(inner)
+    return info
+
+
+def digest(name: str, text: str, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The digest of one module's HLO text (see the module docstring); `sources` maps
+    instruction names to `file.py:LINE (op name)` (`hlo_meta.sources`)."""
     out: dict[str, Any] = {"module": name, "base": module_base(name),
                            "program_id": program_id(name), "fingerprint": fingerprint(text)}
     try:
@@ -92,7 +193,9 @@ def digest(name: str, text: str) -> dict[str, Any]:
                      if i.opcode == "parameter"), key=lambda i: i.parameter_number or 0)
     out["parameters"] = [{"name": p.name, "shape": p.shape.text} for p in params]
     ops: dict[str, str] = {}
+    infos: list[dict[str, Any]] = []
     counts: Counter[str] = Counter()
+    seen: dict[str, str] = {}
     for computation in module.executed_computations():
         for instruction in computation.instructions:
             if instruction.opcode in _PLUMBING:
@@ -101,14 +204,18 @@ def digest(name: str, text: str) -> dict[str, Any]:
             counts[sig] += 1
             if len(ops) < MAX_OPS:
                 ops[instruction.name] = sig
+                infos.append(op_info(module, computation, instruction, sources or {}, seen))
     out["instructions"] = sum(counts.values())
     out["signatures"] = dict(sorted(counts.items()))
     out["ops"] = ops
+    out["op_info"] = infos
     if sum(counts.values()) > len(ops):
         out["ops_truncated"] = True
     return out
 
 
-def digests(texts: Mapping[str, str]) -> list[dict[str, Any]]:
-    """The digest of every module, sorted by name."""
-    return [digest(name, texts[name]) for name in sorted(texts)]
+def digests(texts: Mapping[str, str],
+            sources: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
+    """The digest of every module, sorted by name; `sources` is `hlo_meta.module_sources`
+    (module name -> instruction -> `file.py:LINE (op name)`)."""
+    return [digest(name, texts[name], (sources or {}).get(name)) for name in sorted(texts)]

@@ -29,6 +29,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import mldiag
+from mldiag.analysis.diff import pairing, stats
 from mldiag.analysis.diff.explain import NEGLIGIBLE, explain
 from mldiag.analysis.diff.sides import (
     PERCENT,
@@ -196,16 +197,31 @@ def _shares(p: Profile) -> dict[str, float | None]:
             "compute": busy - (comm_share or 0.0) if busy is not None else None}
 
 
+def variation(pa: Profile, pb: Profile) -> dict[str, Any]:
+    """Whether the step-time change exceeds run-to-run variation: the Mann-Whitney U test on
+    both sides' per-step times (`stats`), or, without 3 step times a side, two standard errors
+    of the difference of the means."""
+    test = stats.mann_whitney(pa.step_samples, pb.step_samples)
+    if test is not None:
+        return {**test, "samples": "get_step_trace step_breakdown[*].step_time_ms"}
+    noise = noise_ms(pa, pb)
+    d, _ = _delta(pa.step_ms, pb.step_ms)
+    return {"test": "two standard errors of the difference of the mean step times",
+            "method": "no per-step times on both sides (3 or more each)",
+            "a_steps": pa.steps, "b_steps": pb.steps, "noise_ms": _r(noise, 3),
+            "significant": (abs(d) > noise) if d is not None and noise is not None else None}
+
+
 def _kpis(pa: Profile, pb: Profile) -> list[dict[str, Any]]:
     out = []
     noise = noise_ms(pa, pb)
-    d, _ = _delta(pa.step_ms, pb.step_ms)
+    judged = variation(pa, pb) if pa.step_ms is not None and pb.step_ms is not None else None
     out.append(_kpi(
         "step time", "ms", pa.step_ms, pb.step_ms,
         [p.cite(*p.step_path) for p in (pa, pb) if p.step_path],
         a_stddev=_r(pa.step_sd), b_stddev=_r(pb.step_sd), a_steps=pa.steps, b_steps=pb.steps,
-        noise_ms=_r(noise, 3),
-        significant=(abs(d) > noise) if d is not None and noise is not None else None))
+        noise_ms=_r(noise, 3), significant=judged["significant"] if judged else None,
+        variation=judged))
     out.append(_kpi("host wait per step", "ms", pa.wait_ms, pb.wait_ms,
                     [p.cite(*p.wait_path) for p in (pa, pb) if p.wait_path]))
     sa, sb = _shares(pa), _shares(pb)
@@ -397,6 +413,10 @@ def _hlo(pa: Profile, pb: Profile) -> dict[str, Any]:
             row.update(status="changed", a_fingerprint=da.get("fingerprint"),
                        b_fingerprint=db.get("fingerprint"), parameters=_params(da, db),
                        ops_added=added, ops_removed=removed, ops_refused=refused)
+            fa, fb = pairing.facts(da), pairing.facts(db)
+            if fa is not None and fb is not None:
+                # Ops paired by what they compute, not by their generated names.
+                row["pairing"] = pairing.pair(fa, fb).to_dict()
         modules.append(row)
     # Programs that ran in the steps first, then changes.
     order = {"changed": 0, "new": 1, "vanished": 2, "unchanged": 3}
@@ -477,6 +497,15 @@ def _config(pa: Profile, pb: Profile) -> dict[str, Any]:
 # ---------------------------------------------------------------- the sentence
 
 
+def _test_brief(test: Any) -> str:
+    """`Mann-Whitney U p=0.002, median shift +8.61 ms`, or "" without a rank test."""
+    if not isinstance(test, Mapping) or test.get("p_value") is None:
+        return ""
+    shift = (test.get("effect") or {}).get("median_shift_ms")
+    return (f"Mann-Whitney U p={test['p_value']:.2g}"
+            + (f", median shift {shift:+.2f} ms" if shift is not None else ""))
+
+
 def headline(doc: Mapping[str, Any]) -> str:
     """The diff in one sentence, for the verdict summary and the CLI."""
     a = doc["a"]["label"]
@@ -495,9 +524,13 @@ def headline(doc: Mapping[str, Any]) -> str:
             "stayed within run-to-run variation")
         change = (f"step time {moved} from {step['a']:.2f} to {step['b']:.2f} ms "
                   f"({d:+.2f} ms" + (f", {pct:+.0f}%" if pct is not None else "") + ")")
+        test = _test_brief(step.get("variation"))
+        if test:
+            change = change[:-1] + f"; {test})"
         if step.get("significant") is False:
             change = (f"step time stayed within run-to-run variation ({step['a']:.2f} → "
-                      f"{step['b']:.2f} ms, noise ±{step['noise_ms']:.2f} ms)")
+                      f"{step['b']:.2f} ms, "
+                      + (test or f"noise ±{step['noise_ms']:.2f} ms") + ")")
     else:
         idle = kpi(doc, "device idle")
         missing = " and ".join(x for x in ("A", "B") if step.get(x.lower()) is None)

@@ -6,7 +6,12 @@ time into each program's ops (`diff_sides`). A program with the same HLO fingerp
 sides that ran slower is one change. A recompiled program splits into the op signatures it
 gained or lost (a new all-reduce, a layout copy), each with the time of those ops, and the
 rest of its ops, which a change of its entry parameters' shapes accounts for when there is
-one. The listed changes, the smaller ones and `unattributed` add up to the step-time delta.
+one. Where both digests describe each op (`op_info`), a recompiled program's ops are paired by
+what they compute (`pairing`), not by their generated names: each regrouped set of ops (a
+materialized transpose, a dtype change, a fusion boundary that moved) is one change with the
+time of all its ops on both sides, the ops left over are new or removed, and the paired ops
+are the rest. The listed changes, the smaller ones and `unattributed` add up to the step-time
+delta.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mldiag.analysis.collection.hlo_digest import DATA_MOVEMENT, opcodes_of
+from mldiag.analysis.collection.hlo_digest import COLLECTIVES, DATA_MOVEMENT, opcodes_of
 from mldiag.analysis.diff.sides import (
     HLO_DIGESTS,
     MS_PER_STEP,
@@ -30,7 +35,7 @@ NEGLIGIBLE = 0.001
 # Changes that are structural (in the HLO): listed even when no op time measures them.
 _STRUCTURAL = ("new_collective", "removed_collective", "layout_change", "removed_copy",
                "new_ops", "removed_ops", "shape_change", "new_program", "removed_program",
-               "device_type_change")
+               "device_type_change", "dtype_change", "fusion_change")
 
 
 def _item(change: str, kind: str, delta: float, total: float | None,
@@ -105,6 +110,8 @@ def _module_changes(pa: Profile, pb: Profile, module: str, row: Mapping[str, Any
     layout_changed = any(p["change"] == "layout" for p in params)
     out = []
     accounted = 0.0
+    if row.get("pairing"):
+        return _paired_changes(pa, pb, module, row, total)
     ops_added, ops_removed = row.get("ops_added") or {}, row.get("ops_removed") or {}
     ops_a, ops_b = dict(da.get("ops") or {}), dict(db.get("ops") or {})
 
@@ -163,6 +170,164 @@ def _module_changes(pa: Profile, pb: Profile, module: str, row: Mapping[str, Any
                              _digest_cite(pa, module, "fingerprint"),
                              _digest_cite(pb, module, "fingerprint"),
                              *_op_cites(pa, pb, rest_keys, 3)], module=module))
+    return out
+
+
+def _time(p: Profile, module: str, names: Sequence[str]) -> float:
+    return sum(p.ops[(module, n)].value for n in names if (module, n) in p.ops)
+
+
+def _lines(wheres: Sequence[str]) -> str:
+    """`a.py:12`, `a.py:12–14` (consecutive lines of one file), `a.py:12, 19`, else the first
+    two places."""
+    found = list(dict.fromkeys(w for w in wheres if w))
+    files = {w.rpartition(":")[0] for w in found}
+    numbers = sorted({int(w.rpartition(":")[2]) for w in found
+                      if w.rpartition(":")[2].isdigit()})
+    if len(files) == 1 and numbers and len(numbers) == len(set(found)):
+        head = f"{files.pop()}:"
+        if numbers == list(range(numbers[0], numbers[-1] + 1)) and len(numbers) > 1:
+            return f"{head}{numbers[0]}–{numbers[-1]}"
+        return head + ", ".join(str(n) for n in numbers[:4]) + (" …" if len(numbers) > 4
+                                                                 else "")
+    return ", ".join(found[:2]) + (" …" if len(found) > 2 else "")
+
+
+def _names(names: Sequence[str], limit: int = 5) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def _group_item(pa: Profile, pb: Profile, module: str, group: Mapping[str, Any],
+                total: float | None) -> dict[str, Any]:
+    """One regrouped set of ops (`pairing.Group`) as a change."""
+    a, b = list(group.get("a") or []), list(group.get("b") or [])
+    added = [tuple(x) for x in group.get("atoms_added") or []]
+    removed = [tuple(x) for x in group.get("atoms_removed") or []]
+    retyped = [tuple(x) for x in group.get("dtype_changed") or []]
+    added_ops = {x[0] for x in added}
+    became = f"{_names(a)} became {_names(b)}" if (a, b) != (b, a) or len(a) != 1 else (
+        f"{_names(a)} changed")
+    delta = _time(pb, module, b) - _time(pa, module, a)
+    facts_b = {str(i.get("name")): i for i in (pb.digests.get(module) or {}).get("op_info")
+               or [] if isinstance(i, Mapping)}
+    if added_ops & DATA_MOVEMENT:
+        kind = "layout_change"
+        moved = [x for x in added if x[0] in DATA_MOVEMENT]
+        what = "transpose" if any(x[0] == "transpose" for x in moved) else "copy"
+        movers = {n for n in b if any(at[0] in DATA_MOVEMENT and tuple(at) in added
+                                       for at in facts_b.get(n, {}).get("atoms") or [])}
+        consumer = next((n for n in b if n not in movers and any(
+            at[0] in ("dot", "convolution") for at in facts_b.get(n, {}).get("atoms") or [])
+            and set(facts_b.get(n, {}).get("args") or []) & movers), None)
+        text = (f"materialized {what} at {_lines([x[2] for x in moved])} in `{module}`: new "
+                + ", ".join(sorted({x[0] for x in moved}))
+                + (f" feeding the matmul `{consumer}`" if consumer else "") + f"; {became}")
+    elif retyped or "convert" in added_ops:
+        kind = "dtype_change"
+        converts = [x for x in added if x[0] == "convert"]
+        text = f"dtype change in `{module}`"
+        if converts:
+            text += f": new convert at {_lines([x[2] for x in converts])}"
+        if retyped:
+            old, new = retyped[0][2], retyped[0][3]
+            ops = ", ".join(dict.fromkeys(x[0] for x in retyped))
+            text += (f"{';' if converts else ':'} {ops} at {_lines([x[1] for x in retyped])} "
+                     f"now in {new} (was {old})")
+        text += f"; {became}"
+    elif added_ops & COLLECTIVES:
+        kind = "new_collective"
+        text = f"new {', '.join(sorted(added_ops & COLLECTIVES))} in `{module}`; {became}"
+    elif not added and not removed:
+        kind = "fusion_change"
+        parts = []
+        for n in b[:4]:
+            atoms = facts_b.get(n, {}).get("atoms") or []
+            ops = ", ".join(dict.fromkeys(str(at[0]) for at in atoms))
+            lines = _lines([str(at[2]) for at in atoms if at[2]])
+            parts.append(f"`{n}` ({ops}{' at ' + lines if lines else ''})")
+        text = (f"fusion boundary moved in `{module}`: {_names(a)} became {len(b)} op(s): "
+                + "; ".join(parts))
+    else:
+        kind = "new_ops" if delta >= 0 else "removed_ops"
+        text = (f"`{module}` recompiled with "
+                + (f"new {', '.join(sorted(added_ops))} at {_lines([x[2] for x in added])}"
+                   if added else "")
+                + ("; " if added and removed else "")
+                + (f"without {', '.join(sorted({x[0] for x in removed}))}" if removed else "")
+                + f"; {became}")
+    cites: list[dict[str, Any] | None] = [
+        *(_digest_cite(pb, module, f"op_info[name={n}].atoms") for n in b[:3]),
+        *(_digest_cite(pa, module, f"op_info[name={n}].atoms") for n in a[:2])]
+    keys = [(module, n) for n in (*a, *b)]
+    return _item(text, kind, delta, total,
+                 [*cites, *_op_cites(pa, pb, keys, 6)], module=module, ops_a=a, ops_b=b)
+
+
+def _paired_changes(pa: Profile, pb: Profile, module: str, row: Mapping[str, Any],
+                    total: float | None) -> list[dict[str, Any]]:
+    """A recompiled program whose ops pair by what they compute (`pairing`): one change per
+    regrouped set, the new and removed ops by signature, and the paired rest."""
+    pairing = row["pairing"]
+    params = list(row.get("parameters") or [])
+    layout_changed = any(p["change"] == "layout" for p in params)
+    sig_a = dict((pa.digests.get(module) or {}).get("ops") or {})
+    sig_b = dict((pb.digests.get(module) or {}).get("ops") or {})
+    out = [_group_item(pa, pb, module, g, total) for g in pairing.get("groups") or []]
+    for names, sigs, added in ((pairing.get("new") or [], sig_b, True),
+                               (pairing.get("removed") or [], sig_a, False)):
+        by_sig: dict[str, list[str]] = {}
+        for n in names:
+            by_sig.setdefault(sigs.get(n, "?"), []).append(n)
+        for sig, ops in sorted(by_sig.items()):
+            p = pb if added else pa
+            d = _time(p, module, ops) * (1 if added else -1)
+            kind = _signature_kind(sig, added, layout_changed)
+            timed = any((module, n) in p.ops for n in ops)
+            text = (f"{'new' if added else 'vanished'} {_describe_sig(sig)} in `{module}` ("
+                    + (", ".join(f"`{n}`" for n in ops[:3]) if timed else
+                       f"{len(ops)}×, not timed") + ")")
+            if kind == "layout_change":
+                moved = [q for q in params if q["change"] == "layout"]
+                text = (f"layout change recompiled `{module}`: "
+                        + "; ".join(f"input {q['name']} {q['a']} → {q['b']}" for q in moved[:2])
+                        + (", so " if moved else "") + text)
+            cites = [_digest_cite(p, module, f"signatures.{sig}"),
+                     *(_digest_cite(p, module, f"op_info[name={n}].atoms") for n in ops[:2])]
+            if kind == "layout_change":
+                cites += [_digest_cite(s, module, f"parameters[{q['index']}].shape")
+                          for s in (pa, pb) for q in params[:2] if q["change"] == "layout"]
+            out.append(_item(text, kind, d, total,
+                             [*cites, *_op_cites(pa, pb, [(module, n) for n in ops])],
+                             module=module, signature=sig, timed=timed))
+    pairs = [(str(x["a"]), str(x["b"])) for x in pairing.get("pairs") or []]
+    rest = _time(pb, module, [b for _, b in pairs]) - _time(pa, module, [a for a, _ in pairs])
+    # Ops that ran but that no digest lists (no op_info for them): part of the rest.
+    listed_a = set(sig_a)
+    listed_b = set(sig_b)
+    rest += (sum(o.value for (m, n), o in pb.ops.items() if m == module and n not in listed_b)
+             - sum(o.value for (m, n), o in pa.ops.items() if m == module and n not in listed_a))
+    shaped = [q for q in params if q["change"] in ("shape", "dtype", "added", "removed")]
+    keys = [(module, n) for a, b in pairs for n in (a, b)]
+    renamed = sum(1 for a, b in pairs if a != b)
+    if shaped:
+        what = "; ".join(_param_change(q) for q in shaped[:3])
+        out.append(_item(f"inputs of `{module}` changed ({what}): its ops do "
+                         f"{'more' if rest >= 0 else 'less'} work ({_fmt(rest)} per step)",
+                         "shape_change", rest, total, [
+                             *(_digest_cite(pa, module, f"parameters[{q['index']}].shape")
+                               for q in shaped[:2]),
+                             *(_digest_cite(pb, module, f"parameters[{q['index']}].shape")
+                               for q in shaped[:2]),
+                             *_op_cites(pa, pb, keys, 2)], module=module))
+    elif pairs or abs(rest) > 0:
+        out.append(_item(
+            f"the other ops of the recompiled `{module}`: {len(pairs)} paired by what they "
+            f"compute" + (f" ({renamed} renamed)" if renamed else "")
+            + f", with no change in their HLO ({_fmt(rest)} per step)",
+            "recompile", rest, total, [_digest_cite(pa, module, "fingerprint"),
+                                       _digest_cite(pb, module, "fingerprint"),
+                                       *_op_cites(pa, pb, keys, 3)], module=module))
     return out
 
 

@@ -80,6 +80,9 @@ class Profile:
     step_sd: float | None = None
     steps: int = 0
     step_path: tuple[str, str] | None = None
+    # Each step's time as xprof's step trace lists it (`step_breakdown`), for the test of
+    # run-to-run variation.
+    step_samples: list[float] = field(default_factory=list)
     wait_ms: float | None = None
     wait_path: tuple[str, str] | None = None
     idle_percent: float | None = None
@@ -164,6 +167,8 @@ def _steps(p: Profile) -> None:
                 p.wait_ms = ev.number(summary["idle_time_ms_average"])
                 p.wait_path = (tool, "summary.idle_time_ms_average")
     rows = ev.get(snap, tool, "step_breakdown", []) or []
+    p.step_samples = [float(r["step_time_ms"]) for r in rows if isinstance(r, Mapping)
+                      and ev.number(r.get("step_time_ms")) is not None]
     names = {str(r.get("step_num", "")).rsplit(" ", 1)[0] for r in rows
              if isinstance(r, Mapping) and " " in str(r.get("step_num", ""))}
     p.step_names = sorted(names)

@@ -44,7 +44,8 @@ _KINDS = {
     "removed_copy": "copy removed", "new_ops": "new ops", "removed_ops": "ops removed",
     "shape_change": "input shapes", "recompile": "recompiled", "same_program": "same HLO",
     "new_program": "new program", "removed_program": "program removed",
-    "device_type_change": "device type",
+    "device_type_change": "device type", "dtype_change": "dtype change",
+    "fusion_change": "fusion boundary",
 }
 _TOC = (TocEntry("explanation", "What changed"), TocEntry("kpis", "KPIs"),
         TocEntry("ops", "Ops"), TocEntry("hlo", "HLO"), TocEntry("kernels", "Kernels"),
@@ -109,6 +110,22 @@ def _notes(comparability: object) -> list[Block]:
                     heading=False)]
 
 
+def _test(test: Mapping[str, Any]) -> Cell:
+    """The rank test on the step times: its name, statistic, p-value and effect sizes."""
+    effect = as_map(test.get("effect"))
+    ci = as_list(effect.get("median_shift_ci_ms"))
+    interval: list[Cell] = ([f" ({100 * float(effect.get('ci_level') or 0.95):.0f}% CI ",
+                             _num(ci[0], signed=True), " to ", _num(ci[1], "ms", signed=True),
+                             ")"] if len(ci) == 2 else [])
+    return parts(f"{text(test.get('test'))} ({text(test.get('method'))}) on "
+                 f"{text(test.get('a_steps'))} / {text(test.get('b_steps'))} step times: "
+                 f"U = {text(test.get('u'))}, p = {text(test.get('p_value'))} "
+                 f"(α {text(test.get('alpha'))}); median shift ",
+                 _num(effect.get("median_shift_ms"), "ms", signed=True), *interval,
+                 "; a step of B is slower than one of A with probability ",
+                 _num(effect.get("probability_b_slower")))
+
+
 def _kpis(doc: Mapping[str, Any]) -> Block:
     rows = []
     for raw in as_list(doc.get("kpis")):
@@ -119,8 +136,11 @@ def _kpis(doc: Mapping[str, Any]) -> Block:
             noted: list[Cell] = ["± ", _num(k.get("a_stddev")), " / ± ", _num(k.get("b_stddev")),
                                  f" ms over {text(k.get('a_steps'))} / {text(k.get('b_steps'))}"
                                  " steps"]
-            if k.get("noise_ms") is not None:
-                verdict = "beyond" if k.get("significant") else "within"
+            test = as_map(k.get("variation"))
+            verdict = "beyond" if k.get("significant") else "within"
+            if test.get("p_value") is not None:
+                noted += [f"; {verdict} run-to-run variation: ", _test(test)]
+            elif k.get("noise_ms") is not None:
                 noted += [f"; {verdict} run-to-run variation (±", _num(k["noise_ms"]), " ms)"]
             note = parts(*noted)
         rows.append((text(k.get("name")), _num(k.get("a"), unit), _num(k.get("b"), unit),
