@@ -11,6 +11,7 @@ import logging
 import os
 import re
 import stat
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -403,7 +404,11 @@ def _asgi_post(app: Any, path: str, headers: list[tuple[bytes, bytes]], chunk: i
              "server": ("127.0.0.1", 8790),
              "headers": [(b"host", b"127.0.0.1:8790"), (b"transfer-encoding", b"chunked"),
                          *headers]}
-    asyncio.run(app(scope, receive, send))
+    # In a thread of its own: the browser tests' session-wide playwright keeps an event loop
+    # running in this thread, and asyncio.run refuses to nest in it.
+    worker = threading.Thread(target=lambda: asyncio.run(app(scope, receive, send)))
+    worker.start()
+    worker.join()
     start = next(m for m in sent if m["type"] == "http.response.start")
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return start["status"], read, body, dict(start["headers"])

@@ -272,7 +272,15 @@ def test_a_message_that_keeps_failing_is_given_up_by_its_function(
         return s if s is not None and s.state == FAILED else None
 
     session = wait_for(settled, "the session FAILED", timeout=90)
-    tries = [d for d in deployment.relay.of_message(message_id) if d.function == "render_report"]
+
+    def delivered() -> Any:
+        # The relay records a delivery when the function has answered it, a moment after the
+        # fifth one failed the session.
+        tries = [d for d in deployment.relay.of_message(message_id)
+                 if d.function == "render_report"]
+        return tries if len(tries) >= 5 else None
+
+    tries = wait_for(delivered, "the fifth delivery answered", timeout=30)
     assert sorted(d.attempt for d in tries) == [1, 2, 3, 4, 5]
     assert [d.status >= 500 for d in sorted(tries, key=lambda d: d.attempt)] == [
         True, True, True, True, False]
