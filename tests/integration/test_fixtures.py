@@ -52,8 +52,13 @@ def test_analysis_json_contract(tpu_result):
     assert 3 <= a["summary"].count(". ") + 1 <= 6
     for f in a["findings"]:
         assert f["priority"] in ("P0", "P1", "P2")
-        assert f["evidence"] and all(set(e) == {"tool", "field", "value"} for e in f["evidence"])
+        assert f["evidence"] and all(set(e) == {"tool", "field", "value"} or (
+            e["tool"].startswith("mldiag.") and set(e) == {"tool", "field", "value", "from"})
+            for e in f["evidence"])
         assert f["what"] and f["fix"] and f["impact"]["unit"]
+    # mldiag's own passes, which evidence cites by name, and what each is computed from.
+    assert {p["name"] for p in a["passes"]} >= {"mldiag.timeline", "mldiag.custom_calls"}
+    assert all(p["from"] for p in a["passes"])
     for name in ("health_snapshot.json", "investigation.json", "summary.html"):
         assert (tpu_result.out_dir / name).is_file()
 
@@ -64,8 +69,9 @@ def test_evidence_values_are_copied_from_the_snapshot(tpu_result):
     snap = json.loads((tpu_result.out_dir / "health_snapshot.json").read_text())
     for f in tpu_result.analysis["findings"]:
         for e in f["evidence"]:
-            if e["tool"] in snap["tools"]:
-                assert ev.lookup(snap["tools"][e["tool"]]["data"], e["field"]) == e["value"]
+            data = ev.tool_data(snap, e["tool"])
+            if data is not None:
+                assert ev.lookup(data, e["field"]) == e["value"]
 
 
 def test_collect_is_deterministic(tpu_logdir: Path):

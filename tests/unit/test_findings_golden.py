@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings
+from mldiag.analysis.collection.collect import XPROF_CLI
+from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings, pass_outputs
 from mldiag.analysis.judgement.followups import FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
 from mldiag.analysis.judgement.triage import triage
@@ -129,11 +131,29 @@ def test_every_cited_field_resolves_in_a_tool_output() -> None:
         follow_ups = ReplayedFollowUps(recorded["follow_ups"], strict=edit is None)
         report = RuleBasedInvestigator().investigate(snapshot, t, follow_ups)
         pool = NumberPool([snapshot.get("tools"), [r.get("data") for r in follow_ups.records],
-                           t.to_dict(), snapshot.get("session")])
-        _, check = check_findings(report["findings"], snapshot, follow_ups.records, pool)
-        moved = [c for c in check["corrected"]
-                 if c["item"] != "evidence get_hlo_neighborhood.text (backend_config omitted)"]
-        assert not moved, (case, moved)
+                           pass_outputs(snapshot, follow_ups.records), t.to_dict(),
+                           snapshot.get("session")])
+        kept, check = check_findings(report["findings"], snapshot, follow_ups.records, pool)
+        # Every cited field resolves, the HLO excerpts included (mldiag.hlo_excerpt).
+        assert not check["corrected"], (case, check["corrected"])
+        # The check keeps who made each number: mldiag's passes say what they came from.
+        written = {f["title"]: f["evidence"] for f in report["findings"]}
+        assert all(f["evidence"] == written[f["title"]] for f in kept), case
+
+
+def test_every_row_names_xprof_or_an_mldiag_pass_with_its_inputs() -> None:
+    """A row names an xprof tool (the snapshot's xprof-backed tools, or an xprof follow-up)
+    or one of mldiag's own passes, and then says what the pass computed it from."""
+    xprof = {t for t, cli in XPROF_CLI.items() if cli} | {
+        "get_smart_suggestions", "get_hlo_neighborhood", "aggregate_xplane_events",
+        "analyze_async_overlap", "get_hosts"}
+    for case, judged in ((c, judge(c)) for c in CASES):
+        for f in judged["findings"]:
+            for row in f["evidence"]:
+                if ev.is_pass(row["tool"]):
+                    assert row.get("from"), (case, row)
+                else:
+                    assert row["tool"] in xprof and "from" not in row, (case, row)
 
 
 def _normal(value: Any) -> Any:

@@ -292,8 +292,9 @@ def test_cpu_without_steps_is_judged_on_the_busy_share_of_the_window() -> None:
     idle = next(h for h in t.hypotheses if h.category == "idle")
     assert idle.priority == "P0" and idle.title == "Device idle 94.0% of the capture window"
     assert idle.impact["unit"] == "% of device time"
-    assert idle.evidence[0]["field"] == (
-        "host_bound_analysis.per_host[0].busy_in_active_span_percent")
+    # Our timeline's number, cited under its pass name with what it was computed from.
+    assert idle.evidence[0]["tool"] == "mldiag.timeline" and idle.evidence[0]["from"]
+    assert idle.evidence[0]["field"] == "per_host[0].busy_in_active_span_percent"
     busy = triage(_cpu_without_steps(97.0))
     assert not [h for h in busy.hypotheses if h.category == "idle"]
     assert next(c for c in busy.checks if c["check"].startswith("compute"))["passed"] is True

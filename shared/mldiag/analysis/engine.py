@@ -59,7 +59,7 @@ def investigate(
     budget = 0 if result.status == OPTIMAL else MAX_FOLLOW_UPS
     session = session or session_from_snapshot(snapshot)
     # What collection already computed for a follow-up (the host-bound one, single host).
-    known = ev.get(snapshot, "get_step_trace", "host_bound_analysis.host_python_events")
+    known = ev.get(snapshot, ev.TIMELINE, "host_python_events")
     precomputed = {"aggregate_xplane_events": known} if isinstance(known, Mapping) else None
     with FollowUps(session, max_calls=budget, precomputed=precomputed) as follow_ups:
         out = investigator.investigate(snapshot, result, follow_ups)
@@ -78,10 +78,17 @@ def build_analysis(
                        -(f.get("impact", {}).get("value") or 0.0)),
     )
     tools = [
-        {k: v for k, v in t.items() if k in ("name", "status", "elapsed_ms", "error")}
+        {k: v for k, v in t.items() if k in ("name", "status", "elapsed_ms", "error", "cli")}
         | ({"reason": t["data"].get("reason")} if t.get("status") == "NO_DATA"
            and isinstance(t.get("data"), Mapping) and t["data"].get("reason") else {})
         for t in snapshot.get("tools", {}).values()
+    ]
+    # mldiag's own passes, which the evidence cites by name (`mldiag.timeline`), and what each
+    # was computed from.
+    passes = [
+        {k: v for k, v in p.items() if k in ("name", "status", "elapsed_ms", "error", "from")}
+        | {"name": name}
+        for name, p in ev.passes(snapshot).items()
     ]
     follow_ups = [
         {**f, "data": _bounded(f.get("data"))} | {"result_summary": _summarize_result(f)}
@@ -98,6 +105,7 @@ def build_analysis(
         "checks": result.checks,
         "not_judged": result.not_judged,
         "tools": tools,
+        "passes": passes,
         # How collection went: time, memory, and what was skipped, stopped or degraded, why.
         "collection": {k: v for k, v in snapshot.get("collection", {}).items() if k != "jobs"},
         "follow_ups": follow_ups,

@@ -210,7 +210,8 @@ transfer or
 Missing data is never evidence of health: say what could not be judged.
 
 Every number you state must be copied from a tool output; never compute, estimate or invent
-one. Evidence items are {{tool, field, value}}: `tool` is the tool name, `field` a path inside
+one. Evidence items are {{tool, field, value}}: `tool` is the tool name (an xprof tool, or one of
+mldiag's own passes, named `mldiag.<pass>` in the digest), `field` a path inside
 that tool's output (dots for keys, [i] for list positions, [key=value] to select a list item,
 e.g. category_summary[category=copy-done].fraction_of_total_time), `value` the value found
 there, as written. In title, what and impact, state only numbers that appear in the tool outputs
@@ -595,6 +596,12 @@ def snapshot_digest(snapshot: Mapping[str, Any], limit: int = DIGEST_CHARS) -> d
         if result.get("error"):
             entry["error"] = str(result["error"])[:300]
         digest[name] = entry
+    # mldiag's own passes (the timeline, custom calls, async copies), cited by their pass
+    # names; the detectors are listed above under their tool names already.
+    for name, result in ev.passes(snapshot).items():
+        if name.removeprefix(ev.PASS_PREFIX) not in digest and "data" in result:
+            digest[name] = {"status": result.get("status"),
+                            "data": fit(result["data"], TOOL_DIGEST_CHARS)}
     digest = fit(digest, limit)
     return digest
 

@@ -35,6 +35,7 @@ from mldiag.analysis.collection.workers import (
     worker_allocator,
 )
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
+from mldiag.analysis.judgement import evidence as ev
 from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
@@ -201,12 +202,51 @@ def _inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
     return {}
 
 
+# mldiag's own passes, filed under the snapshot's `passes` by name (never inside an xprof
+# tool's result: a reader re-running `xprof <tool>` would not find them there), with the jobs
+# each is made of.
+_PASS_JOBS: dict[str, tuple[str, ...]] = {
+    ev.TIMELINE: ("timeline_pass",),
+    ev.CUSTOM_CALLS: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+    ev.ASYNC_COPIES: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+}
+
+# The `xprof` CLI command that outputs each collection tool's data for the same file (the
+# arguments the collection calls it with): what a reader runs to check a cited field. The
+# smart suggestions are xprof's `smart_suggestion` converter output, which no CLI command
+# prints; the detectors are mldiag's (cited as `mldiag.<detector>`).
+XPROF_CLI: dict[str, tuple[str, ...] | None] = {
+    "get_xprof_overview": ("get_overview",),
+    "get_step_trace": ("get_step_trace", "--limit", "50"),
+    "get_kpi_metrics": ("get_kpi_metrics",),
+    "get_device_information": ("get_device_information",),
+    "get_hosts": ("get_hosts",),
+    "get_utilization_viewer": ("get_utilization_viewer",),
+    "get_smart_suggestions": None,
+    "get_roofline_model": ("get_roofline_model", "--top_n", "15"),
+    "get_hlo_op_profile": ("get_hlo_op_profile", "--top_n", "50"),
+    "detect_layout_mismatch_copies": None,
+    "detect_unfused_reshapes": None,
+    "detect_unnecessary_convert_reduce": None,
+    "list_hlo_modules": ("list_hlo_modules",),
+    "get_memory_profile": ("get_memory_profile",),
+    "get_peak_allocations": ("get_peak_allocations", "--limit", "10"),
+}
+
+
+def _with_cli(result: dict[str, Any]) -> dict[str, Any]:
+    cli = XPROF_CLI.get(str(result.get("name")))
+    return {**result, "cli": f"xprof {' '.join(cli)}"} if cli else result
+
+
 class _Assembler:
-    """Turns job outcomes into the 15 tool results, each as soon as its jobs are done."""
+    """Turns job outcomes into the 15 tool results and mldiag's pass results, each as soon as
+    its jobs are done."""
 
     def __init__(self, progress: ProgressFn | None, tools: Sequence[str]) -> None:
         self.outcomes: dict[str, Outcome] = {}
         self.results: dict[str, dict[str, Any]] = {}
+        self.passes: dict[str, dict[str, Any]] = {}
         self.progress = progress
         self.tools = [t for t in COLLECTION_TOOLS if t in tools]
 
@@ -215,45 +255,67 @@ class _Assembler:
         for tool in self.tools:
             needs = _TOOL_JOBS[tool]
             if tool not in self.results and all(n in self.outcomes for n in needs):
-                result = self._tool(tool, [self.outcomes[n] for n in needs])
+                result = _with_cli(self._tool(tool, [self.outcomes[n] for n in needs]))
                 self.results[tool] = result
                 if self.progress is not None:
                     self.progress(tool, result, len(self.results), len(self.tools))
+        for name, needs in _PASS_JOBS.items():
+            if name not in self.passes and all(n in self.outcomes for n in needs):
+                self.passes[name] = self._pass(name, [self.outcomes[n] for n in needs])
 
     def _tool(self, tool: str, parts: list[Outcome]) -> dict[str, Any]:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
         main = parts[0]
         if tool == "get_step_trace":
-            return self._step_trace(parts[0], parts[1], parts[2], elapsed)
+            return self._step_trace(parts[0], parts[2], elapsed)
         if tool in _DETECTORS:
             return tool_result(tool, lambda: self._detect(tool, *parts)) | {"elapsed_ms": elapsed}
         return _as_result(tool, main, elapsed)
 
+    def _pass(self, name: str, parts: list[Outcome]) -> dict[str, Any]:
+        elapsed = round(sum(p.elapsed_ms for p in parts), 1)
+        if name == ev.TIMELINE:
+            result = _as_result(name, parts[0], elapsed)
+            computed_from = list(ev.PASSES[name])
+        else:
+            result = tool_result(name, lambda: self._hlo_pass(name, *parts)) | {
+                "elapsed_ms": elapsed}
+            source = (result.get("data") or {}).get("time_source") if result.get(
+                "status") == DATA else None
+            computed_from = [ev.PASSES[name][0]] + [f"op times: {source}" if source else
+                                                    ev.PASSES[name][1]]
+        return {**result, "from": computed_from}
+
     @staticmethod
-    def _step_trace(xprof_part: Outcome, tl: Outcome, pods: Outcome,
-                    elapsed: float) -> dict[str, Any]:
-        for part in (xprof_part, pods, tl):
+    def _step_trace(xprof_part: Outcome, pods: Outcome, elapsed: float) -> dict[str, Any]:
+        """xprof's own step trace, as `xprof get_step_trace` outputs it (NO_DATA without
+        steps); our timeline pass is `mldiag.timeline`, beside it."""
+        for part in (xprof_part, pods):
             if part.status == ERROR:
                 return _as_result("get_step_trace", part, elapsed)
         data = dict(pick_step_trace(pods.value, xprof_part.value))
-        analysis = tl.value if tl.status == DATA else {}
-        data["host_bound_analysis"] = analysis
-        # No steps anywhere still leaves the timeline's busy share of the capture window,
-        # which is how a profile without step markers is judged.
-        active = any(h.get("active_span_ms") for h in analysis.get("per_host") or ())
-        if data.get("status") == "NO_DATA" and not analysis.get("steps_analyzed") and not active:
+        if data.get("status") == "NO_DATA":
             return {"name": "get_step_trace", "status": NO_DATA, "elapsed_ms": elapsed,
                     "data": {"reason": str(data.get("message", "no steps"))}}
         return {"name": "get_step_trace", "status": DATA, "elapsed_ms": elapsed, "data": data}
 
-    def _detect(self, tool: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
-                modules_o: Outcome) -> dict[str, Any]:
+    @staticmethod
+    def _hlo(texts_o: Outcome, prof_o: Outcome, tl_o: Outcome, modules_o: Outcome
+             ) -> tuple[dict[str, str], dict[str, Any], _OpTimes]:
         if texts_o.status == ERROR:
             raise RuntimeError(reason_of(texts_o))
         value = texts_o.value if texts_o.status == DATA else {}
         texts, sources = value.get("texts", {}), value.get("sources", {})
         if not texts:
             raise NoData("no HLO modules in the profile")
+        prof = prof_o.value if prof_o.status == DATA else None
+        tl = tl_o.value if tl_o.status == DATA else {}
+        modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []
+        return texts, sources, _OpTimes(prof, tl, modules)
+
+    def _detect(self, tool: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
+                modules_o: Outcome) -> dict[str, Any]:
+        texts, sources, times = self._hlo(texts_o, prof_o, tl_o, modules_o)
         found = [d.to_dict() for d in _DETECTORS[tool](texts)]
         for d in found:
             if ".py:" not in d["source"]:
@@ -262,66 +324,75 @@ class _Assembler:
                 where = sources.get(d["module"], {})
                 d["source"] = where.get(d["inner_instruction"]) or where.get(
                     d["instruction"]) or d["source"]
-        prof = prof_o.value if prof_o.status == DATA else None
-        tl = tl_o.value if tl_o.status == DATA else {}
-        modules = modules_o.value.get("modules", []) if modules_o.status == DATA else []
-        times, step_ms, time_source = _op_times(prof, tl, modules)
-        # What each op's time is a share of: a step, or (no step markers) the capture window.
-        share_of = "step" if tl.get("steps_analyzed") else "capture window"
-        def op_ms(module: str, instruction: str) -> float | None:
-            ms = times.get((module, instruction))
-            return times.get(("", instruction)) if ms is None else ms
-
         for d in found:
-            ms = op_ms(d["module"], d["instruction"])
+            ms = times.ms(d["module"], d["instruction"])
             if d.get("chain"):
                 # A chain costs what all its links cost, not its first link alone.
-                d["links"] = [{"instruction": n, "time_ms": op_ms(d["module"], n)}
+                d["links"] = [{"instruction": n, "time_ms": times.ms(d["module"], n)}
                               for n in d["chain"]]
                 timed = [link["time_ms"] for link in d["links"] if link["time_ms"] is not None]
                 ms = sum(timed) if timed else ms
             d["time_ms"] = round(ms, 4) if ms is not None else None
-            d["percent_of_step"] = (
-                round(100.0 * ms / step_ms, 2) if ms is not None and step_ms else None
-            )
-            d["time_source"] = time_source if ms is not None else "not found on the timeline"
-            d["share_of"] = share_of
+            d["percent_of_step"] = times.percent(ms)
+            d["time_source"] = times.source if ms is not None else "not found on the timeline"
+            d["share_of"] = times.share_of
             # With op times available, an instruction absent from them never ran while the
             # profiler was on (e.g. a module compiled and run before the trace started).
-            d["executed_in_profile"] = ms is not None if times else None
+            d["executed_in_profile"] = ms is not None if times.times else None
         found.sort(key=lambda d: (-(d["time_ms"] or 0.0), d["module"], d["instruction"]))
-        extra: dict[str, Any] = {}
-        if tool == "detect_layout_mismatch_copies":
+        return {
+            "detections": found,
+            "modules_scanned": len(texts),
+            "reference_time_ms": times.reference_ms,
+            "time_source": times.source,
+        }
+
+    def _hlo_pass(self, name: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
+                  modules_o: Outcome) -> dict[str, Any]:
+        texts, sources, times = self._hlo(texts_o, prof_o, tl_o, modules_o)
+        if name == ev.ASYNC_COPIES:
             # Host offload and prefetch copies: their direction, and whether each is exposed
             # (its copy-done takes time) or hidden behind compute.
             copies = detectors.async_copies(texts)
             for c in copies:
-                ms = op_ms(c["module"], c["copy_done"])
+                ms = times.ms(c["module"], c["copy_done"])
                 c["time_ms"] = round(ms, 4) if ms is not None else None
-                c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
-                                        if ms is not None and step_ms else None)
-            extra["async_copies"] = copies
-            # Custom calls, found in the same pass over the HLO: XLA cannot fuse them and its
-            # cost model counts them as 0 FLOPs, so their share of time is worth stating.
+                c["percent_of_step"] = times.percent(ms)
+            listed: dict[str, Any] = {"async_copies": copies}
+        else:
+            # Custom calls: XLA cannot fuse them and its cost model counts them as 0 FLOPs, so
+            # their share of time is worth stating.
             calls = detectors.custom_calls(texts)
             for c in calls:
                 if ".py:" not in c["source"]:
                     where = sources.get(c["module"], {})
                     c["source"] = where.get(c["instruction"]) or c["source"]
-                ms = op_ms(c["module"], c["instruction"])
+                ms = times.ms(c["module"], c["instruction"])
                 c["time_ms"] = round(ms, 4) if ms is not None else None
-                c["percent_of_step"] = (round(100.0 * ms / step_ms, 2)
-                                        if ms is not None and step_ms else None)
-                c["share_of"] = share_of
+                c["percent_of_step"] = times.percent(ms)
+                c["share_of"] = times.share_of
             calls.sort(key=lambda c: -(c["time_ms"] or 0.0))
-            extra["custom_calls"] = calls
-        return {
-            **extra,
-            "detections": found,
-            "modules_scanned": len(texts),
-            "reference_time_ms": round(step_ms, 4) if step_ms else None,
-            "time_source": time_source,
-        }
+            listed = {"custom_calls": calls}
+        return {**listed, "modules_scanned": len(texts), "reference_time_ms": times.reference_ms,
+                "time_source": times.source, "share_of": times.share_of}
+
+
+class _OpTimes:
+    """Each executed instruction's time, and what its percentage is a share of: a step, or
+    (no step markers) the capture window."""
+
+    def __init__(self, prof: Mapping[str, Any] | None, tl: Mapping[str, Any],
+                 modules: list[str]) -> None:
+        self.times, self.step_ms, self.source = _op_times(prof, tl, modules)
+        self.share_of = "step" if tl.get("steps_analyzed") else "capture window"
+        self.reference_ms = round(self.step_ms, 4) if self.step_ms else None
+
+    def ms(self, module: str, instruction: str) -> float | None:
+        ms = self.times.get((module, instruction))
+        return self.times.get(("", instruction)) if ms is None else ms
+
+    def percent(self, ms: float | None) -> float | None:
+        return round(100.0 * ms / self.step_ms, 2) if ms is not None and self.step_ms else None
 
 
 def _payload(o: Outcome) -> dict[str, Any]:
@@ -587,6 +658,9 @@ def collect(
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
                                elapsed_ms, session_bytes),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
+        # mldiag's own passes by name (evidence.PASSES), each with what it was computed from.
+        "passes": {name: assembler.passes[name] for name in _PASS_JOBS
+                   if name in assembler.passes},
         # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
         "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}),
                                           texts.value.get("sources", {}))

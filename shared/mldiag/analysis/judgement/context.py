@@ -115,7 +115,7 @@ def host_events(ctx: Context, step_ms: float, steps: int | None = None
     if not isinstance(data, Mapping):
         return []
     if steps is None:
-        steps = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed") or 1
+        steps = ev.get(ctx.snapshot, ev.TIMELINE, "steps_analyzed") or 1
     picked = []
     for i, row in enumerate(data.get("aggregates", [])):
         name = str(row.get("event", ""))
@@ -147,8 +147,26 @@ def neighborhood(ctx: Context, d: Mapping[str, Any]) -> tuple[str, list[dict[str
     if not lines:
         return "", []
     return (" Neighbours: " + "; ".join(ln.split("] ", 2)[-1][:160] for ln in lines[:3]) + ".",
-            [{"tool": "get_hlo_neighborhood", "field": "text (backend_config omitted)",
-              "value": text[:800]}])
+            [hlo_excerpt(text)])
+
+
+HLO_EXCERPT_CHARS = 800
+HLO_EXCERPT_FROM = ("get_hlo_neighborhood text, without backend_config, metadata and "
+                    f"frontend_attributes, its first {HLO_EXCERPT_CHARS} characters",)
+
+
+def hlo_excerpt(cleaned: str) -> dict[str, Any]:
+    """The evidence row of an HLO neighbourhood, cleaned (`clean_hlo`) and cut: mldiag's
+    excerpt of xprof's text, so it is cited under its own name."""
+    return {"tool": ev.HLO_EXCERPT, "field": "text", "value": cleaned[:HLO_EXCERPT_CHARS],
+            "from": list(HLO_EXCERPT_FROM)}
+
+
+def hlo_excerpt_of(neighborhood: Any) -> dict[str, Any] | None:
+    """The excerpt that `hlo_excerpt` cites, from a get_hlo_neighborhood output."""
+    if not isinstance(neighborhood, Mapping) or not neighborhood.get("text"):
+        return None
+    return {"text": clean_hlo(str(neighborhood["text"]))[:HLO_EXCERPT_CHARS]}
 
 _BACKEND_CONFIG = re.compile(r",\s*(backend_config|metadata|frontend_attributes)=\{.*$")
 

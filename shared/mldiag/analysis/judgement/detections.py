@@ -69,15 +69,19 @@ def hypotheses(snapshot: Mapping[str, Any],
         per_category[category] = rank + 1
         fields = ["instruction", "module", "input_shape", "output_shape", "input_layout",
                   "output_layout", "time_ms", "percent_of_step"]
-        proof = [ev.cite(snapshot, tool, f"detections[{i}].{f}") for f in fields if f in d]
+        # The detectors are mldiag's own passes: cited as `mldiag.<detector>`.
+        proof = [ev.cite(snapshot, ev.PASS_PREFIX + tool, f"detections[{i}].{f}")
+                 for f in fields if f in d]
         for k, link in enumerate(d.get("links") or []):
             if link.get("time_ms") is not None:
-                proof.append(ev.cite(snapshot, tool, f"detections[{i}].links[{k}].time_ms"))
+                proof.append(ev.cite(snapshot, ev.PASS_PREFIX + tool,
+                                     f"detections[{i}].links[{k}].time_ms"))
         causes = [{"category": detectors[t][0], "tool": t, "index": j,
                    "description": x.get("description", "")} for t, j, x in group]
         for other_tool, j, _ in group:
             if other_tool != tool:
-                proof.append(ev.cite(snapshot, other_tool, f"detections[{j}].instruction"))
+                proof.append(ev.cite(snapshot, ev.PASS_PREFIX + other_tool,
+                                     f"detections[{j}].instruction"))
         labels = list(dict.fromkeys(label_of[c["category"]] for c in causes))
         fused = list(d.get("fused_with") or ())
         if fused and tool == "detect_layout_mismatch_copies":

@@ -2,6 +2,13 @@
 
 A field path is dotted with list selectors: `program.bound_by`, `modules[0].top_buffers[1]`,
 `category_summary[category=copy-done].fraction_of_total_time`, `ops[op=dot&program_id=7]`.
+
+Evidence names who made the number. A row names an xprof tool (`get_hlo_op_profile`) only for
+a field that `xprof <tool>` outputs for the same file, at the same path. What mldiag computes
+itself is cited under its own pass name, `mldiag.<pass>` (PASSES), and the row says what it was
+computed from (`from`). The snapshot files each pass under `passes`; snapshots collected before
+passes had names filed them inside an xprof tool's result (the timeline pass as
+get_step_trace's `host_bound_analysis`), and both layouts read the same here.
 """
 
 from __future__ import annotations
@@ -53,35 +60,149 @@ def _select(items: list[Any], conditions: list[tuple[str, str, str]]) -> list[An
         str(x.get(key)) == want for key, _, want in conditions)]
 
 
+PASS_PREFIX = "mldiag."
+TIMELINE = "mldiag.timeline"
+CUSTOM_CALLS = "mldiag.custom_calls"
+ASYNC_COPIES = "mldiag.async_copies"
+KERNEL_TABLE = "mldiag.kernel_table"
+HLO_EXCERPT = "mldiag.hlo_excerpt"
+DETECTORS = ("detect_layout_mismatch_copies", "detect_unfused_reshapes",
+             "detect_unnecessary_convert_reduce")
+
+# mldiag's own passes whose results the snapshot holds, and what each is computed from (the
+# collection writes the `from` of each run; this is what a snapshot without it says).
+PASSES: dict[str, tuple[str, ...]] = {
+    # keep-sorted start
+    ASYNC_COPIES: ("get_hlo_text: the copy-start/copy-done pairs of each module and their "
+                   "memory spaces", "get_hlo_op_profile total_self_time_ms of each copy-done "
+                   "(or mldiag.timeline op times)"),
+    CUSTOM_CALLS: ("get_hlo_text: the custom-call instructions of each module",
+                   "get_hlo_op_profile total_self_time_ms over total_profile_time_ms (or "
+                   "mldiag.timeline op times over its step time or active span)"),
+    TIMELINE: ("xplane: each host's XLA execution lines (device planes, or the XLA:CPU "
+               "executor threads) and step markers, read event by event",),
+    # keep-sorted end
+    **{f"{PASS_PREFIX}{d}": ("get_hlo_text: the HLO of each module, matched op by op",
+                             "get_hlo_op_profile or mldiag.timeline op times")
+       for d in DETECTORS},
+}
+
+# Where a snapshot collected before passes had names filed each pass: (tool, key in its data,
+# key the pass's data keeps it under; None: the pass's data is the value itself).
+_LEGACY: dict[str, tuple[str, str | None, str | None]] = {
+    TIMELINE: ("get_step_trace", "host_bound_analysis", None),
+    CUSTOM_CALLS: ("detect_layout_mismatch_copies", "custom_calls", "custom_calls"),
+    ASYNC_COPIES: ("detect_layout_mismatch_copies", "async_copies", "async_copies"),
+    **{f"{PASS_PREFIX}{d}": (d, None, None) for d in DETECTORS},
+}
+
+
+def is_pass(name: str) -> bool:
+    """Whether `name` is one of mldiag's own passes (not an xprof tool)."""
+    return name.startswith(PASS_PREFIX)
+
+
+def pass_result(snapshot: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    """The result `{name, status, data|error, from}` of mldiag's pass `name`: its entry under
+    `passes`, else (an older snapshot, or a detector, filed under `tools`) where it was filed."""
+    entry = (snapshot.get("passes") or {}).get(name)
+    if isinstance(entry, Mapping):
+        return entry
+    legacy = _LEGACY.get(name)
+    if legacy is None:
+        return None
+    tool, key, kept_as = legacy
+    result = (snapshot.get("tools") or {}).get(tool)
+    if not isinstance(result, Mapping):
+        return None
+    if key is None:
+        return {**result, "name": name, "from": list(PASSES.get(name, ()))}
+    data = result.get("data") if result.get("status") == "DATA" else None
+    if not isinstance(data, Mapping) or key not in data:
+        return None
+    value = data[key] if kept_as is None else {kept_as: data[key]}
+    return {"name": name, "status": "DATA", "data": value, "from": list(PASSES.get(name, ()))}
+
+
+def passes(snapshot: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Every pass result the snapshot holds, by pass name (either layout)."""
+    out = {}
+    for name in [*(snapshot.get("passes") or {}), *_LEGACY]:
+        entry = pass_result(snapshot, name)
+        if entry is not None:
+            out[name] = entry
+    return out
+
+
 def tool_data(snapshot: Mapping[str, Any], tool: str) -> Any:
-    """The `data` of a tool in a snapshot when its status is DATA, else None."""
-    result = snapshot.get("tools", {}).get(tool)
+    """The `data` of a tool (or of an mldiag pass) in a snapshot when its status is DATA,
+    else None."""
+    result = pass_result(snapshot, tool) if is_pass(tool) else (
+        snapshot.get("tools", {}).get(tool))
     if not isinstance(result, Mapping) or result.get("status") != "DATA":
         return None
     return result.get("data")
 
 
+# Old readers' paths into a snapshot whose passes have their own entries: the tool and first
+# key they read → the pass that now holds it (and the key its data keeps it under).
+_MOVED = {(tool, key): (name, kept_as) for name, (tool, key, kept_as) in _LEGACY.items()
+          if key is not None}
+
+
 def get(snapshot: Mapping[str, Any], tool: str, path: str, default: Any = None) -> Any:
+    """The value at `path` in a tool's (or pass's) output, or `default`.
+
+    For reading only: a path into a tool where a pass used to be filed
+    (`get_step_trace`, `host_bound_analysis.steps_analyzed`) still reads the pass, so code
+    that reads either layout keeps working. Citations use `cite`, which does not."""
     data = tool_data(snapshot, tool)
+    if data is not None:
+        try:
+            return lookup(data, path)
+        except MissingField:
+            pass
+    head, _, rest = path.partition(".")
+    bracket = head.find("[")
+    key, tail = (head, "") if bracket < 0 else (head[:bracket], head[bracket:])
+    moved = _MOVED.get((tool, key))
+    if moved is None:
+        return default
+    name, kept_as = moved
+    inner = (tail + ("." + rest if rest else "")).lstrip(".") if kept_as is None else (
+        kept_as + tail + ("." + rest if rest else ""))
+    data = tool_data(snapshot, name)
     if data is None:
         return default
+    if not inner:
+        return data
     try:
-        return lookup(data, path)
+        return lookup(data, inner)
     except MissingField:
         return default
 
 
 def cite(snapshot: Mapping[str, Any], tool: str, path: str) -> dict[str, Any]:
-    """An evidence item `{tool, field, value}` with the value read from the snapshot."""
+    """An evidence item `{tool, field, value}` with the value read from the snapshot; for an
+    mldiag pass, with `from`: what the pass computed it from."""
     data = tool_data(snapshot, tool)
     if data is None:
         raise MissingField(f"{tool} has no data")
-    return {"tool": tool, "field": path, "value": lookup(data, path)}
+    item = {"tool": tool, "field": path, "value": lookup(data, path)}
+    if is_pass(tool):
+        entry = pass_result(snapshot, tool) or {}
+        item["from"] = list(entry.get("from") or PASSES.get(tool, ()))
+    return item
 
 
-def cite_value(tool: str, path: str, source: Any) -> dict[str, Any]:
-    """Evidence from a follow-up tool output (not part of the snapshot)."""
-    return {"tool": tool, "field": path, "value": lookup(source, path)}
+def cite_value(tool: str, path: str, source: Any,
+               computed_from: tuple[str, ...] | list[str] | None = None) -> dict[str, Any]:
+    """Evidence from a follow-up tool output (not part of the snapshot); an mldiag pass's
+    says what it was computed from."""
+    item = {"tool": tool, "field": path, "value": lookup(source, path)}
+    if computed_from:
+        item["from"] = list(computed_from)
+    return item
 
 
 def percent(value: Any) -> float | None:

@@ -2,9 +2,11 @@
 
 Any investigator's report goes through it (the model-written one of the Gemini adapter, and
 the rule-based one in the tests): every cited `{tool, field}` must resolve in the snapshot's
-or a follow-up's output, and the real value is copied in; a finding whose title, what or
-impact states a number that no tool output holds (up to the rounding it is written with and
-the usual unit changes) is dropped.
+or a follow-up's output, and the real value is copied in. mldiag's own pass outputs
+(`mldiag.timeline`, the kernel table of the get_kernel_stats follow-up, the HLO excerpt of a
+neighbourhood) count as tool outputs under their pass names, and their rows keep `from`. A
+finding whose title, what or impact states a number that no tool output holds (up to the
+rounding it is written with and the usual unit changes) is dropped.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.context import hlo_excerpt_of
+from mldiag.analysis.judgement.followups import FOLLOW_UP_PASSES
 from mldiag.analysis.judgement.investigator import summarize
 from mldiag.analysis.judgement.model import Triage
 from mldiag.analysis.judgement.rules import CATEGORIES
@@ -108,17 +112,36 @@ def _collect_numbers(value: Any, out: set[float]) -> None:
             _collect_numbers(v, out)
 
 
+def pass_outputs(snapshot: Mapping[str, Any], records: Sequence[Mapping[str, Any]]
+                 ) -> list[Any]:
+    """The outputs of mldiag's own passes (the snapshot's and the follow-ups'), for a
+    NumberPool: numbers the report may state like any tool output's."""
+    return [p.get("data") for p in ev.passes(snapshot).values()] + [
+        hlo_excerpt_of(r.get("data")) for r in records if r.get("tool") == "get_hlo_neighborhood"]
+
+
 class _Outputs:
-    """Tool outputs by tool name: the snapshot's first, then the follow-up records'."""
+    """Tool outputs by tool name (mldiag's passes by pass name): the snapshot's first, then
+    the follow-up records'."""
 
     def __init__(self, snapshot: Mapping[str, Any], records: Sequence[Mapping[str, Any]]):
         self.data: dict[str, list[Any]] = {}
+        self.computed_from: dict[str, list[str]] = {}
         for name, result in (snapshot.get("tools") or {}).items():
-            if isinstance(result, Mapping) and "data" in result:
+            if isinstance(result, Mapping) and "data" in result and name not in ev.DETECTORS:
                 self.data.setdefault(name, []).append(result["data"])
+        for name, result in ev.passes(snapshot).items():
+            if "data" in result:
+                self.data.setdefault(name, []).append(result["data"])
+                self.computed_from[name] = list(result.get("from") or ())
         for record in records:
-            if "data" in record:
-                self.data.setdefault(str(record.get("tool")), []).append(record["data"])
+            if "data" not in record:
+                continue
+            tool = str(record.get("tool"))
+            self.data.setdefault(FOLLOW_UP_PASSES.get(tool, tool), []).append(record["data"])
+            excerpt = hlo_excerpt_of(record["data"]) if tool == "get_hlo_neighborhood" else None
+            if excerpt is not None:
+                self.data.setdefault(ev.HLO_EXCERPT, []).append(excerpt)
 
     def resolve(self, tool: str, field: str) -> tuple[bool, Any]:
         for data in self.data.get(tool, []):
@@ -171,7 +194,8 @@ def check_report(
     that do are marked with `unverified_numbers`.
     """
     pool = NumberPool([snapshot.get("tools"), [r.get("data") for r in records],
-                       triage.to_dict(), snapshot.get("session")])
+                       pass_outputs(snapshot, records), triage.to_dict(),
+                       snapshot.get("session")])
     findings, check = check_findings(report.get("findings") or [], snapshot, records, pool)
     hypotheses = []
     for h in report.get("hypotheses") or []:
@@ -247,6 +271,8 @@ def _check_one(raw: Any, outputs: _Outputs, pool: NumberPool
                           "reason": "evidence item without tool and field removed"})
             continue
         tool, field = str(item["tool"]), str(item["field"])
+        if tool in ev.DETECTORS:
+            tool = ev.PASS_PREFIX + tool  # mldiag's detectors are cited as its passes
         found, actual = outputs.resolve(tool, field)
         if not found:
             fixes.append({"item": f"evidence {tool}.{field}", "from": _brief(item.get("value")),
@@ -256,7 +282,12 @@ def _check_one(raw: Any, outputs: _Outputs, pool: NumberPool
             fixes.append({"item": f"evidence {tool}.{field}", "from": _brief(item.get("value")),
                           "to": _brief(actual),
                           "reason": "value differs from the tool output; replaced"})
-        evidence.append({"tool": tool, "field": field, "value": actual})
+        row = {"tool": tool, "field": field, "value": actual}
+        if ev.is_pass(tool):
+            stated = item.get("from")
+            row["from"] = (list(stated) if isinstance(stated, list) and stated else
+                           outputs.computed_from.get(tool) or list(ev.PASSES.get(tool, ())))
+        evidence.append(row)
     if not evidence:
         return "no evidence item resolves in the tool outputs", None, fixes
     unknown = pool.unknown_in(" ".join(str(raw.get(k, "")) for k in ("title", "what")) + " "

@@ -19,6 +19,7 @@ from typing import Any
 
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.judgement.evidence import KERNEL_TABLE
 from mldiag.errors import MldiagError
 
 MAX_FOLLOW_UPS = 4
@@ -33,9 +34,13 @@ FOLLOW_UP_TOOLS = (
     "llo_query",
 )
 LLO_DATA_ABSENT = "LLO_DATA_ABSENT"
+# Follow-ups whose output is mldiag's own table rather than what `xprof <tool>` prints: the
+# record says so (`pass`), and evidence cites it under that pass name.
+FOLLOW_UP_PASSES = {"get_kernel_stats": KERNEL_TABLE}
 # The host-bound follow-up: Python-tracer frames on the host plane. The timeline pass
 # computes it from the events it has decoded anyway (single-host sessions), and the snapshot
-# carries it as get_step_trace's host_bound_analysis.host_python_events.
+# carries it as mldiag.timeline's host_python_events (xprof's aggregate_xplane_events output
+# for these arguments).
 HOST_PYTHON_EVENTS: dict[str, Any] = {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}
 # What a TPU capture needs for LLO detail (xprof's collect_profile reference).
 LLO_RECAPTURE = 'LIBTPU_INIT_ARGS="--xla_xprof_register_llo_debug_info=true"'
@@ -117,6 +122,8 @@ class FollowUps:
         if tool == "llo_load" and outcome.status == DATA and isinstance(outcome.value, dict):
             self._llo_db = str(outcome.value.get("path") or "") or None
         record = {"tool": tool, "args": args, "purpose": purpose, **result}
+        if tool in FOLLOW_UP_PASSES:
+            record["pass"] = FOLLOW_UP_PASSES[tool]
         self.records.append(record)
         return record
 

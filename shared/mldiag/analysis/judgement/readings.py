@@ -82,7 +82,7 @@ def stepped_module(snapshot: Mapping[str, Any]) -> tuple[int, int]:
     """(index in summary.top_modules, index in modules) of the largest compiled program that
     ran in the measured steps, so memory is judged on the training step and not on a setup
     program (weights init, RNG); (0, 0) when the timeline names no program."""
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
     # The programs with an op inside a measured step; without steps (or from an older
     # snapshot), every program that ran while the profiler was on.
     ran = {str(k) for k in hb.get("programs_in_steps") or ()} or {
@@ -124,7 +124,7 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
     our timeline (busy share of each host's active span), then a step trace of 1 or 2 steps.
     """
     out: list[IdleSource] = []
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
     hosts = [h for h in hb.get("per_host") or []
              if ev.number(h.get("busy_in_active_span_percent")) is not None]
     timeline = None
@@ -132,16 +132,14 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
         busy = sum(float(h["busy_in_active_span_percent"]) for h in hosts) / len(hosts)
         timeline = IdleSource("timeline (busy share of the active span)", 100.0 - busy,
                               "capture window", (
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].busy_in_active_span_percent"),
-                                  ("get_step_trace",
-                                   "host_bound_analysis.per_host[0].active_span_ms")))
+                                  (ev.TIMELINE, "per_host[0].busy_in_active_span_percent"),
+                                  (ev.TIMELINE, "per_host[0].active_span_ms")))
     if is_cpu(snapshot):
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             out.append(IdleSource("timeline host wait per step", wait, "steps", (
-                ("get_step_trace", "host_bound_analysis.host_wait_percent"),
-                ("get_step_trace", "host_bound_analysis.steps_analyzed"))))
+                (ev.TIMELINE, "host_wait_percent"),
+                (ev.TIMELINE, "steps_analyzed"))))
         elif timeline is not None:
             out.append(timeline)
         return out
@@ -196,8 +194,7 @@ def device_idle_evidence(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
 def timeline_collective_percent(snapshot: Mapping[str, Any]) -> float | None:
     """One device's (or XLA:CPU executor's) share of the step in collectives, from our
     timeline pass: the communication figure where the op profile has no collective rows."""
-    return ev.percent(ev.get(snapshot, "get_step_trace",
-                             "host_bound_analysis.collectives.percent_of_step"))
+    return ev.percent(ev.get(snapshot, ev.TIMELINE, "collectives.percent_of_step"))
 
 _OP_PATH_CALL = re.compile(r"jit\((\w+)\)")
 
@@ -212,7 +209,7 @@ def custom_call_api(source: str, primitive: str) -> str:
 
 def custom_call_share(snapshot: Mapping[str, Any]) -> tuple[float, list[int]] | None:
     """The timed custom calls' summed share of step (or window) time, and their indices."""
-    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
+    calls = ev.get(snapshot, ev.CUSTOM_CALLS, "custom_calls", []) or []
     timed = [i for i, c in enumerate(calls) if isinstance(c, Mapping)
              and ev.number(c.get("percent_of_step")) is not None]
     if not timed:

@@ -49,7 +49,7 @@ CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the live b
 
 def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     """The headline metrics of analysis.json, each read from a tool output (None if absent)."""
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
     # Our timeline's steps are the denominator of every per-step figure in the report, so the
     # headline step time comes from the same steps (xprof's step trace may drop some).
     step = ev.number(hb.get("step_time_ms_average")) if hb.get("steps_analyzed") else None
@@ -163,7 +163,7 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     checks: list[dict[str, Any]] = []
     not_judged: list[str] = []
     cpu = is_cpu(snapshot)
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
 
     util: float | None = None
     util_source = ("XLA:CPU busy share of step (timeline)" if cpu else
@@ -199,7 +199,7 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
             util_source = "device duty cycle (get_xprof_overview)"
         if util is None and (metrics.get("device_idle_source") or "").startswith("timeline"):
             util = round(100.0 - float(metrics["device_idle_percent"]), 2)
-            util_source = "busy share of the active span (timeline, get_step_trace)"
+            util_source = "busy share of the active span (timeline, mldiag.timeline)"
         if util is None:
             util = ev.number(ev.get(snapshot, "get_step_trace", "summary.compute_percent"))
             util_source = "compute share of step (get_step_trace)"

@@ -243,15 +243,23 @@ def _finding_key(finding: Mapping[str, Any]) -> tuple[int, float]:
 
 
 def evidence_rows(evidence: Sequence[Any]) -> list[tuple[Cell, ...]]:
-    return [(Span(Wbr(text(as_map(e).get("tool"))), "mono"), Wbr(text(as_map(e).get("field"))),
+    """Who made each number (an xprof tool, or mldiag's own pass, with what the pass computed
+    it from), the field and its value."""
+    return [(_source(as_map(e)), Wbr(text(as_map(e).get("field"))),
              evidence_value(as_map(e).get("value"))) for e in evidence]
+
+
+def _source(row: Mapping[str, Any]) -> Cell:
+    computed_from = "; ".join(as_str(f) for f in as_list(row.get("from")))
+    name = Span(Wbr(text(row.get("tool"))), "mono")
+    return Span(name, "mono", f"computed from: {computed_from}") if computed_from else name
 
 
 def finding_view(finding: Mapping[str, Any]) -> Finding:
     priority = as_str(finding.get("priority")).upper()
     rows = evidence_rows(as_list(finding.get("evidence")))
     evidence: Block = (
-        table([("Tool", "mono ev"), ("Field", "mono ev"), ("Value", "mono")], rows,
+        table([("Source", "mono ev"), ("Field", "mono ev"), ("Value", "mono")], rows,
               collapse_after=8)
         if rows else why("No evidence was attached to this finding."))
     impact = as_map(finding.get("impact"))
@@ -305,8 +313,20 @@ def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
             note = Span(text(error), "err")
         elif entry.get("status") == "NO_DATA":
             note = tool_reason(snap) or tool_reason(entry)
+        elif entry.get("cli") or snap.get("cli"):
+            # What a reader runs to see the same output (the fields evidence cites).
+            note = mono(entry.get("cli") or snap.get("cli"))
         rows.append((mono(name), Chip(as_str(entry.get("status")) or "?"),
                      fmt_ms(entry.get("elapsed_ms")), note))
+    # mldiag's own passes (evidence cites them by name), with what each is computed from.
+    for item in as_list(analysis.get("passes")):
+        entry = as_map(item)
+        error = entry.get("error")
+        computed_from = "; ".join(as_str(f) for f in as_list(entry.get("from")))
+        rows.append((mono(entry.get("name")), Chip(as_str(entry.get("status")) or "?"),
+                     fmt_ms(entry.get("elapsed_ms")),
+                     Span(text(error), "err") if error else
+                     text(f"computed from: {computed_from}") if computed_from else ""))
     follow_rows = []
     for item in as_list(analysis.get("follow_ups")):
         f = as_map(item)
@@ -349,8 +369,8 @@ def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         blocks += [_h3("Collection jobs (worker processes)"), table(
             [("Job", ""), ("Status", ""), ("Elapsed", "num"), ("Worker peak RSS", "num")],
             job_rows), KV([])]
-    blocks += [_h3("Collection tools"), table(
-        [("Tool", ""), ("Status", ""), ("Elapsed", "num"), ("Error / note", "")], rows),
+    blocks += [_h3("Collection tools and mldiag's passes"), table(
+        [("Tool or pass", ""), ("Status", ""), ("Elapsed", "num"), ("Error / note", "")], rows),
         _h3("Follow-ups"),
         table([("Tool", ""), ("Args", "mono"), ("Purpose", ""), ("Status", ""),
                ("Elapsed", "num"), ("Result", "mono")], follow_rows)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.model import (
     KV,
@@ -634,14 +635,14 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
         blocks.append(why("No custom calls (Pallas/Mosaic or other kernels) among the roofline "
                           "top ops."))
     # The custom calls found in the HLO (LAPACK/FFI on CPU), timed on the timeline.
-    calls = [as_map(c) for c in as_list(as_map(data(
-        tool(snapshot, "detect_layout_mismatch_copies"))).get("custom_calls"))
+    calls = [as_map(c) for c in as_list(as_map(ev.tool_data(
+        snapshot, ev.CUSTOM_CALLS)).get("custom_calls"))
         if isinstance(c, Mapping) and c.get("time_ms") is not None]
     if calls and not custom:
         share = ("Share of device time" if as_str(calls[0].get("share_of")) == "capture window"
                  else "Share of step")
         blocks += [
-            Heading("Custom calls in the HLO (detect_layout_mismatch_copies custom_calls): "
+            Heading("Custom calls in the HLO (mldiag.custom_calls): "
                     "opaque to XLA, counted as 0 FLOPs", css="gap"),
             table([("Custom call", "mono"), ("Target", "mono"), ("Source", "mono"),
                    ("Time", "num"), (share, "num")],

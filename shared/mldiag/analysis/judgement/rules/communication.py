@@ -40,16 +40,16 @@ def _timeline_collectives(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     share = timeline_collective_percent(snapshot)
     if share is None or share < OP_CATEGORY_P1_PERCENT:
         return []
-    block = ev.get(snapshot, "get_step_trace", "host_bound_analysis.collectives", {}) or {}
+    block = ev.get(snapshot, ev.TIMELINE, "collectives", {}) or {}
     top = (block.get("ops") or [{}])[0]
-    base = "host_bound_analysis.collectives"
+    base = "collectives"
     proof = [
-        ev.cite(snapshot, "get_step_trace", f"{base}.percent_of_step"),
-        ev.cite(snapshot, "get_step_trace", f"{base}.ms_per_step_per_executor"),
-        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].op"),
-        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].executors"),
-        ev.cite(snapshot, "get_step_trace", f"{base}.ops[0].percent_of_step"),
-        ev.cite(snapshot, "get_step_trace", "host_bound_analysis.steps_analyzed"),
+        ev.cite(snapshot, ev.TIMELINE, f"{base}.percent_of_step"),
+        ev.cite(snapshot, ev.TIMELINE, f"{base}.ms_per_step_per_executor"),
+        ev.cite(snapshot, ev.TIMELINE, f"{base}.ops[0].op"),
+        ev.cite(snapshot, ev.TIMELINE, f"{base}.ops[0].executors"),
+        ev.cite(snapshot, ev.TIMELINE, f"{base}.ops[0].percent_of_step"),
+        ev.cite(snapshot, ev.TIMELINE, "steps_analyzed"),
     ]
     op = str(top.get("op") or "collectives")
     executors = top.get("executors")

@@ -17,6 +17,7 @@ from mldiag.analysis.judgement.context import (
     Plan,
     clean_hlo,
     finding_of,
+    hlo_excerpt,
     module_of,
     op_source,
 )
@@ -102,8 +103,7 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     near = ""
     if isinstance(data, Mapping) and data.get("text"):
         text = clean_hlo(str(data["text"]))
-        extra.append({"tool": "get_hlo_neighborhood", "field": "text (backend_config omitted)",
-              "value": text[:800]})
+        extra.append(hlo_excerpt(text))
         host_offload = "S(5)" in text
         starts = [ln.split("] ", 2)[-1] for ln in text.splitlines() if "copy-start(" in ln]
         if starts:
@@ -119,7 +119,7 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     cats = ", ".join(str(c) for c in h.details.get("categories", []))
     what = (f"Device time is dominated by {cats}: `{op}` and its siblings wait for "
             f"asynchronous copies to finish." + near)
-    copies = ev.get(ctx.snapshot, "detect_layout_mismatch_copies", "async_copies", []) or []
+    copies = ev.get(ctx.snapshot, ev.ASYNC_COPIES, "async_copies", []) or []
     copies_said = _copy_directions(copies)
     if copies_said:
         what += " " + copies_said
@@ -128,7 +128,7 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
         what += " " + overlap_said
         extra += overlap_proof
         host_offload = host_offload or any("host" in c.get("direction", "") for c in copies)
-        extra.append(ev.cite(ctx.snapshot, "detect_layout_mismatch_copies", "async_copies"))
+        extra.append(ev.cite(ctx.snapshot, ev.ASYNC_COPIES, "async_copies"))
     elif host_offload:
         what += (" The copy source lives in memory space S(5) (pinned host memory), so every "
                  "call streams the tensor from host to HBM.")

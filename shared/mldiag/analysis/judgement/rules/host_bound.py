@@ -1,6 +1,6 @@
 """host_bound: the device waits for the host between steps (our timeline's host wait).
 
-Raised from get_step_trace's host_bound_analysis (the worst host when there are several);
+Raised from our timeline pass (mldiag.timeline) (the worst host when there are several);
 its follow-up names the host-side Python frames that fill the waits, and the fix says how to
 take them off the step's critical path (or, when they are JAX's own dispatch, to jit the step).
 """
@@ -29,10 +29,10 @@ HOST_WAIT_P1_PERCENT = 20.0
 
 def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
                ) -> list[Hypothesis]:
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis")
+    hb = ev.tool_data(snapshot, ev.TIMELINE)
     if not hb or not hb.get("steps_analyzed"):
         return []
-    tool, base = "get_step_trace", "host_bound_analysis"
+    tool = ev.TIMELINE
     wait = ev.number(hb.get("host_wait_percent"))
     hosts = [h for h in hb.get("per_host") or [] if h.get("host_wait_percent") is not None]
     proof: list[dict[str, Any]] = []
@@ -41,7 +41,7 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
         i, worst = max(enumerate(hosts), key=lambda kv: kv[1]["host_wait_percent"])
         index = (hb.get("per_host") or []).index(worst)
         wait = float(worst["host_wait_percent"])
-        proof += [ev.cite(snapshot, tool, f"{base}.per_host[{index}].{k}") for k in (
+        proof += [ev.cite(snapshot, tool, f"per_host[{index}].{k}") for k in (
             "host", "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average")]
         step_ms = float(worst["step_time_ms_average"])
         wait_ms = step_ms - float(worst["compute_busy_ms_average"] or 0.0)
@@ -52,7 +52,7 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
         who = "the device waits"
     if wait is None or wait < HOST_WAIT_P1_PERCENT:
         return []
-    proof += [ev.cite(snapshot, tool, f"{base}.{k}") for k in (
+    proof += [ev.cite(snapshot, tool, k) for k in (
         "host_wait_percent", "step_time_ms_average", "compute_busy_ms_average",
         "steps_mostly_waiting", "steps_analyzed")]
     return [Hypothesis(
@@ -75,7 +75,7 @@ _JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_param
 
 
 def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
-    hb = ev.get(ctx.snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(ctx.snapshot, ev.TIMELINE) or {}
     step_ms = float(hb.get("step_time_ms_average") or 0.0)
     busy_ms = float(hb.get("compute_busy_ms_average") or 0.0)
     culprits = host_events(ctx, step_ms) if step_ms else []

@@ -25,6 +25,9 @@ CATEGORY = "idle"
 RAISE_ORDER = 20
 IDLE_P0_PERCENT = 30.0
 IDLE_P1_PERCENT = 10.0
+KERNEL_TABLE_FROM = ("xprof's kernel_stats converter table (the kernel stats page's data, not "
+                     "`xprof get_kernel_stats`), one row per kernel, sorted by "
+                     "total_duration_us; kernel_count and total_kernel_time_us over all rows",)
 
 
 def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
@@ -41,18 +44,17 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
     if duty is not None and not is_cpu(snapshot):  # xprof's device metrics are not CPU's
         proof.append(ev.cite(snapshot, "get_xprof_overview",
                              "performance_summary.device_duty_cycle_percent"))
-    hb = ev.get(snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
     hosts = hb.get("per_host") or []
-    busy = "host_bound_analysis.per_host[0].busy_in_active_span_percent"
+    busy = "per_host[0].busy_in_active_span_percent"
     if hosts and hosts[0].get("busy_in_active_span_percent") is not None and not any(
-            p["field"] == busy for p in proof):
-        proof.append(ev.cite(snapshot, "get_step_trace", busy))
+            p["tool"] == ev.TIMELINE and p["field"] == busy for p in proof):
+        proof.append(ev.cite(snapshot, ev.TIMELINE, busy))
     idle_devices: list[str] = []
     devices = (hosts[0].get("devices") or []) if hosts else []
     if len(devices) > 1 and hosts[0].get("idle_devices"):
         idle_devices = list(hosts[0]["idle_devices"])
-        proof.append(ev.cite(snapshot, "get_step_trace",
-                             "host_bound_analysis.per_host[0].idle_devices"))
+        proof.append(ev.cite(snapshot, ev.TIMELINE, "per_host[0].idle_devices"))
     priority = priority_of(idle, IDLE_P0_PERCENT, IDLE_P1_PERCENT)
     scope = "the profiled time" if window == "steps" else "the capture window"
     if per_step:
@@ -90,14 +92,13 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     if isinstance(kernels, Mapping) and kernels.get("kernels"):
         for f in ("kernel_count", "total_kernel_time_us", "kernels[0].kernel_name",
                   "kernels[0].total_duration_us", "kernels[0].occurrences"):
-            extra.append(ev.cite_value("get_kernel_stats", f, kernels))
+            extra.append(ev.cite_value(ev.KERNEL_TABLE, f, kernels, KERNEL_TABLE_FROM))
     scope = ("each step" if h.impact.get("unit") == "% of step" else
              "the capture window" if h.details.get("window") == "capture window" else
              "the profiled device time")
     what = (f"No device op runs for {h.impact.get('value')}% of {scope}: the device waits on "
             "the host (input pipeline, Python dispatch, synchronisation) or on other workers.")
-    span = ev.number(ev.get(ctx.snapshot, "get_step_trace",
-                            "host_bound_analysis.per_host[0].active_span_ms"))
+    span = ev.number(ev.get(ctx.snapshot, ev.TIMELINE, "per_host[0].active_span_ms"))
     culprits = host_events(ctx, span, 1) if span and h.details.get("cpu") else []
     busy_in = []
     for i, row in culprits:

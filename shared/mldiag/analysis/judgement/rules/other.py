@@ -32,8 +32,8 @@ def _custom_calls(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
     if found is None or found[0] < CUSTOM_CALL_REPORT_PERCENT:
         return []
     share, timed = found
-    calls = ev.get(snapshot, "detect_layout_mismatch_copies", "custom_calls")
-    tool = "detect_layout_mismatch_copies"
+    calls = ev.get(snapshot, ev.CUSTOM_CALLS, "custom_calls")
+    tool = ev.CUSTOM_CALLS
     proof = []
     for i in timed[:4]:
         proof += [ev.cite(snapshot, tool, f"custom_calls[{i}].{f}")
@@ -123,7 +123,7 @@ def _read_outputs_fix(call: Mapping[str, Any]) -> str:
 
 
 def _custom_calls_finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
-    calls = ev.get(ctx.snapshot, "detect_layout_mismatch_copies", "custom_calls", []) or []
+    calls = ev.get(ctx.snapshot, ev.CUSTOM_CALLS, "custom_calls", []) or []
     unit = str(h.impact.get("unit"))
     rows = []
     for i in h.details.get("indices", [])[:4]:
