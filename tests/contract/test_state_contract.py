@@ -218,6 +218,21 @@ def test_targets_upsert_list_and_update(state: Subject) -> None:
     assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
 
 
+def test_a_deleted_target_is_gone_on_one_port_or_all(state: Subject) -> None:
+    s = state.adapter
+    for host, port in (("h0", 9998), ("h0", 9999), ("h1", 9999)):
+        s.upsert_target(TargetRecord(run="r", host=host, port=port))
+    s.upsert_target(TargetRecord(run="other", host="h0", port=9999))
+    assert s.delete_target("r", "h0", 9998) == 1
+    assert [(t.host, t.port) for t in s.list_targets("r")] == [("h0", 9999), ("h1", 9999)]
+    assert s.delete_target("r", "h0", 9998) == 0, "already gone"
+    s.upsert_target(TargetRecord(run="r", host="h0", port=9997))
+    assert s.delete_target("r", "h0") == 2
+    assert [(t.host, t.port) for t in s.list_targets("r")] == [("h1", 9999)]
+    assert s.delete_target("r", "nobody") == 0
+    assert [t.host for t in s.list_targets("other")] == ["h0"], "another run's is kept"
+
+
 @pytest.mark.parametrize("bad", [{"host": "x/y"}, {"host": ".."}, {"host": ""},
                                  {"port": 0}, {"port": 70000}, {"control_port": -1}])
 def test_a_target_that_would_write_outside_the_layout_is_refused(

@@ -341,6 +341,20 @@ class FirestoreStateStore(LazyFirestore):
         targets = usable_targets(TargetRecord(**json.loads(d.get("data"))) for d in docs)
         return sorted(targets, key=lambda t: (t.host, t.port))
 
+    def delete_target(self, run: str, host: str, port: int | None = None) -> int:
+        if port is not None:
+            ref = self._target_ref(run, host, port)
+            if not ref.get().exists:
+                return 0
+            ref.delete()
+            return 1
+        gone = 0
+        for d in self._run_ref(run).collection(TARGETS).stream():
+            if d.get("host") == host:
+                d.reference.delete()
+                gone += 1
+        return gone
+
     # Pull targets' requests
 
     def _mailbox_ref(self, run: str, host: str) -> Any:

@@ -206,6 +206,15 @@ class SqliteStateStore:
             "SELECT data FROM targets WHERE run = ? ORDER BY host, port", (run,)).fetchall()
         return usable_targets(TargetRecord(**json.loads(r[0])) for r in rows)
 
+    def delete_target(self, run: str, host: str, port: int | None = None) -> int:
+        with self._tx() as db:
+            if port is None:
+                cur = db.execute("DELETE FROM targets WHERE run = ? AND host = ?", (run, host))
+            else:
+                cur = db.execute("DELETE FROM targets WHERE run = ? AND host = ? AND port = ?",
+                                 (run, host, port))
+            return int(cur.rowcount)
+
     # Pull targets' requests
 
     def put_request(self, request: ControlRequest, now: float) -> bool:
