@@ -78,7 +78,8 @@ def add_async(p: argparse.ArgumentParser) -> None:
 
 _RESOURCE = re.compile(
     r"^projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
-    r"(?:/machineLearningRuns/(?P<run>[^/]+))?(?:/(?:profilerSessions|profilerTargets)/"
+    r"(?:/machineLearningRuns/(?P<run>[^/]+))?(?:/(?:profilerSessions|profilerTargets|"
+    r"monitoredEvents)/"
     r"(?P<leaf>[^/]+))?$")
 
 
@@ -92,7 +93,7 @@ def resource(text: str) -> dict[str, str]:
 def normalise(args: argparse.Namespace) -> argparse.Namespace:
     """Full resource names in `--machine-learning-run`, NAME or SESSION become plain ids
     (their project and location fill `--project`/`--location` when those are unset)."""
-    for attr in ("run", "name", "session"):
+    for attr in ("run", "name", "session", "event"):
         value = getattr(args, attr, None)
         if not isinstance(value, str):
             continue

@@ -50,7 +50,8 @@ def target_view(console: Console, t: TargetRecord,
     age = console.clock() - t.last_heartbeat if t.last_heartbeat else None
     status, why = state or status_of(t, console.settings, console.clock())
     up = status != "down"
-    return {"status": status, "down_reason": why, "host": t.host, "address": t.address, "port": t.port,
+    return {"status": status, "down_reason": why, "host": t.host, "address": t.address,
+            "port": t.port,
             "process_index": t.process_index, "platform": t.platform,
             "framework": " ".join(x for x in (t.framework, t.framework_version) if x),
             "up": up, "last_heartbeat": _iso(t.last_heartbeat),
