@@ -13,18 +13,27 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.bootstrap import LocalRuntime
+from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.capture import remote
 from mldiag.capture import targets as capture_targets
 from mldiag.cli.main import main
 from mldiag.messages import DegradationDetected
 from mldiag.model import FAILED, REPORTED
-from tests.e2e.test_capture_e2e import free_port, runtime, wait_for  # noqa: F401
+from mldiag.settings import Settings
+from tests.e2e.test_capture_e2e import FAST, free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
 WORKLOAD = Path(__file__).with_name("plain_workload.py")
 RUN = "plain-run"
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
+    rt = bootstrap(Settings(home=tmp_path / "home", **FAST))
+    rt.start()
+    yield rt
+    rt.stop()
 
 
 @pytest.fixture

@@ -29,8 +29,9 @@ DESCRIPTION = ("Publish a capture request (on-demand remote trace, or a snapshot
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `capture` and `profiler-session capture` (gcloud's names and values)."""
-    p.add_argument("name", help="session name, or its full resource name (which names the "
-                   "run too)")
+    p.add_argument("name", nargs="?", default=None,
+                   help="session name, or its full resource name (which names the run too); "
+                   "default on-demand-YYYYMMDD-HHMMSS")
     _gcloud.add_run(p, required=False)
     p.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
     p.add_argument("--kind", choices=("on-demand", "on_demand", "snapshot"),
@@ -50,6 +51,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.name:
+        # gcloud's documented `profiler-session capture` example names no session.
+        args.name = time.strftime("on-demand-%Y%m%d-%H%M%S", time.gmtime())
     if not args.run:
         raise MldiagError("which run? pass --machine-learning-run RUN (or --run), or the "
                           "session's full resource name")
