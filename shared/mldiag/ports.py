@@ -132,6 +132,17 @@ class StateStore(Protocol):
 
     def list_targets(self, run: str) -> list[TargetRecord]: ...
 
+    def delete_run(self, name: str) -> bool:
+        """Forget a run and what the store keeps under it (targets, sessions, their pending
+        requests, capture reservations, metrics); False when it was not registered. The
+        profiles in the bucket stay."""
+        ...
+
+    def delete_target(self, run: str, host: str, port: int | None = None) -> int:
+        """Forget the run's target `host` (on `port`, or on every port); how many records
+        went (0: none was registered)."""
+        ...
+
     def put_request(self, request: ControlRequest, now: float) -> bool:
         """Leave a request in its pull target's mailbox (`request.run`, `request.host`).
 

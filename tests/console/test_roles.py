@@ -4,6 +4,7 @@ the right one."""
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
@@ -33,6 +34,9 @@ ROUTES: list[tuple[str, str, Any, set[str], int]] = [
     ("POST", "/api/v1/runs/tpu/captures", CAPTURE, EDIT, 409),
     ("POST", "/api/v1/runs/tpu/continuous", {"action": "start"}, EDIT, 409),
     ("POST", "/api/v1/runs/tpu/sessions/s1/share", {}, EDIT, 201),
+    # Outside the capture egress policy: an allowed caller gets the refusal, nothing stored.
+    ("POST", "/api/v1/runs/tpu/targets", {"address": "203.0.113.7:9999"}, EDIT, 400),
+    ("DELETE", "/api/v1/runs/tpu/targets/nobody", None, EDIT, 404),
     # Comparing two sessions reads their analyses only: whoever may read reports.
     ("GET", "/runs/tpu/compare?a=s1&b=s2", None, BROWSE, 200),
     ("GET", "/runs/tpu/compare/diff.html?a=s1&b=s2", None, BROWSE, 200),
@@ -118,3 +122,29 @@ def test_the_api_refuses_out_of_limit_values_with_the_shared_message(site: Site)
                          json={"action": "start", "max_bytes": 10**18})
     assert r.status_code == 400 and r.json()["detail"].startswith(
         "continuous max_bytes must be in [1.0 MiB, 64.00 GiB]")
+
+
+def test_an_editor_registers_and_deletes_a_plain_profiler_server(site: Site) -> None:
+    editor = site.auth("editor")
+    r = site.client.post("/api/v1/runs/other/targets", headers=editor,
+                         json={"address": "203.0.113.7:9999"})
+    assert r.status_code == 400 and "203.0.113.7" in r.json()["detail"]
+    assert "outside the allowed networks" in r.json()["detail"]
+    # Loopback is allowed locally; nothing listens there, so it is registered and down.
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    r = site.client.post("/api/v1/runs/other/targets", headers=editor,
+                         json={"address": f"127.0.0.1:{port}", "host_name": "plain-0",
+                               "platform": "cpu"})
+    assert r.status_code == 201, r.text
+    assert (r.json()["host"], r.json()["status"], r.json()["delivery"]) == (
+        "plain-0", "down", "push")
+    assert "refuses connections" in r.json()["down_reason"]
+    (listed,) = site.client.get("/api/v1/runs/other/targets", headers=editor).json()
+    assert listed["status"] == "down" and listed["address"] == "127.0.0.1"
+    page = site.client.get("/runs/other", headers=editor).text
+    assert 'id="register-target"' in page and 'data-method="DELETE"' in page
+    r = site.client.delete("/api/v1/runs/other/targets/plain-0", headers=editor)
+    assert r.status_code == 200 and r.json()["deleted"] == 1
+    assert site.client.get("/api/v1/runs/other/targets", headers=editor).json() == []

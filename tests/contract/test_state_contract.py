@@ -218,6 +218,42 @@ def test_targets_upsert_list_and_update(state: Subject) -> None:
     assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
 
 
+def test_a_deleted_run_takes_its_targets_and_sessions_and_leaves_the_others(
+        state: Subject) -> None:
+    s = state.adapter
+    for run in ("gone", "kept"):
+        s.ensure_run(run, discovered=False, now=1.0)
+        s.upsert_target(TargetRecord(run=run, host="h0"))
+        s.create_session(SessionRecord(run=run, session="s1", state="CAPTURING",
+                                       created_at=1.0, updated_at=1.0))
+    assert s.reserve_capture("gone", 10.0, cooldown_s=0, max_per_hour=1)
+    assert s.delete_run("gone") is True
+    assert s.get_run("gone") is None and s.list_targets("gone") == []
+    assert s.list_sessions(run="gone") == []
+    assert s.delete_run("gone") is False
+    # A run of that name registered again starts afresh: no reservation counts against it.
+    s.ensure_run("gone", discovered=False, now=20.0)
+    assert s.reserve_capture("gone", 20.0, cooldown_s=0, max_per_hour=1)
+    assert [r.name for r in s.list_runs()] == ["gone", "kept"]
+    assert [t.host for t in s.list_targets("kept")] == ["h0"]
+    assert [x.session for x in s.list_sessions(run="kept")] == ["s1"]
+
+
+def test_a_deleted_target_is_gone_on_one_port_or_all(state: Subject) -> None:
+    s = state.adapter
+    for host, port in (("h0", 9998), ("h0", 9999), ("h1", 9999)):
+        s.upsert_target(TargetRecord(run="r", host=host, port=port))
+    s.upsert_target(TargetRecord(run="other", host="h0", port=9999))
+    assert s.delete_target("r", "h0", 9998) == 1
+    assert [(t.host, t.port) for t in s.list_targets("r")] == [("h0", 9999), ("h1", 9999)]
+    assert s.delete_target("r", "h0", 9998) == 0, "already gone"
+    s.upsert_target(TargetRecord(run="r", host="h0", port=9997))
+    assert s.delete_target("r", "h0") == 2
+    assert [(t.host, t.port) for t in s.list_targets("r")] == [("h1", 9999)]
+    assert s.delete_target("r", "nobody") == 0
+    assert [t.host for t in s.list_targets("other")] == ["h0"], "another run's is kept"
+
+
 @pytest.mark.parametrize("bad", [{"host": "x/y"}, {"host": ".."}, {"host": ""},
                                  {"port": 0}, {"port": 70000}, {"control_port": -1}])
 def test_a_target_that_would_write_outside_the_layout_is_refused(

@@ -111,6 +111,8 @@ def test_continuous_profiling_by_gcloud_names(
     ("--format", "yaml", "unsupported --format"),
     ("--format", "csv", "needs the fields"),
     ("--format", "csv[heading](name)", "unknown attribute"),
+    ("--format", "csv[no-heading](name.date())", "the transform date() is not supported"),
+    ("--format", "value(name:sort=1)", "key attribute 'sort' is not supported"),
 ])
 def test_bad_flags_are_one_clear_usage_error(
         rt: LocalRuntime, capsys: pytest.CaptureFixture[str], flag: str, value: str,

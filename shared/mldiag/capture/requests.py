@@ -7,17 +7,20 @@ MldiagError with one line when nothing can be captured.
 
 from __future__ import annotations
 
+import re
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from mldiag import limits
 from mldiag.bootstrap import ControlPlane
-from mldiag.capture.targets import liveness
+from mldiag.capture.egress import EgressPolicy
+from mldiag.capture.targets import liveness, status, watched_by_probe
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
-from mldiag.model import RunRecord, TargetRecord, check_name
+from mldiag.model import PUSH, RunRecord, TargetRecord, check_name
 
 
 def get_run(plane: ControlPlane, name: str) -> RunRecord:
@@ -38,16 +41,80 @@ def reachable(address: str, port: int, timeout_s: float = 1.0) -> str:
 
 
 def select_targets(plane: ControlPlane, run: str, hosts: Sequence[str]) -> list[TargetRecord]:
-    """The targets to act on; one clear error when none is registered, named or up."""
+    """The targets to act on, named by host name or by `address:port`; one clear error when
+    none is registered, named or up."""
     targets = plane.state.list_targets(run)
     if not targets:
         raise MldiagError(f"run {run!r} has no profiler targets: start the workload with "
-                          "mldiag.sdk.machinelearning_run(...)")
-    unknown = sorted(set(hosts) - {t.host for t in targets})
+                          "mldiag.sdk.machinelearning_run(...), or register its profiler "
+                          f"server with `mldiag profiler-target create {run} --address "
+                          "HOST:PORT`")
+    by_address = {f"{t.address}:{t.port}": t.host for t in targets}
+    wanted = {by_address.get(h, h) for h in hosts}
+    unknown = sorted(wanted - {t.host for t in targets})
     if unknown:
         raise MldiagError(f"run {run!r} has no target(s) {', '.join(unknown)} (registered: "
                           f"{', '.join(sorted({t.host for t in targets}))})")
-    return [t for t in targets if not hosts or t.host in hosts]
+    return [t for t in targets if not hosts or t.host in wanted]
+
+
+PLATFORMS = ("tpu", "gpu", "cpu")
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """`HOST:PORT` or `[IPV6]:PORT` as (host, port); MldiagError otherwise."""
+    match = re.fullmatch(r"\s*(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<host>[A-Za-z0-9.-]+)):"
+                         r"(?P<port>\d{1,5})\s*", text or "")
+    if not match or not 1 <= int(match["port"]) <= 65535:
+        raise MldiagError(f"--address wants HOST:PORT (e.g. 10.0.0.7:9999, the port of "
+                          f"jax.profiler.start_server), not {text!r}")
+    return match["v6"] or match["host"], int(match["port"])
+
+
+def register_push_target(plane: ControlPlane, run: str, address: str, *, host_name: str = "",
+                         platform: str = "", now: float | None = None
+                         ) -> tuple[TargetRecord, tuple[str, str]]:
+    """Register a plain profiler server (`jax.profiler.start_server(PORT)` in a workload
+    without the SDK) as a push target of `run`; the record and its status (up, busy or
+    down, with why). The address must pass the egress policy: a refused one is named in
+    the error, and nothing is stored."""
+    run_record = get_run(plane, run)
+    host, port = parse_address(address)
+    if platform and platform not in PLATFORMS:
+        raise MldiagError(f"--platform must be one of {', '.join(PLATFORMS)}, not {platform!r}")
+    # xprof names a remote trace's file after host_port; a name that cannot be a file name
+    # segment (IPv6) needs --host-name.
+    name = host_name or f"{re.sub(r'[^A-Za-z0-9._-]', '-', host).strip('-.')}_{port}"
+    try:
+        check_name("host", name)
+    except ValueError as e:
+        raise MldiagError(f"{e}: pass --host-name") from e
+    EgressPolicy.from_settings(plane.settings).check(host, port)
+    now = time.time() if now is None else now
+    existing = [t for t in plane.state.list_targets(run_record.name) if t.host == name]
+    if any(t.pulls for t in existing):
+        raise MldiagError(f"run {run_record.name!r} already has an SDK target named {name!r} "
+                          "(it registers itself): choose another --host-name")
+    for t in existing:
+        if t.port != port:
+            plane.state.delete_target(run_record.name, name, t.port)
+    record = TargetRecord(run=run_record.name, host=name, port=port, address=host,
+                          delivery=PUSH, platform=platform, registered_at=now)
+    plane.state.upsert_target(record)
+    return record, status(record, plane.settings, now)
+
+
+def remove_target(plane: ControlPlane, run: str, name: str) -> int:
+    """Forget a target of `run`, named by host name or `address:port`; how many records
+    went. MldiagError when the run has no such target."""
+    run_record = get_run(plane, run)
+    targets = plane.state.list_targets(run_record.name)
+    host = {f"{t.address}:{t.port}": t.host for t in targets}.get(name, name)
+    gone = plane.state.delete_target(run_record.name, host)
+    if not gone:
+        raise MldiagError(f"run {run_record.name!r} has no target {name!r} (registered: "
+                          f"{', '.join(sorted({t.host for t in targets})) or 'none'})")
+    return gone
 
 
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
@@ -55,8 +122,10 @@ def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None
     why = liveness(t, plane.settings)
     if why:
         return f"target down: {t.host} ({t.address}:{t.port}) {why}"
-    if t.pulls:
-        return ""  # it takes its requests itself: there is nothing to connect to
+    if t.pulls or (watched_by_probe(t) and port is None):
+        # Pull: it takes its requests itself, nothing to connect to. A plain profiler
+        # server: liveness just connected to it.
+        return ""
     why = reachable(t.address, port or t.port)
     if why:
         return f"target down: {t.host} ({t.address}:{port or t.port}) unreachable: {why}"

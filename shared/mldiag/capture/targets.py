@@ -11,16 +11,23 @@ policy:
 | snapshot | NATIVE | xprof's continuous-profiling snapshot (TPU) |
 | snapshot | OFF | fails: nothing is being recorded |
 | any | RING | fails: an SDK from before pull delivery; mldiag does not call its endpoint |
+
+Liveness (`status`): an SDK target by its heartbeat; a plain profiler server, which has none,
+by connecting to it (`remote.probe`, through the egress policy): down when it does not answer,
+busy while another profiling session holds its profiler.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from mldiag.capture import remote
-from mldiag.capture.egress import EgressPolicy
+from mldiag.capture.egress import EgressPolicy, EgressRefused
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import TargetRecord
 
@@ -28,6 +35,11 @@ if TYPE_CHECKING:
     from mldiag.settings import Settings
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+# A probe holds an idle profiler for a moment: pages that poll (the console's runs list every
+# 2 s) reuse an answer this young for the same server rather than hold it again.
+PROBE_TTL_S = 5.0
+_probes: dict[str, tuple[float, tuple[str, str]]] = {}
+_probes_lock = threading.Lock()
 
 
 def heartbeat_deadline(target: TargetRecord, stale_s: float) -> float:
@@ -38,8 +50,61 @@ def heartbeat_deadline(target: TargetRecord, stale_s: float) -> float:
     return stale_s
 
 
+def watched_by_probe(target: TargetRecord) -> bool:
+    """Whether the target's liveness comes from connecting to it: a push target with no
+    heartbeat of its own, i.e. a plain profiler server (`jax.profiler.start_server`)
+    registered by `mldiag profiler-target create`, the API or the console."""
+    return not target.pulls and not target.last_heartbeat and target.heartbeat_s <= 0
+
+
+def status(target: TargetRecord, settings: Settings, now: float | None = None
+           ) -> tuple[str, str]:
+    """(up | busy | down, why) of a target. A plain profiler server is asked, through the
+    egress policy (`remote.probe`): busy while another session holds its profiler. An SDK
+    target is judged by its heartbeat, and (a local process) by its process."""
+    if watched_by_probe(target):
+        try:
+            addr = _profiler(target, EgressPolicy.from_settings(settings))
+        except EgressRefused as e:
+            return remote.DOWN, str(e)
+        return _probe(addr)
+    why = _heartbeat_liveness(target, settings, now)
+    return (remote.DOWN, why) if why else (remote.UP, "")
+
+
+def _probe(addr: str) -> tuple[str, str]:
+    now = time.monotonic()
+    with _probes_lock:
+        cached = _probes.get(addr)
+        if cached and now - cached[0] < PROBE_TTL_S:
+            return cached[1]
+    answer = remote.probe(addr)
+    with _probes_lock:
+        _probes[addr] = (time.monotonic(), answer)
+        for key in [k for k, (at, _) in _probes.items() if now - at >= PROBE_TTL_S]:
+            del _probes[key]
+    return answer
+
+
+def statuses(targets: Sequence[TargetRecord], settings: Settings,
+             now: float | None = None) -> list[tuple[str, str]]:
+    """`status` of each target, probing plain profiler servers in parallel."""
+    if not any(watched_by_probe(t) for t in targets):
+        return [status(t, settings, now) for t in targets]
+    with ThreadPoolExecutor(min(32, len(targets)), thread_name_prefix="probe") as pool:
+        return list(pool.map(lambda t: status(t, settings, now), targets))
+
+
 def liveness(target: TargetRecord, settings: Settings, now: float | None = None) -> str:
-    """'' while the target looks alive, else why not: stopped, a late heartbeat, or (a
+    """'' while the target looks alive (busy counts as alive: a capture waits for it), else
+    why not: see `status`."""
+    state, why = status(target, settings, now)
+    return why if state == remote.DOWN else ""
+
+
+def _heartbeat_liveness(target: TargetRecord, settings: Settings,
+                        now: float | None = None) -> str:
+    """'' while an SDK target looks alive, else why not: stopped, a late heartbeat, or (a
     target on this machine under the embedded runtime) its process is gone, which a `kill -9`
     shows at once, before any heartbeat is missed."""
     now = time.time() if now is None else now

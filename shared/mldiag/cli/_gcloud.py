@@ -17,6 +17,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mldiag.errors import MldiagError
+
 # The profiler's levels, by the names gcloud gives them (`--host-tracer-level=info`,
 # `host-tracer-level-info` or the API's `HOST_TRACER_LEVEL_INFO`); integers still work.
 TRACER_LEVELS: dict[str, dict[str, int]] = {
@@ -78,7 +80,8 @@ def add_async(p: argparse.ArgumentParser) -> None:
 
 _RESOURCE = re.compile(
     r"^projects/(?P<project>[^/]+)/locations/(?P<location>[^/]+)"
-    r"(?:/machineLearningRuns/(?P<run>[^/]+))?(?:/(?:profilerSessions|profilerTargets)/"
+    r"(?:/machineLearningRuns/(?P<run>[^/]+))?(?:/(?:profilerSessions|profilerTargets|"
+    r"monitoredEvents)/"
     r"(?P<leaf>[^/]+))?$")
 
 
@@ -92,7 +95,7 @@ def resource(text: str) -> dict[str, str]:
 def normalise(args: argparse.Namespace) -> argparse.Namespace:
     """Full resource names in `--machine-learning-run`, NAME or SESSION become plain ids
     (their project and location fill `--project`/`--location` when those are unset)."""
-    for attr in ("run", "name", "session"):
+    for attr in ("run", "name", "session", "event"):
         value = getattr(args, attr, None)
         if not isinstance(value, str):
             continue
@@ -117,44 +120,196 @@ def normalise(args: argparse.Namespace) -> argparse.Namespace:
 # --format
 
 
+class UnsupportedFormat(MldiagError, argparse.ArgumentTypeError):
+    """A `--format` mldiag cannot honour (exit 2 with the reason, never an empty output).
+    Permanent: the same format is refused again."""
+
+
+@dataclass(frozen=True)
+class Transform:
+    """One `.name(args)` of a projection key, e.g. `.basename()` or `.segment(-2)`."""
+
+    name: str
+    args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Column:
+    """One key of a projection: a dotted path, its transforms, and its heading."""
+
+    path: str
+    transforms: tuple[Transform, ...] = ()
+    label: str = ""
+
+    @property
+    def heading(self) -> str:
+        return self.label or self.path.rsplit(".", 1)[-1].upper()
+
+    def value(self, record: Mapping[str, Any]) -> Any:
+        value = field(record, self.path)
+        for t in self.transforms:
+            value = TRANSFORMS[t.name](value, *t.args)
+        return value
+
+
 @dataclass(frozen=True)
 class Format:
     """A parsed `--format`: json, csv, value or table, with its attributes and projection."""
 
     name: str
     heading: bool = True
-    fields: tuple[str, ...] = ()
+    columns: tuple[Column, ...] = ()
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        return tuple(c.path for c in self.columns)
 
 
-_FORMAT = re.compile(r"^\s*(?P<name>[a-z]+)\s*(?:\[(?P<attrs>[^\]]*)\])?\s*"
-                     r"(?:\((?P<fields>[^)]*)\))?\s*$")
+def _basename(value: Any) -> Any:
+    return value.rstrip("/").rsplit("/", 1)[-1] if isinstance(value, str) else value
+
+
+def _segment(value: Any, index: str = "-1") -> Any:
+    if not isinstance(value, str):
+        return value
+    parts = value.split("/")
+    try:
+        return parts[int(index)]
+    except IndexError:
+        return ""
+
+
+def _scope(value: Any, *names: str) -> Any:
+    """gcloud's scope(): the part after the last `/NAME/` (or the basename, with none)."""
+    if not isinstance(value, str):
+        return value
+    for name in names or ("",):
+        marker = f"/{name}/" if name else "/"
+        if marker in value:
+            return value.rsplit(marker, 1)[-1]
+    return value
+
+
+def _join(value: Any, sep: str = ",") -> Any:
+    return sep.join(_cell(v) for v in value) if isinstance(value, list | tuple) else value
+
+
+def _len(value: Any) -> Any:
+    return 0 if value is None else len(value) if hasattr(value, "__len__") else value
+
+
+def _split(value: Any, sep: str = "/") -> Any:
+    return value.split(sep) if isinstance(value, str) else value
+
+
+def _sort(value: Any) -> Any:
+    return sorted(value, key=str) if isinstance(value, list | tuple) else value
+
+
+def _yesno(value: Any, yes: str = "yes", no: str = "no") -> Any:
+    return yes if value else no
+
+
+# The transforms of `gcloud topic projections` that this surface's resources use; any other
+# is refused by name (UnsupportedFormat) rather than printed empty.
+TRANSFORMS: dict[str, Callable[..., Any]] = {
+    "basename": _basename, "join": _join, "len": _len, "list": _join, "scope": _scope,
+    "segment": _segment, "sort": _sort, "split": _split, "yesno": _yesno,
+}
+_NAME = re.compile(r"^\s*(?P<name>[a-z]+)\s*")
+_KEY = re.compile(r"^[A-Za-z_][\w-]*(?:\.[A-Za-z_][\w-]*)*$")
+_CALL = re.compile(r"\.(?P<name>[A-Za-z_]\w*)\((?P<args>[^()]*)\)")
 FORMATS = ("json", "csv", "value", "table")
 
 
+def _split_top(text: str) -> list[str]:
+    """`text` split on commas outside parentheses and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(text):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def _column(text: str, whole: str) -> Column:
+    key, _, attrs = text.partition(":")
+    label = ""
+    for attr in _split_top(attrs.replace(":", ",")):
+        name, _, value = attr.partition("=")
+        if name.strip() != "label":
+            raise UnsupportedFormat(f"--format {whole!r}: the key attribute {name.strip()!r} "
+                                    "is not supported (only label=)")
+        label = value.strip().strip("'\"")
+    key = key.strip()
+    transforms: list[Transform] = []
+    first = _CALL.search(key)
+    path = key[:first.start()] if first else key
+    rest = key[first.start():] if first else ""
+    while rest:
+        call = _CALL.match(rest)
+        if not call:
+            raise UnsupportedFormat(f"--format {whole!r}: cannot read {rest!r} after "
+                                    f"{path!r} (expected .transform(ARGS))")
+        name = call["name"]
+        if name not in TRANSFORMS:
+            raise UnsupportedFormat(
+                f"--format {whole!r}: the transform {name}() is not supported (supported: "
+                f"{', '.join(n + '()' for n in sorted(TRANSFORMS))})")
+        args = tuple(a.strip().strip("'\"") for a in _split_top(call["args"]))
+        transforms.append(Transform(name, args))
+        rest = rest[call.end():]
+    if not _KEY.match(path):
+        raise UnsupportedFormat(f"--format {whole!r}: {key!r} is not a key (a dotted path "
+                                "such as hosts.w0.status, optionally with transforms such as "
+                                ".basename())")
+    return Column(path, tuple(transforms), label)
+
+
 def output_format(text: str) -> Format:
-    """An argparse type for `--format`: `json`, `csv[no-heading](name,state)`,
-    `value(name)`, `table(name,state)`."""
-    match = _FORMAT.match(text)
-    if not match or match["name"] not in FORMATS:
-        raise argparse.ArgumentTypeError(
+    """An argparse type for `--format`: `json`, `csv[no-heading](name.basename(),state)`,
+    `value(name)`, `table(name:label=TARGET,state)`."""
+    match = _NAME.match(text)
+    name = match["name"] if match else ""
+    if name not in FORMATS:
+        raise UnsupportedFormat(
             f"unsupported --format {text!r}: use json, csv[no-heading](FIELD,...), "
             "value(FIELD,...) or table(FIELD,...)")
-    attrs = {a.strip() for a in (match["attrs"] or "").split(",") if a.strip()}
+    rest = text[match.end():].strip() if match else ""
+    attrs_text = ""
+    if rest.startswith("["):
+        close = rest.find("]")
+        if close < 0:
+            raise UnsupportedFormat(f"--format {text!r}: unclosed [")
+        attrs_text, rest = rest[1:close], rest[close + 1:].strip()
+    projection = ""
+    if rest:
+        if not (rest.startswith("(") and rest.endswith(")")):
+            raise UnsupportedFormat(f"--format {text!r}: expected (KEY,...) after the "
+                                    "format name")
+        projection = rest[1:-1]
+        if rest.count("(") != rest.count(")"):
+            raise UnsupportedFormat(f"--format {text!r}: unbalanced parentheses")
+    attrs = {a.strip() for a in attrs_text.split(",") if a.strip()}
     unknown = attrs - {"no-heading"}
     if unknown:
-        raise argparse.ArgumentTypeError(f"--format {text!r}: unknown attribute(s) "
-                                         f"{', '.join(sorted(unknown))} (known: no-heading)")
-    fields = tuple(f.strip() for f in (match["fields"] or "").split(",") if f.strip())
-    for f in fields:
-        if not re.fullmatch(r"[A-Za-z_][\w]*(\.[\w-]+)*", f):
-            raise argparse.ArgumentTypeError(
-                f"--format {text!r}: {f!r} is not a field (dotted keys only, e.g. "
-                "hosts.w0.status; transforms such as .basename() are not supported)")
-    if match["name"] in ("csv", "value") and not fields:
-        raise argparse.ArgumentTypeError(f"--format {match['name']} needs the fields to show, "
-                                         f"e.g. {match['name']}(name,state)")
-    return Format(match["name"], heading=match["name"] != "value" and "no-heading" not in attrs,
-                  fields=fields)
+        raise UnsupportedFormat(f"--format {text!r}: unknown attribute(s) "
+                                f"{', '.join(sorted(unknown))} (known: no-heading)")
+    columns = tuple(_column(k, text) for k in _split_top(projection))
+    if name in ("csv", "value") and not columns:
+        raise UnsupportedFormat(f"--format {name} needs the fields to show, "
+                                f"e.g. {name}(name,state)")
+    return Format(name, heading=name != "value" and "no-heading" not in attrs,
+                  columns=columns)
 
 
 def add_format(p: argparse.ArgumentParser) -> None:
@@ -197,22 +352,22 @@ def emit(records: Sequence[Mapping[str, Any]] | Mapping[str, Any], fmt: Format) 
     many = not isinstance(records, Mapping)
     rows: list[Mapping[str, Any]] = [records] if isinstance(records, Mapping) else list(records)
     if fmt.name == "json":
-        if fmt.fields:
-            rows = [{f: field(r, f) for f in fmt.fields} for r in rows]
+        if fmt.columns:
+            rows = [{c.path: c.value(r) for c in fmt.columns} for r in rows]
         print(json.dumps(rows if many else rows[0], indent=2, sort_keys=True, default=str))
         return
-    fields = (fmt.fields or tuple(rows[0])) if rows else fmt.fields
-    table = [[_cell(field(r, f)) for f in fields] for r in rows]
+    columns = fmt.columns or (tuple(Column(k) for k in rows[0]) if rows else ())
+    table = [[_cell(c.value(r)) for c in columns] for r in rows]
     if fmt.name == "csv":
         writer = csv.writer(sys.stdout, lineterminator="\n")
         if fmt.heading:
-            writer.writerow(fields)
+            writer.writerow([c.label or c.path for c in columns])
         writer.writerows(table)
     elif fmt.name == "value":
         for row in table:
             print("\t".join(row))
     else:
-        heads = [f.rsplit(".", 1)[-1].upper() for f in fields]
+        heads = [c.heading for c in columns]
         widths = [max([len(h), *(len(row[i]) for row in table)]) for i, h in enumerate(heads)]
         if fmt.heading:
             print("  ".join(h.ljust(w) for h, w in zip(heads, widths, strict=True)).rstrip())

@@ -29,8 +29,9 @@ DESCRIPTION = ("Publish a capture request (on-demand remote trace, or a snapshot
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """The flags of `capture` and `profiler-session capture` (gcloud's names and values)."""
-    p.add_argument("name", help="session name, or its full resource name (which names the "
-                   "run too)")
+    p.add_argument("name", nargs="?", default=None,
+                   help="session name, or its full resource name (which names the run too); "
+                   "default on-demand-YYYYMMDD-HHMMSS")
     _gcloud.add_run(p, required=False)
     p.add_argument("--targets", default="", help="comma-separated target hosts (default: all)")
     p.add_argument("--kind", choices=("on-demand", "on_demand", "snapshot"),
@@ -39,6 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="trace length, or how far back a snapshot reaches (2s, 5000ms; "
                    "default 2s)")
     _gcloud.add_tracer_levels(p)
+    p.add_argument("--is-trace-enabled", action=argparse.BooleanOptionalAction, default=True,
+                   help="gcloud's flag: mldiag always captures the trace (a capture without "
+                   "one has nothing to analyse), so --no-is-trace-enabled is refused")
     _gcloud.add_async(p)
     p.add_argument("--timeout", type=float, default=300.0, help="seconds to wait for the report")
     _gcloud.add_format(p)
@@ -47,9 +51,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not args.name:
+        # gcloud's documented `profiler-session capture` example names no session.
+        args.name = time.strftime("on-demand-%Y%m%d-%H%M%S", time.gmtime())
     if not args.run:
         raise MldiagError("which run? pass --machine-learning-run RUN (or --run), or the "
                           "session's full resource name")
+    if not getattr(args, "is_trace_enabled", True):
+        raise MldiagError("--no-is-trace-enabled: mldiag captures the trace, which is what it "
+                          "analyses; drop the flag")
     plane = _control.connect(_control.settings_of(args), need_runtime=True)
     # With --format, stdout carries the session record alone; progress goes to stderr.
     out = sys.stderr if args.format else sys.stdout

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from mldiag.capture.requests import continuous_request
+from mldiag.capture.requests import continuous_request, select_targets
 from mldiag.cli import _control, _gcloud
 from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
@@ -42,6 +42,9 @@ def add_arguments(v: argparse.ArgumentParser, verb: str) -> None:
         v.add_argument("--max-bytes", type=_control.size, default=2 * 1024**3,
                        help="ring size cap per target; oldest windows go first (default 2GiB)")
         _gcloud.add_tracer_levels(v)
+        v.add_argument("--xprof-server-port", type=int, default=None, metavar="PORT",
+                       help="the port of the targets' profiler servers (gcloud's flag): a "
+                       "plain profiler server registered on another port is refused by name")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -52,9 +55,18 @@ def run(args: argparse.Namespace) -> int:
                    "device_tracer_level": args.device_tracer_level,
                    "host_tracer_level": args.host_tracer_level,
                    "python_tracer_level": args.python_tracer_level}
-    message, down, wanted = continuous_request(
-        plane, args.run, args.verb, hosts=[h for h in args.targets.split(",") if h],
-        options=options)
+    hosts = [h for h in args.targets.split(",") if h]
+    port = getattr(args, "xprof_server_port", None)
+    if port is not None:
+        # mldiag knows each target's port from its registration; the flag can only agree.
+        other = [t for t in select_targets(plane, args.run, hosts)
+                 if not t.pulls and t.port != port]
+        if other:
+            raise MldiagError("--xprof-server-port " + str(port) + ": " + "; ".join(
+                f"target {t.host} serves its profiler on port {t.port}" for t in other)
+                + " (register the server on that port: mldiag profiler-target create)")
+    message, down, wanted = continuous_request(plane, args.run, args.verb, hosts=hosts,
+                                               options=options)
     for reason in down:
         print(f"mldiag: warning: {reason}", file=sys.stderr)
     request_id = message.request_id

@@ -22,6 +22,7 @@ from mldiag.cli import (
     diff,
     machine_learning_run,
     metrics,
+    monitored_events,
     profiler_session,
     profiler_target,
     roles,
@@ -47,6 +48,7 @@ COMMANDS = {
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,
+    "monitored-events": monitored_events,
     "profiler-session": profiler_session,
     "profiler-target": profiler_target,
     "roles": roles,

@@ -112,6 +112,8 @@ def run(args: argparse.Namespace) -> int:
     state = open_state(_control.settings_of(args))
     if args.verb == "list":
         runs = state.list_runs()
+        if getattr(args, "limit", None) is not None:
+            runs = runs[:max(0, args.limit)]
         if args.format:
             _gcloud.emit([r.to_dict() for r in runs], args.format)
             return 0

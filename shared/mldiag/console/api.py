@@ -25,7 +25,12 @@ from mldiag.access import (
     create_token,
     share_path,
 )
-from mldiag.capture.requests import capture_request, continuous_request
+from mldiag.capture.requests import (
+    capture_request,
+    continuous_request,
+    register_push_target,
+    remove_target,
+)
 from mldiag.console import views
 from mldiag.console.auth import console_of, require
 from mldiag.console.pages import compared, get_session
@@ -58,6 +63,14 @@ class ContinuousBody(BaseModel):
     device_tracer_level: int = Field(1, ge=0, le=2)
     host_tracer_level: int = Field(2, ge=0, le=3)
     python_tracer_level: int = Field(0, ge=0, le=1)
+
+
+class TargetBody(BaseModel):
+    address: str = Field(max_length=300, pattern=r"^\S+:\d{1,5}$",
+                         description="HOST:PORT of the workload's jax.profiler.start_server")
+    host_name: str = Field("", pattern=r"^(|[A-Za-z0-9][A-Za-z0-9._:@+=,-]{0,254})$",
+                           description="its name in profile file names (default HOST_PORT)")
+    platform: Literal["", "tpu", "gpu", "cpu"] = ""
 
 
 class ShareBody(BaseModel):
@@ -121,7 +134,40 @@ def list_targets(run: str, request: Request,
                  principal: Principal = Depends(require(PROFILE))) -> list[dict[str, Any]]:
     console = console_of(request)
     _run_or_404(request, run)
-    return [views.target_view(console, t) for t in console.plane.state.list_targets(run)]
+    return views.target_views(console, console.plane.state.list_targets(run))
+
+
+@router.post("/runs/{run}/targets", status_code=201)
+def post_target(run: str, body: TargetBody, request: Request,
+                principal: Principal = Depends(require(CAPTURE))) -> dict[str, Any]:
+    """Register a plain profiler server (a workload without the SDK that called
+    jax.profiler.start_server) as a push target (editors). The address must pass the
+    capture egress policy; its status comes from connecting to it."""
+    console = console_of(request)
+    _run_or_404(request, run)
+    try:
+        record, state = register_push_target(console.plane, run, body.address,
+                                             host_name=body.host_name,
+                                             platform=body.platform, now=console.clock())
+    except MldiagError as e:
+        raise HTTPException(400, str(e)) from e
+    view = views.target_view(console, record, state)
+    return {**view, "message": f"target {record.host} registered: {view['status']}"
+            + (f" ({view['down_reason']})" if view["down_reason"] else "")}
+
+
+@router.delete("/runs/{run}/targets/{host}")
+def delete_target(run: str, host: str, request: Request,
+                  principal: Principal = Depends(require(CAPTURE))) -> dict[str, Any]:
+    """Forget a target of the run (editors)."""
+    console = console_of(request)
+    _run_or_404(request, run)
+    try:
+        gone = remove_target(console.plane, run, host)
+    except MldiagError as e:
+        raise HTTPException(404, str(e)) from e
+    return {"run": run, "host": host, "deleted": gone,
+            "message": f"target {host} of {run} deleted"}
 
 
 @router.get("/runs/{run}/sessions")

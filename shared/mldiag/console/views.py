@@ -10,6 +10,8 @@ from collections import Counter
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
+from mldiag.capture.targets import status as status_of
+from mldiag.capture.targets import statuses
 from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
 from mldiag.model import (
@@ -36,10 +38,20 @@ def _iso(t: float) -> str | None:
     return datetime.datetime.fromtimestamp(t, datetime.UTC).isoformat(timespec="seconds")
 
 
-def target_view(console: Console, t: TargetRecord) -> dict[str, Any]:
+def target_views(console: Console, targets: list[TargetRecord]) -> list[dict[str, Any]]:
+    """The targets as the pages show them, with their status (a plain profiler server's
+    from connecting to it: `capture.targets.status`)."""
+    return [target_view(console, t, st) for t, st in
+            zip(targets, statuses(targets, console.settings, console.clock()), strict=True)]
+
+
+def target_view(console: Console, t: TargetRecord,
+                state: tuple[str, str] | None = None) -> dict[str, Any]:
     age = console.clock() - t.last_heartbeat if t.last_heartbeat else None
-    up = age is not None and age <= console.settings.target_stale_s
-    return {"host": t.host, "address": t.address, "port": t.port,
+    status, why = state or status_of(t, console.settings, console.clock())
+    up = status != "down"
+    return {"status": status, "down_reason": why, "host": t.host, "address": t.address,
+            "port": t.port,
             "process_index": t.process_index, "platform": t.platform,
             "framework": " ".join(x for x in (t.framework, t.framework_version) if x),
             "up": up, "last_heartbeat": _iso(t.last_heartbeat),
@@ -114,7 +126,7 @@ def session_row(s: SessionRecord, principal: Principal,
 
 def run_row(console: Console, run: RunRecord, sessions: list[SessionRecord]) -> dict[str, Any]:
     targets = console.plane.state.list_targets(run.name)
-    up = sum(1 for t in targets if target_view(console, t)["up"])
+    up = sum(1 for t in target_views(console, targets) if t["up"])
     by_state = Counter(s.state for s in sessions)
     reported = sorted((s for s in sessions if s.state == "REPORTED"),
                       key=lambda s: s.updated_at)
@@ -141,7 +153,7 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
     step-time chart's geometry (for the HTML page)."""
     sessions = sorted(console.plane.state.list_sessions(run=run.name),
                       key=lambda s: s.created_at, reverse=True)
-    targets = [target_view(console, t) for t in console.plane.state.list_targets(run.name)]
+    targets = target_views(console, console.plane.state.list_targets(run.name))
     continuous = [t for t in targets if t["continuous"] != "OFF"]
     since = min((t["continuous_since"] for t in continuous if t["continuous_since"]),
                 default=None)

@@ -341,6 +341,35 @@ class FirestoreStateStore(LazyFirestore):
         targets = usable_targets(TargetRecord(**json.loads(d.get("data"))) for d in docs)
         return sorted(targets, key=lambda t: (t.host, t.port))
 
+    def delete_run(self, name: str) -> bool:
+        ref = self._run_ref(name)
+        existed = bool(ref.get().exists)
+        for target in ref.collection(TARGETS).stream():
+            self._mailbox_ref(name, target.get("host")).delete()
+            target.reference.delete()
+        for point in ref.collection(METRICS).stream():
+            point.reference.delete()
+        for session in self.client.collection(SESSIONS).where(
+                filter=firestore.FieldFilter("run", "==", name)).stream():
+            session.reference.delete()
+        self.client.collection(CAPTURES).document(doc_id(name)).delete()
+        ref.delete()
+        return existed
+
+    def delete_target(self, run: str, host: str, port: int | None = None) -> int:
+        if port is not None:
+            ref = self._target_ref(run, host, port)
+            if not ref.get().exists:
+                return 0
+            ref.delete()
+            return 1
+        gone = 0
+        for d in self._run_ref(run).collection(TARGETS).stream():
+            if d.get("host") == host:
+                d.reference.delete()
+                gone += 1
+        return gone
+
     # Pull targets' requests
 
     def _mailbox_ref(self, run: str, host: str) -> Any:

@@ -206,6 +206,21 @@ class SqliteStateStore:
             "SELECT data FROM targets WHERE run = ? ORDER BY host, port", (run,)).fetchall()
         return usable_targets(TargetRecord(**json.loads(r[0])) for r in rows)
 
+    def delete_run(self, name: str) -> bool:
+        with self._tx() as db:
+            for table in ("targets", "sessions", "requests", "captures", "metrics"):
+                db.execute(f"DELETE FROM {table} WHERE run = ?", (name,))  # noqa: S608
+            return db.execute("DELETE FROM runs WHERE name = ?", (name,)).rowcount > 0
+
+    def delete_target(self, run: str, host: str, port: int | None = None) -> int:
+        with self._tx() as db:
+            if port is None:
+                cur = db.execute("DELETE FROM targets WHERE run = ? AND host = ?", (run, host))
+            else:
+                cur = db.execute("DELETE FROM targets WHERE run = ? AND host = ? AND port = ?",
+                                 (run, host, port))
+            return int(cur.rowcount)
+
     # Pull targets' requests
 
     def put_request(self, request: ControlRequest, now: float) -> bool:

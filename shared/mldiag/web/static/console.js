@@ -1,6 +1,7 @@
 // The console's only script (served from /static, so the CSP needs no inline script).
 // - [data-poll]: refresh states from the JSON API every 2 s, without a reload;
-// - form.action: POST the action bar's forms to the API with the page's CSRF token, and
+// - form.action: POST the action bar's forms to the API (or `data-method`: DELETE a target)
+//   with the page's CSRF token, and
 //   follow a capture to its session's page once the session exists, or reload the page
 //   (`data-reload`: pinning a run's baseline);
 // - button.share / button.revoke: create and revoke share links.
@@ -105,7 +106,7 @@
         const body = formBody(form);
         text(status, "sending…"); if (status) status.classList.remove("err");
         try {
-          const out = await api(form.dataset.api, "POST", body);
+          const out = await api(form.dataset.api, form.dataset.method || "POST", body);
           text(status, out.message || "done");
           if (form.dataset.reload) { window.location.reload(); return; }
           if (form.dataset.follow && body.session) {

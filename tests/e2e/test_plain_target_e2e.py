@@ -1,0 +1,126 @@
+"""A workload without the SDK (only `jax.profiler.start_server(PORT)`) registered from the CLI
+alone, captured on demand and from an alert, and watched by connecting: up, busy, down."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from mldiag.bootstrap import LocalRuntime, bootstrap
+from mldiag.capture import remote
+from mldiag.capture import targets as capture_targets
+from mldiag.cli.main import main
+from mldiag.messages import DegradationDetected
+from mldiag.model import FAILED, REPORTED
+from mldiag.settings import Settings
+from tests.e2e.test_capture_e2e import FAST, free_port, wait_for
+
+pytestmark = pytest.mark.slow
+
+WORKLOAD = Path(__file__).with_name("plain_workload.py")
+RUN = "plain-run"
+
+
+@pytest.fixture
+def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
+    rt = bootstrap(Settings(home=tmp_path / "home", **FAST))
+    rt.start()
+    yield rt
+    rt.stop()
+
+
+@pytest.fixture
+def plain() -> Iterator[tuple[subprocess.Popen[str], int]]:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--port", str(port)],
+                            env={**os.environ, "JAX_PLATFORMS": "cpu",
+                                 "TF_CPP_MIN_LOG_LEVEL": "3"},
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    yield proc, port
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def cli(runtime: LocalRuntime, capsys: pytest.CaptureFixture[str], *argv: str
+        ) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main([*argv, "--home", str(runtime.services.settings.home)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def finished(runtime: LocalRuntime, session: str) -> object:
+    return wait_for(f"session {session}", lambda: (
+        s if (s := runtime.state.get_session(RUN, session)) and s.state in (REPORTED, FAILED)
+        else None))
+
+
+def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched(
+        runtime: LocalRuntime, plain: tuple[subprocess.Popen[str], int],
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every `mldiag` here runs in this process: no reuse of an earlier probe's answer.
+    monkeypatch.setattr(capture_targets, "PROBE_TTL_S", 0.0)
+    proc, port = plain
+    address = f"127.0.0.1:{port}"
+    assert cli(runtime, capsys, "machine-learning-run", "create", RUN,
+               "--location=us-central1")[0] == 0
+    code, out, _ = cli(runtime, capsys, "profiler-target", "create", RUN, "--address", address,
+                       "--platform", "cpu")
+    assert code == 0 and f"target 127.0.0.1_{port} ({address}) registered" in out
+    assert out.rstrip().endswith(": up")
+    # The product's first command, as the docs pipe it into the next one.
+    code, out, _ = cli(runtime, capsys, "profiler-target", "list",
+                       f"--machine-learning-run={RUN}", "--location=us-central1",
+                       "--format=csv[no-heading](name.basename())")
+    assert code == 0 and out.splitlines() == [f"127.0.0.1_{port}"]
+
+    # On demand, named by address as a user pastes it.
+    code, out, err = cli(runtime, capsys, "profiler-session", "capture", "od1",
+                         f"--machine-learning-run={RUN}", f"--targets={address}",
+                         "--duration", "1000ms", "--location=us-central1")
+    s = finished(runtime, "od1")
+    assert code == 0, err
+    assert s.state == REPORTED and s.hosts[f"127.0.0.1_{port}"].status == "ARRIVED"  # type: ignore[attr-defined]
+
+    # From an alert: the run's policy captures the live plain server.
+    assert cli(runtime, capsys, "autocapture", "set", "--run", RUN, "--enable",
+               "--kind", "on-demand", "--duration", "1s")[0] == 0
+    runtime.services.bus.publish(DegradationDetected(alert_id="slow-1", run=RUN,
+                                                     source="cloud-monitoring",
+                                                     summary="step time up 40%"))
+    auto = wait_for("the alert's session", lambda: next(
+        (x for x in runtime.state.list_sessions(run=RUN) if x.trigger == "alert"), None))
+    auto = finished(runtime, auto.session)
+    assert auto.state == REPORTED, auto  # type: ignore[attr-defined]
+    code, out, _ = cli(runtime, capsys, "monitored-events", "list",
+                       f"--machine-learning-run={RUN}", "--format=value(name,profilerSession)")
+    assert code == 0 and out.split() == ["slow-1", auto.session]  # type: ignore[attr-defined]
+
+    # Busy while another session holds its profiler; down once it is gone.
+    holder = threading.Thread(target=lambda: remote.remote_trace(address, 4.0))
+    holder.start()
+    try:
+        def busy() -> bool:
+            code, out, _ = cli(runtime, capsys, "profiler-target", "list",
+                               f"--machine-learning-run={RUN}",
+                               "--format=csv[no-heading](name,status)")
+            return out.strip().endswith(",busy")
+        wait_for("busy", busy, timeout=3.0)
+    finally:
+        holder.join()
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    code, out, _ = cli(runtime, capsys, "targets", "list", "--run", RUN)
+    assert code == 0 and " down " in out and "refuses connections" in out
+    # Forgotten from the CLI too.
+    code, out, _ = cli(runtime, capsys, "profiler-target", "delete", RUN, address)
+    assert code == 0 and runtime.state.list_targets(RUN) == []
