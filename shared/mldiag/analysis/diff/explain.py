@@ -28,6 +28,7 @@ from mldiag.analysis.diff.sides import (
     device_changed,
     is_collective,
 )
+from mldiag.analysis.judgement.evidence import TIMELINE
 
 MAX_EXPLANATION = 10
 # Below this (ms per step, or points of device time) a delta is no change.
@@ -377,7 +378,7 @@ def explain(pa: Profile, pb: Profile, hlo: Mapping[str, Any]
                  pb.cite(*pb.wait_path) if pb.wait_path else None]
         if finding is not None:
             cites += [{"side": "B", **e} for e in finding.get("evidence") or []
-                      if e.get("tool") != "get_step_trace"][:4]
+                      if e.get("tool") not in ("get_step_trace", TIMELINE)][:4]
         culprit = _host_culprit(finding)
         items.append(_item(
             ("the device waits " + ("longer" if d >= 0 else "less") + " for the host each step "

@@ -145,17 +145,17 @@ def profile(side: Side, name: str) -> Profile:
 
 def _steps(p: Profile) -> None:
     snap = p.snapshot
-    hb = ev.get(snap, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snap, ev.TIMELINE) or {}
     tool = "get_step_trace"
     if hb.get("steps_analyzed") and ev.number(hb.get("step_time_ms_average")):
         p.step_ms = ev.number(hb["step_time_ms_average"])
         p.steps = int(hb["steps_analyzed"])
-        p.step_path = (tool, "host_bound_analysis.step_time_ms_average")
+        p.step_path = (ev.TIMELINE, "step_time_ms_average")
         spread = hb.get("step_time_spread") or {}
         p.step_sd = ev.number(spread.get("stddev_ms"))
         if ev.number(hb.get("host_wait_ms_average")) is not None:
             p.wait_ms = ev.number(hb["host_wait_ms_average"])
-            p.wait_path = (tool, "host_bound_analysis.host_wait_ms_average")
+            p.wait_path = (ev.TIMELINE, "host_wait_ms_average")
     else:
         summary = ev.get(snap, tool, "summary", {}) or {}
         if ev.number(summary.get("step_time_ms_average")):
@@ -192,7 +192,7 @@ def _digests(p: Profile) -> None:
             by_base.setdefault(str(d.get("base") or module_base(str(d["module"]))), []).append(d)
     # Several compiles of one program (its name with different ids): the one that ran in the
     # steps, else the last compiled.
-    hb = ev.get(p.snapshot, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(p.snapshot, ev.TIMELINE) or {}
     ran = {str(k) for k in (hb.get("op_time_ms_by_program") or {}) if k}
     for base, mods in by_base.items():
         running = [d for d in mods if str(d.get("program_id")) in ran]
@@ -215,7 +215,7 @@ def _kind(p: Profile, module: str, op: str, fallback: str = "") -> str:
 
 def _ops(p: Profile) -> None:
     snap = p.snapshot
-    hb = ev.get(snap, "get_step_trace", "host_bound_analysis", {}) or {}
+    hb = ev.tool_data(snap, ev.TIMELINE) or {}
     by_program = hb.get("op_time_ms_by_program") or {}
     groups = ev.get(snap, "get_hlo_op_profile", "grouped_operations", {}) or {}
     if hb.get("compute_source") == "xla_cpu" and by_program:
@@ -246,7 +246,7 @@ def _timeline_ops(p: Profile, hb: Mapping[str, Any],
             value = ev.number(ms)
             if value is None:
                 continue
-            path = (("get_step_trace", f"host_bound_analysis.op_time_per_step"
+            path = ((ev.TIMELINE, f"op_time_per_step"
                      f"[op={op}&program_id={program}].ms_per_step")
                     if (str(program), op) in listed else None)
             key = (module, str(op))
