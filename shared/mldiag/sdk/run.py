@@ -17,6 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mldiag.capture import remote
 from mldiag.capture.remote import accepts_connections
 from mldiag.capture.targets import liveness
 from mldiag.errors import MldiagError
@@ -217,19 +218,59 @@ class MLRun:
         pending, self._pending = list(self._pending), []
         return [f.result(timeout=timeout) for f in pending]
 
-    # Continuous profiling (the SDK's portable ring buffer)
+    # Continuous profiling (the SDK's portable ring buffer, or xprof's own when the workload
+    # started it)
+
+    @property
+    def profiler_address(self) -> str | None:
+        """This process's profiler server, where xprof's native continuous profiling runs
+        when the workload started it (`start_continuous_profiling('localhost:PORT', ...)`);
+        None when this process runs none (a server on that port is another process's)."""
+        if self.profiler_server is None and not _jax_server_running():
+            return None
+        return f"127.0.0.1:{self.target.port}"
+
+    def native_running(self) -> bool:
+        """Whether xprof's native continuous profiling holds this process's profiler."""
+        address = self.profiler_address
+        return address is not None and remote.native_running(address)
+
+    def _profiler_holder(self) -> str | None:
+        """Who holds the profiler, by name, when the ring cannot start a window."""
+        if self.native_running():
+            return ("xprof's native continuous profiling (started with continuous_profiling_"
+                    f"snapshot.start_continuous_profiling on :{self.target.port}); mldiag's "
+                    "snapshots read its buffer")
+        return None
 
     def start_continuous(self, **options: Any) -> None:
-        """Start continuous profiling of this process (snapshot mode) in the ring buffer."""
+        """Start continuous profiling of this process (snapshot mode) in the ring buffer.
+
+        When the workload already runs xprof's native continuous profiling on its profiler
+        server, that session is adopted instead (the target is NATIVE and snapshots are
+        xprof's `get_snapshot`): only one profiler session can run in a process.
+        """
         if self.ring is None:
             raise MldiagError("continuous profiling is not available: the run was closed")
+        if self.ring.active:
+            self.ring.start(**options)  # validates; the running ring is kept
+            self._set_continuous("RING")
+            return
+        if self.native_running():
+            log.info("mldiag: %s: xprof's native continuous profiling already runs on :%d; "
+                     "adopted", self.host, self.target.port)
+            self._set_continuous("NATIVE")
+            return
         self.ring.start(**options)
         self._set_continuous("RING")
 
     def stop_continuous(self) -> None:
-        """Stop continuous profiling of this process."""
+        """Stop continuous profiling of this process (an adopted native session too: the
+        user asked for it to stop)."""
         if self.ring is not None:
             self.ring.stop()
+        if self.target.continuous == "NATIVE" and self.profiler_address is not None:
+            remote.native_stop(self.profiler_address)
         self._set_continuous("OFF")
 
     def _set_continuous(self, state: str) -> None:
@@ -330,6 +371,14 @@ class MLRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _jax_server_running() -> bool:
+    """Whether the workload started jax's profiler server itself (`jax.profiler.start_server`,
+    which keeps it in this private slot; False where jax's internals differ)."""
+    from jax._src import profiler as jax_profiler
+
+    return getattr(jax_profiler, "_profiler_server", None) is not None
 
 
 def _live_hosts(plane: ControlPlane, run: str, settings: Settings) -> set[str]:
@@ -522,6 +571,7 @@ def machinelearning_run(
         # profiler server is only for tools that push (TensorBoard, the XProf UI's capture).
         server = jax.profiler.start_server(port) if on_demand_xprof else None
         ring = RingBuffer()
+        ring.holder = lambda: holder[0]._profiler_holder() if holder else None
         target = TargetRecord(
             run=stored_name, host=host, port=port, process_index=jax.process_index(),
             framework="jax", framework_version=jax.__version__, last_heartbeat=now,
