@@ -42,9 +42,30 @@ class ProfilerBusy(CaptureFailed):
     """
 
 
+# The tracer levels a capture asks for when it names none (CaptureProfile's defaults): all that
+# a buffer recorded at levels nobody told mldiag can be trusted to hold.
+DEFAULT_LEVELS = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}
+
+
+class NativeAlreadyRunning(ProfilerBusy):
+    """xprof's own continuous profiling already runs on the target: someone else (the
+    workload, with `continuous_profiling_snapshot.start_continuous_profiling`) started it.
+
+    Not an error for a `continuous start`: the session is adopted (its snapshots are xprof's
+    `get_snapshot`). Permanent for a one-off trace: the session never ends on its own, so
+    the capture reads its buffer instead of waiting.
+    """
+
+
 # What xprof's client raises both when nobody listens and when the server refused the session
 # with ALREADY_EXISTS ("Another profiling session active", in the workload's log only).
 _NO_TRACE = "No trace event was collected"
+# The profiler server's answer to StartContinuousProfiling when a continuous session already
+# runs (a one-off trace holding the profiler answers INTERNAL "Another profiling session
+# active" instead), measured with xprof 2.24.2 and jax 0.9.
+_NATIVE_RUNNING = "A profiling session is already running"
+# Its answer to GetSnapshot and StopContinuousProfiling when none runs.
+_NO_NATIVE = "No continuous profiling session found"
 
 
 def accepts_connections(service_addr: str) -> bool:
@@ -145,7 +166,12 @@ def _read_single_xplane(logdir: Path, what: str, max_bytes: int | None = None) -
 
 def _classify(service_addr: str, e: RuntimeError) -> CaptureFailed:
     text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-    if "ALREADY_EXISTS" in text or (_NO_TRACE in text and accepts_connections(service_addr)):
+    if _NATIVE_RUNNING in text:
+        return NativeAlreadyRunning(
+            f"xprof's native continuous profiling already runs on {service_addr} (started "
+            "outside mldiag, by the workload itself)")
+    if "ALREADY_EXISTS" in text or "Another profiling session active" in text or (
+            _NO_TRACE in text and accepts_connections(service_addr)):
         # A server that is up and answers no trace has refused the session: another one (a
         # programmatic xprof(), jax.profiler.trace, another tool) holds the profiler.
         return ProfilerBusy(f"another profiling session is active on {service_addr} (its "
@@ -175,7 +201,8 @@ def remote_trace(service_addr: str, duration_s: float, *, delay_s: float = 0.0,
 
 def native_start(service_addr: str, *, duration_ms: int = 2000, host_tracer_level: int = 2,
                  device_tracer_level: int = 1, python_tracer_level: int = 0) -> None:
-    """Start xprof's own continuous profiling on a (TPU) target."""
+    """Start xprof's own continuous profiling on a (TPU) target; NativeAlreadyRunning when
+    one already runs there."""
     options = {"duration_ms": duration_ms, "host_tracer_level": host_tracer_level,
                "device_tracer_level": device_tracer_level,
                "python_tracer_level": python_tracer_level}
@@ -190,14 +217,56 @@ def native_stop(service_addr: str) -> None:
     try:
         _plugin().stop_continuous_profiling(service_addr)
     except RuntimeError as e:
+        if _NO_NATIVE in str(e):
+            return  # already stopped: what was asked for
         raise _classify(service_addr, e) from e
 
 
 def native_snapshot(service_addr: str, max_bytes: int | None = None) -> bytes:
-    """The target's continuous-profiling buffer, as xplane bytes."""
+    """The target's continuous-profiling buffer, as xplane bytes (xprof's `get_snapshot`);
+    NativeOff when no native session runs there."""
     with tempfile.TemporaryDirectory(prefix="mldiag-snapshot-") as tmp:
         try:
             _plugin().get_snapshot(service_addr, tmp)
         except RuntimeError as e:
+            if _NO_NATIVE in str(e):
+                raise NativeOff(f"xprof's native continuous profiling is not running on "
+                                f"{service_addr}") from e
             raise _classify(service_addr, e) from e
-        return _read_single_xplane(Path(tmp), f"snapshot of {service_addr}", max_bytes)
+        try:
+            return _read_single_xplane(Path(tmp), f"snapshot of {service_addr}", max_bytes)
+        except CaptureFailed as e:
+            if "wrote no .xplane.pb" not in str(e):
+                raise
+            raise CaptureFailed(
+                f"snapshot of {service_addr}: xprof's native continuous profiling answered "
+                "with no trace (it records device traces on TPU only; on CPU and GPU its "
+                "buffer stays empty)") from e
+
+
+class NativeOff(CaptureFailed):
+    """No native continuous-profiling session runs on the target (its NOT_FOUND answer).
+
+    Permanent for this request: there is no buffer to read.
+    """
+
+
+def native_running(service_addr: str) -> bool:
+    """Whether xprof's native continuous profiling holds the profiler at `service_addr`.
+
+    The server says so only when asked to start one (xprof has no status call), so this
+    asks: a server already running one refuses with "already running". A free profiler
+    would accept, so the session the probe started is stopped again at once; call this
+    when the profiler is known to be busy, where the probe changes nothing.
+    """
+    if not accepts_connections(service_addr):
+        return False
+    try:
+        _plugin().start_continuous_profiling(service_addr, {})
+    except RuntimeError as e:
+        return _NATIVE_RUNNING in str(e)
+    try:
+        _plugin().stop_continuous_profiling(service_addr)
+    except RuntimeError:
+        pass  # stopped meanwhile (by whoever else probed): not running either way
+    return False

@@ -7,9 +7,10 @@ policy:
 | request | target's continuous state | how |
 |---|---|---|
 | on-demand | OFF | xprof remote trace on the profiler server, from the aligned start |
-| on-demand | NATIVE | the native buffer after `duration` (TPU) |
-| snapshot | NATIVE | xprof's continuous-profiling snapshot (TPU) |
-| snapshot | OFF | fails: nothing is being recorded |
+| on-demand | NATIVE | the native buffer after `duration` (TPU; default tracer levels only) |
+| on-demand | OFF, profiler held by a native session | as NATIVE (the workload started it) |
+| snapshot | NATIVE, or OFF with a native session running | xprof's `get_snapshot` (TPU) |
+| snapshot | OFF, no native session | fails: nothing is being recorded |
 | any | RING | fails: an SDK from before pull delivery; mldiag does not call its endpoint |
 
 Liveness (`status`): an SDK target by its heartbeat; a plain profiler server, which has none,
@@ -152,19 +153,48 @@ def capture(target: TargetRecord, msg: CaptureProfile, start_at: float, *,
     if target.continuous == "RING":
         raise _legacy(target)
     if msg.capture == "snapshot":
-        if target.continuous == "NATIVE":
+        try:
+            # Also when mldiag did not start it: the workload may run xprof's own.
             return remote.native_snapshot(_profiler(target, egress), max_bytes)
-        raise remote.CaptureFailed(
-            f"target {target.host}: continuous profiling is off, so there is no snapshot "
-            f"to take (start it with `mldiag continuous start --run {target.run}`)")
+        except remote.NativeOff:
+            raise remote.CaptureFailed(
+                f"target {target.host}: continuous profiling is off, so there is no snapshot "
+                f"to take (start it with `mldiag continuous start --run {target.run}`)"
+            ) from None
     if target.continuous == "NATIVE":
-        addr = _profiler(target, egress)
-        time.sleep(max(0.0, start_at - time.time()) + msg.duration_s)
-        return remote.native_snapshot(addr, max_bytes)
-    return remote.remote_trace(
-        _profiler(target, egress), msg.duration_s, delay_s=max(0.0, start_at - time.time()),
-        host_tracer_level=msg.host_tracer_level, device_tracer_level=msg.device_tracer_level,
-        python_tracer_level=msg.python_tracer_level, max_bytes=max_bytes)
+        return _from_native(target, msg, start_at, _profiler(target, egress), max_bytes)
+    addr = _profiler(target, egress)
+    try:
+        return remote.remote_trace(
+            addr, msg.duration_s, delay_s=max(0.0, start_at - time.time()),
+            host_tracer_level=msg.host_tracer_level,
+            device_tracer_level=msg.device_tracer_level,
+            python_tracer_level=msg.python_tracer_level, max_bytes=max_bytes)
+    except remote.ProfilerBusy:
+        # The holder may be xprof's native continuous profiling, which the workload started
+        # and which never ends on its own: read its buffer rather than wait for it.
+        if not remote.native_running(addr):
+            raise
+        return _from_native(target, msg, start_at, addr, max_bytes)
+
+
+def _from_native(target: TargetRecord, msg: CaptureProfile, start_at: float, addr: str,
+                 max_bytes: int) -> bytes:
+    """An on-demand interval from the native buffer, read once the interval ends; refused
+    when it asks for tracer levels that the native session may not record."""
+    asked = {"host_tracer_level": msg.host_tracer_level,
+             "device_tracer_level": msg.device_tracer_level,
+             "python_tracer_level": msg.python_tracer_level}
+    if asked != remote.DEFAULT_LEVELS:
+        raise remote.CaptureFailed(
+            f"target {target.host}: on-demand sessions can't be captured while continuous "
+            "profiling is active (xprof's native session holds the profiler with its own "
+            "tracer levels, and this capture asks for "
+            + ", ".join(f"{k}={v}" for k, v in asked.items()
+                        if remote.DEFAULT_LEVELS[k] != v)
+            + "); ask for the default levels or a snapshot")
+    time.sleep(max(0.0, start_at + msg.duration_s - time.time()))
+    return remote.native_snapshot(addr, max_bytes)
 
 
 def set_continuous(target: TargetRecord, msg: ContinuousProfiling, *,
@@ -181,6 +211,9 @@ def set_continuous(target: TargetRecord, msg: ContinuousProfiling, *,
     if msg.action == "start":
         if target.continuous == "RING":
             raise _legacy(target)
+        if target.continuous == "NATIVE" or remote.native_running(_profiler(target, egress)):
+            # The workload runs xprof's own already: adopted, on any platform.
+            return "NATIVE"
         if target.platform != "tpu":
             platform = target.platform or "an unknown platform"
             raise remote.CaptureFailed(

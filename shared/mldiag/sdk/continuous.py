@@ -19,11 +19,13 @@ import tempfile
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from mldiag import limits
+from mldiag.capture.remote import DEFAULT_LEVELS
 from mldiag.sdk.custom_types.exceptions import MLDiagnosticError
 from mldiag.sdk.xspace import merge_xspaces
 
@@ -31,6 +33,18 @@ log = logging.getLogger(__name__)
 
 OFF, RUNNING, WAITING, FAILED = "OFF", "RUNNING", "WAITING", "FAILED"
 _RETRY_S = 0.5
+LEVELS = ("host_tracer_level", "device_tracer_level", "python_tracer_level")
+
+
+def missing_levels(requested: dict[str, int], recorded: dict[str, int] | None) -> str:
+    """'' when a trace recorded at `recorded` levels holds everything `requested` asks for,
+    else what it lacks ("python_tracer_level=1 (recorded: 0)"). `recorded` None: unknown
+    levels (a session someone else started), which hold only what the defaults ask for."""
+    if recorded is None:
+        asked = {k: v for k, v in requested.items() if DEFAULT_LEVELS.get(k) != v}
+        return ", ".join(f"{k}={v} (its levels are unknown)" for k, v in sorted(asked.items()))
+    return ", ".join(f"{k}={v} (recorded: {recorded.get(k, 0)})"
+                     for k, v in sorted(requested.items()) if v > recorded.get(k, 0))
 
 
 class ContinuousError(MLDiagnosticError, RuntimeError):
@@ -207,6 +221,23 @@ class RingBuffer:
         self._next_index = 0
         # Tests force jax's public (slower) route with this.
         self._fast_stop = True
+        # Names who holds the profiler when the ring cannot start a window (None: unknown).
+        self.holder: Callable[[], str | None] | None = None
+        self._held_by: str | None = None
+
+    @property
+    def held_by(self) -> str | None:
+        """Who holds this process's profiler while the ring waits for it, when known (xprof's
+        native continuous profiling, say); None while the ring records or is off."""
+        with self._lock:
+            return self._held_by if self._thread is not None else None
+
+    def levels(self) -> dict[str, int] | None:
+        """The tracer levels the ring records at; None while it is off."""
+        with self._lock:
+            if self._thread is None or self._opts is None:
+                return None
+            return {k: getattr(self._opts, k) for k in LEVELS}
 
     @property
     def active(self) -> bool:
@@ -238,6 +269,7 @@ class RingBuffer:
             self._windows.clear()
             self._bytes = self._evicted = 0
             self._state, self._reason = WAITING, "starting the first window"
+            self._held_by = None
             self._stop.clear()
             self._thread = threading.Thread(target=self._run, args=(recorder, opts),
                                             name="mldiag-ring", daemon=True)
@@ -365,6 +397,9 @@ class RingBuffer:
 
     def _no_window_reason(self) -> str:
         assert self._opts is not None
+        if self._state == WAITING and self._held_by:
+            return (f"the ring has no window: this process's profiler is held by "
+                    f"{self._held_by}, so the ring records nothing until that session stops")
         why = f"; {self._reason}" if self._state == WAITING and self._reason else ""
         return (f"no complete window yet: the first one ends about {self._opts.window_s:g} s "
                 f"after the profiler starts (ring {self._state}{why})")
@@ -374,6 +409,23 @@ class RingBuffer:
             if (state, reason) != (self._state, self._reason):
                 log.info("continuous profiling %s%s", state, f": {reason}" if reason else "")
             self._state, self._reason = state, reason
+            if state == RUNNING:
+                self._held_by = None
+
+    def _busy(self, error: RuntimeError, what: str) -> None:
+        """The profiler refused a window: wait, naming the holder when it can be found out
+        (once per busy spell: finding out may cost a call to the profiler server)."""
+        with self._lock:
+            held_by = self._held_by
+        if held_by is None and self.holder is not None:
+            try:
+                held_by = self.holder()
+            except Exception as e:  # noqa: BLE001 - the generic reason below still holds
+                log.debug("could not tell who holds the profiler: %s", e)
+        with self._lock:
+            self._held_by = held_by
+        self._set_state(WAITING, f"profiler held by {held_by}" if held_by
+                        else f"{what}: {error}")
 
     def _run(self, recorder: _Recorder, opts: _Options) -> None:
         try:
@@ -399,7 +451,7 @@ class RingBuffer:
                 try:
                     recorder.start()
                 except RuntimeError as e:
-                    self._set_state(WAITING, f"profiler busy, retrying: {e}")
+                    self._busy(e, "profiler busy, retrying")
                     self._stop.wait(min(_RETRY_S, opts.window_s))
                     continue
                 started = time.time()
@@ -410,7 +462,7 @@ class RingBuffer:
                 blob = recorder.stop()
             except RuntimeError as e:
                 # Another session (a remote capture) took the C++ profiler during the window.
-                self._set_state(WAITING, f"window lost, profiler busy: {e}")
+                self._busy(e, "window lost, profiler busy")
                 self._stop.wait(min(_RETRY_S, opts.window_s))
                 continue
             if self._stop.is_set():
@@ -421,7 +473,7 @@ class RingBuffer:
                 recorder.start()
                 next_started = time.time()
             except RuntimeError as e:
-                self._set_state(WAITING, f"profiler busy, retrying: {e}")
+                self._busy(e, "profiler busy, retrying")
             self._store(blob, started, ended, opts)
             started = next_started
 

@@ -44,6 +44,10 @@ class ProfilerEngine(Protocol):
 
     def version(self) -> str: ...
     def process_index(self) -> int: ...
+    def process_count(self) -> int:
+        """Processes of the job this one belongs to (1 outside a multi-process job)."""
+        ...
+
     def platform(self) -> str: ...
     def start_trace(self, logdir: Path) -> None: ...
     def stop_trace(self) -> None: ...
@@ -52,6 +56,12 @@ class ProfilerEngine(Protocol):
         ...
 
     def stop_server(self, server: Any) -> None: ...
+
+
+def _torch_world_size() -> int:
+    """The job's process count as torchrun sets it (1 when it did not)."""
+    raw = os.environ.get("WORLD_SIZE", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else 1
 
 
 def _torch_rank() -> int | None:
@@ -79,6 +89,11 @@ class JaxEngine:
         import jax
 
         return int(jax.process_index())
+
+    def process_count(self) -> int:
+        import jax
+
+        return int(jax.process_count())
 
     def platform(self) -> str:
         import jax
@@ -126,6 +141,9 @@ class TorchXlaEngine:
         import torch_xla.runtime as xr
 
         return int(xr.process_index())
+
+    def process_count(self) -> int:
+        return _torch_world_size()
 
     def platform(self) -> str:
         import torch_xla.runtime as xr
@@ -175,6 +193,9 @@ class TorchTpuEngine:
     def process_index(self) -> int:
         rank = _torch_rank()
         return 0 if rank is None else rank
+
+    def process_count(self) -> int:
+        return _torch_world_size()
 
     def platform(self) -> str:
         return "tpu"

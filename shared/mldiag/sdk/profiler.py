@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from mldiag.errors import MldiagError
-from mldiag.model import CAPTURING, SessionRecord
+from mldiag.model import CAPTURING, SessionRecord, TargetRecord
 from mldiag.sdk.current import current_run
 from mldiag.sdk.custom_types.exceptions import ProfilingError
 from mldiag.sdk.engines import trace_file
@@ -36,6 +36,11 @@ from mldiag.sdk.workload import session_name
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
+# How long the first process of a multi-process job waits, when it starts a programmatic
+# session, for the job's other processes to register (once, at start-up; later sessions
+# find them registered).
+REGISTRATION_WAIT_S = 30.0
+REGISTRATION_POLL_S = 0.1
 
 
 def default_session_id() -> str:
@@ -126,17 +131,22 @@ class Xprof:
             log.error("mldiag: could not record the failure of session %s: %s", session, e)
 
     def _expect_hosts(self, run: MLRun, session: str) -> None:
-        """Create the session (first host wins) expecting the live targets that capture."""
+        """Create the session (first host wins) expecting every process that captures."""
+        import jax
+
         now = time.time()
-        stale = run.plane.settings.target_stale_s
-        hosts = sorted({
-            t.host for t in run.plane.state.list_targets(run.name)
-            if (now - t.last_heartbeat <= stale or t.host == run.host)
-            and (self.process_index_list is None or t.process_index in self.process_index_list)
-        })
+        hosts, missing = expected_hosts(run, jax.process_count(), self.process_index_list)
+        note = ""
+        if missing:
+            note = (f"process{'es' if len(missing) > 1 else ''} "
+                    f"{', '.join(map(str, missing))} of the job had not registered when the "
+                    "capture started: the session does not wait for "
+                    f"{'them' if len(missing) > 1 else 'it'}")
+            log.warning("mldiag: session %s: %s", session, note)
         run.plane.state.create_session(SessionRecord(
             run=run.name, session=session, state=CAPTURING, kind="programmatic",
-            trigger="manual", expected_hosts=hosts, created_at=now, updated_at=now))
+            trigger="manual", expected_hosts=hosts, created_at=now, updated_at=now,
+            note=note))
 
     def stop(self) -> None:
         """Stop capturing; the upload of the trace starts in the background."""
@@ -191,6 +201,45 @@ class Xprof:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def expected_hosts(run: MLRun, process_count: int, process_index_list: list[int] | None,
+                   wait_s: float | None = None) -> tuple[list[str], list[int]]:
+    """The host names a programmatic session of `run` waits for, and the process indices of
+    the job that could not be named.
+
+    In a multi-process job (`process_count > 1`) the job says who captures: the processes of
+    `process_index_list`, or all of them. Each is named by the run's live target of that
+    process index, waiting up to `wait_s` (REGISTRATION_WAIT_S) for processes that have not
+    registered yet (the job's processes start together, but one may still be importing).
+    Otherwise (one process, or independent processes of one run) the run's live targets
+    are the job.
+    """
+    stale = run.plane.settings.target_stale_s
+    wait_s = REGISTRATION_WAIT_S if wait_s is None else wait_s
+
+    def live() -> list[TargetRecord]:
+        now = time.time()
+        return [t for t in run.plane.state.list_targets(run.name)
+                if now - t.last_heartbeat <= stale or t.host == run.host]
+
+    if process_count <= 1:
+        return sorted({t.host for t in live() if process_index_list is None
+                       or t.process_index in process_index_list}), []
+    wanted = sorted({i for i in (range(process_count) if process_index_list is None
+                                 else process_index_list) if 0 <= i < process_count})
+    deadline = time.monotonic() + wait_s
+    while True:
+        newest: dict[int, TargetRecord] = {}
+        for t in live():
+            if t.process_index in wanted and (
+                    t.process_index not in newest
+                    or t.registered_at > newest[t.process_index].registered_at):
+                newest[t.process_index] = t
+        missing = [i for i in wanted if i not in newest]
+        if not missing or time.monotonic() >= deadline:
+            return sorted({t.host for t in newest.values()}), missing
+        time.sleep(REGISTRATION_POLL_S)
 
 
 # The public name, as in google_cloud_mldiagnostics.

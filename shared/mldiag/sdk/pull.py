@@ -5,9 +5,11 @@ state store; on Google Cloud through the registration function, the same path as
 heartbeat) and runs each in this process, off the training thread:
 
 - `on_demand`: a trace of `duration_s` from the request's start time, cut from the ring while
-  continuous profiling runs; a profiler held by someone else is waited for until the
-  request's `start_at + wait_s`;
-- `snapshot`: the newest `duration_s` of the ring;
+  continuous profiling runs (refused when the ring records fewer tracer levels than asked);
+  a profiler held by someone else is waited for until the request's `start_at + wait_s`,
+  except xprof's native continuous profiling, whose buffer is read after the interval;
+- `snapshot`: the newest `duration_s` of the ring, or xprof's native buffer when the workload
+  runs its own continuous profiling;
 - `continuous_start|stop`: the ring, with the requested options.
 
 A capture is uploaded like a programmatic one (`<run>/plugins/profile/<session>/<host>.xplane.pb`)
@@ -28,8 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from mldiag.capture.pull import take_requests
+from mldiag.capture.remote import NativeOff, ProfilerUnreachable, native_snapshot
+from mldiag.errors import MldiagError
 from mldiag.model import ControlRequest
-from mldiag.sdk.continuous import ContinuousError, recorder
+from mldiag.sdk.continuous import LEVELS, ContinuousError, missing_levels, recorder
 
 if TYPE_CHECKING:
     # For the annotations only: `run` imports this module to start a run's Puller, so
@@ -101,8 +105,8 @@ class Puller:
             else:
                 self._set_continuous(request)
         except Exception as e:  # noqa: BLE001 - reported on the session or target
-            reason = str(e) if isinstance(e, ContinuousError | ValueError) else (
-                f"{type(e).__name__}: {e}")
+            reason = str(e) if isinstance(e, ContinuousError | ValueError | MldiagError) \
+                else f"{type(e).__name__}: {e}"
             log.error("mldiag: %s request %s failed: %s", request.action, request.id, reason)
             self._report_failure(request, reason)
 
@@ -120,20 +124,57 @@ class Puller:
 
     # Captures
 
+    def _native(self) -> bool:
+        """Whether xprof's native continuous profiling holds this process's profiler: adopted
+        by `continuous start`, or named by the ring that waits for it. (Not probed here: on
+        a free profiler the probe would start a session.)"""
+        ring = self.run.ring
+        return self.run.target.continuous == "NATIVE" or (
+            ring is not None and ring.active and ring.held_by is not None
+            and "native" in ring.held_by)
+
+    def _native_snapshot(self) -> bytes:
+        address = self.run.profiler_address
+        if address is None:
+            raise NativeOff(f"{self.run.host} runs no profiler server, so no native "
+                            "continuous profiling either")
+        # xprof's own buffer, whole: its length is the workload's choice.
+        return native_snapshot(address, self.run.plane.settings.max_host_bytes)
+
     def _snapshot(self, request: ControlRequest) -> None:
         ring = self.run.ring
+        if self._native():
+            self.run.upload(request.session, self._native_snapshot())
+            return
         if ring is None or not ring.active:
-            raise ContinuousError(
-                f"continuous profiling is off on {self.run.host}, so there is no snapshot to "
-                f"take (start it with `mldiag continuous start --run {self.run.name}`)")
+            try:
+                # The workload may run xprof's native continuous profiling itself.
+                data = self._native_snapshot()
+            except (NativeOff, ProfilerUnreachable):
+                raise ContinuousError(
+                    f"continuous profiling is off on {self.run.host}, so there is no snapshot "
+                    f"to take (start it with `mldiag continuous start --run {self.run.name}`)"
+                ) from None
+            self.run.upload(request.session, data)
+            return
         capture = ring.snapshot_capture(request.duration_s)
         self.run.upload(request.session, capture.data)
 
     def _on_demand(self, request: ControlRequest) -> None:
         duration = float(request.duration_s or 0.0)
         ring = self.run.ring
+        if self._native():
+            self.run.upload(request.session, self._from_native(request, duration))
+            return
         if ring is not None and ring.active:
-            # The profiler is the ring's: serve the interval from its windows.
+            # The profiler is the ring's: serve the interval from its windows, if they hold
+            # what was asked for.
+            lacking = missing_levels(_levels(request.options), ring.levels())
+            if lacking:
+                raise ContinuousError(
+                    f"on-demand sessions can't be captured while continuous profiling is "
+                    f"active on {self.run.host} with fewer tracer levels than asked: "
+                    f"{lacking}; stop continuous profiling, or ask for a snapshot")
             start = max(request.start_at, time.time())
             window_s = float(ring.status().get("window_s") or 2.0)
             timeout = (start + duration - time.time()) + 2 * window_s + 10.0
@@ -142,12 +183,26 @@ class Puller:
             return
         self.run.upload(request.session, self._trace(request, duration))
 
+    def _from_native(self, request: ControlRequest, duration: float) -> bytes:
+        """The on-demand interval from xprof's native buffer: read once the interval ends."""
+        lacking = missing_levels(_levels(request.options), None)
+        if lacking:
+            raise ContinuousError(
+                f"on-demand sessions can't be captured while continuous profiling is active "
+                f"on {self.run.host} (xprof's native session, started by the workload, holds "
+                f"the profiler with its own tracer levels): {lacking}; ask for the default "
+                "levels or a snapshot")
+        if self._stop.wait(max(0.0, request.start_at + duration - time.time())):
+            raise ContinuousError(f"{self.run.host} is shutting down (its run was closed)")
+        return self._native_snapshot()
+
     def _trace(self, request: ControlRequest, duration: float) -> bytes:
         give_up = request.start_at + request.wait_s
         with self._trace_lock:
             if self._stop.wait(max(0.0, request.start_at - time.time())):
                 raise ContinuousError(f"{self.run.host} is shutting down (its run was closed)")
             scratch = Path(tempfile.mkdtemp(prefix="mldiag-pull-"))
+            checked_native = False
             try:
                 trace = recorder(scratch, **_levels(request.options))
                 while True:
@@ -155,6 +210,11 @@ class Puller:
                         trace.start()
                         break
                     except RuntimeError as e:
+                        if not checked_native:
+                            # Found once: a native session does not end on its own.
+                            checked_native = True
+                            if self.run.native_running():
+                                return self._from_native(request, duration)
                         if time.time() >= give_up or self._stop.is_set():
                             waited = max(0.0, time.time() - request.start_at)
                             raise ContinuousError(
@@ -164,7 +224,14 @@ class Puller:
                 # A trace that started runs its duration, even while the run closes: its
                 # upload is what the session waits for.
                 time.sleep(duration)
-                return trace.stop()
+                try:
+                    return trace.stop()
+                except RuntimeError:
+                    # jax starts a session over xprof's native one without a word, and
+                    # only the stop fails: read the native buffer instead.
+                    if checked_native or not self.run.native_running():
+                        raise
+                    return self._from_native(request, duration)
             finally:
                 shutil.rmtree(scratch, ignore_errors=True)
 
@@ -181,5 +248,4 @@ class Puller:
 
 
 def _levels(options: dict[str, Any]) -> dict[str, int]:
-    keys = ("host_tracer_level", "device_tracer_level", "python_tracer_level")
-    return {k: int(options[k]) for k in keys if k in options}
+    return {k: int(options[k]) for k in LEVELS if k in options}

@@ -17,6 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from mldiag.capture import remote
+from mldiag.capture.remote import accepts_connections
+from mldiag.capture.targets import liveness
 from mldiag.errors import MldiagError
 from mldiag.messages import DegradationDetected
 from mldiag.model import (
@@ -30,7 +33,7 @@ from mldiag.model import (
     RunRecord,
     TargetRecord,
 )
-from mldiag.sdk import engines, metrics, workload
+from mldiag.sdk import engines, hosts, metrics, workload
 from mldiag.sdk.continuous import RingBuffer
 from mldiag.sdk.current import current_run, release, set_current
 from mldiag.sdk.custom_types.exceptions import MLRunConfigurationError
@@ -140,6 +143,7 @@ class MLRun:
     _stop: threading.Event = field(default_factory=threading.Event)
     _closed: bool = False
     _record: RunRecord | None = None
+    _slot: hosts.HostSlot | None = None
 
     @property
     def region(self) -> str | None:
@@ -217,19 +221,59 @@ class MLRun:
         pending, self._pending = list(self._pending), []
         return [f.result(timeout=timeout) for f in pending]
 
-    # Continuous profiling (the SDK's portable ring buffer)
+    # Continuous profiling (the SDK's portable ring buffer, or xprof's own when the workload
+    # started it)
+
+    @property
+    def profiler_address(self) -> str | None:
+        """This process's profiler server, where xprof's native continuous profiling runs
+        when the workload started it (`start_continuous_profiling('localhost:PORT', ...)`);
+        None when this process runs none (a server on that port is another process's)."""
+        if self.profiler_server is None and not _jax_server_running():
+            return None
+        return f"127.0.0.1:{self.target.port}"
+
+    def native_running(self) -> bool:
+        """Whether xprof's native continuous profiling holds this process's profiler."""
+        address = self.profiler_address
+        return address is not None and remote.native_running(address)
+
+    def _profiler_holder(self) -> str | None:
+        """Who holds the profiler, by name, when the ring cannot start a window."""
+        if self.native_running():
+            return ("xprof's native continuous profiling (started with continuous_profiling_"
+                    f"snapshot.start_continuous_profiling on :{self.target.port}); mldiag's "
+                    "snapshots read its buffer")
+        return None
 
     def start_continuous(self, **options: Any) -> None:
-        """Start continuous profiling of this process (snapshot mode) in the ring buffer."""
+        """Start continuous profiling of this process (snapshot mode) in the ring buffer.
+
+        When the workload already runs xprof's native continuous profiling on its profiler
+        server, that session is adopted instead (the target is NATIVE and snapshots are
+        xprof's `get_snapshot`): only one profiler session can run in a process.
+        """
         if self.ring is None:
             raise MldiagError("continuous profiling is not available: the run was closed")
+        if self.ring.active:
+            self.ring.start(**options)  # validates; the running ring is kept
+            self._set_continuous("RING")
+            return
+        if self.native_running():
+            log.info("mldiag: %s: xprof's native continuous profiling already runs on :%d; "
+                     "adopted", self.host, self.target.port)
+            self._set_continuous("NATIVE")
+            return
         self.ring.start(**options)
         self._set_continuous("RING")
 
     def stop_continuous(self) -> None:
-        """Stop continuous profiling of this process."""
+        """Stop continuous profiling of this process (an adopted native session too: the
+        user asked for it to stop)."""
         if self.ring is not None:
             self.ring.stop()
+        if self.target.continuous == "NATIVE" and self.profiler_address is not None:
+            remote.native_stop(self.profiler_address)
         self._set_continuous("OFF")
 
     def _set_continuous(self, state: str) -> None:
@@ -319,6 +363,8 @@ class MLRun:
                                                continuous="OFF", last_heartbeat=0.0)
         except Exception as e:  # noqa: BLE001 - exiting anyway
             log.warning("mldiag: could not mark the target stopped: %s", e)
+        if self._slot is not None:
+            self._slot.release()
         release(self)
 
     def __enter__(self) -> MLRun:
@@ -326,6 +372,21 @@ class MLRun:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _jax_server_running() -> bool:
+    """Whether the workload started jax's profiler server itself (`jax.profiler.start_server`,
+    which keeps it in this private slot; False where jax's internals differ)."""
+    from jax._src import profiler as jax_profiler
+
+    return getattr(jax_profiler, "_profiler_server", None) is not None
+
+
+def _live_hosts(plane: ControlPlane, run: str, settings: Settings) -> set[str]:
+    """The host names that live processes registered in `run` (taken by someone else)."""
+    now = time.time()
+    return {t.host for t in plane.state.list_targets(run)
+            if not liveness(t, settings, now)}
 
 
 def _json_safe(configs: dict[str, Any]) -> dict[str, Any]:
@@ -398,9 +459,11 @@ def machinelearning_run(
     locally, or to `gcs_path` (`gs://BUCKET[/PREFIX]`) with MLDIAG_BACKEND=gcp.
 
     mldiag extensions (keyword-only): `port` of the on-demand profiler server (default
-    $MLDIAG_PROFILER_PORT, else 9999 as upstream);
+    $MLDIAG_PROFILER_PORT, else 9999 as upstream, or the next port free on this machine);
     `host_name`, this process's name in profile file names (default $MLDIAG_HOST_NAME,
-    $HOSTNAME or the hostname); `continuous` starts continuous profiling at once (True, or
+    $HOSTNAME or the hostname, plus `-<process index>` in a multi-process JAX job; a name
+    that another live process of the run holds on this machine gets the lowest free
+    `-<n>`, see mldiag.sdk.hosts); `continuous` starts continuous profiling at once (True, or
     ring options); `auto_capture` sets the run's auto-capture policy; `monitor` configures
     the step-time degradation monitor (False turns it off); `heartbeat_s`; `settings`.
 
@@ -480,49 +543,66 @@ def machinelearning_run(
         plane.state.set_auto_capture(stored_name, policy.to_dict())
 
     try:
-        host = workload.safe_segment("host name", host_name or workload.hostname())
+        base = workload.safe_segment("host name", host_name or workload.hostname())
     except ValueError as e:
         raise MLRunConfigurationError(str(e)) from e
-    if port is None:
-        port = int(os.environ.get("MLDIAG_PROFILER_PORT") or 9999)
-    address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
-        "127.0.0.1" if settings.backend == "local" else socket.gethostbyname(socket.gethostname()))
-    # The monitor reports to the run, built once the server is up.
-    holder: list[MLRun] = []
-    # Bad monitor options fail here, before any server starts or the target is registered.
-    step_monitor = (StepTimeMonitor(lambda found: holder[0]._alert(found),
-                                    **(monitor if isinstance(monitor, dict) else {}))
-                    if monitor else None)
-    # mldiag's own captures come by pull (mldiag.sdk.pull): nothing listens for them. JAX's
-    # profiler server is only for tools that push (TensorBoard, the XProf UI's capture).
-    # A torch engine's target is its profiler server, which the capture stage connects to.
-    server = engine.start_server(port) if on_demand_xprof else None
-    ring = RingBuffer()
-    target = TargetRecord(
-        run=stored_name, host=host, port=port, process_index=engine.process_index(),
-        framework=engine.framework, framework_version=engine.version(), last_heartbeat=now,
-        address=address, delivery=PULL if engine.pulls else PUSH, platform=engine.platform(),
-        pid=os.getpid(), registered_at=now, heartbeat_s=heartbeat_s)
-    if not metric_only_run:
-        # A metric-only run profiles nothing: no target to capture from or to wait for.
-        plane.state.upsert_target(target)
+    # A metric-only run uploads nothing, so it takes no name another process could want.
+    slot = hosts.HostSlot(base) if metric_only_run else hosts.claim(
+        stored_name, base, process_index=engine.process_index(),
+        process_count=1 if host_name else engine.process_count(),
+        taken=lambda: _live_hosts(plane, stored_name, settings))
+    host = slot.name
+    try:
+        if port is None and os.environ.get("MLDIAG_PROFILER_PORT"):
+            port = int(os.environ["MLDIAG_PROFILER_PORT"])
+        elif port is None:
+            # Upstream's 9999, or the next free one when processes share the machine.
+            port = slot.claim_port(9999, lambda p: accepts_connections(f"127.0.0.1:{p}")) \
+                if on_demand_xprof else 9999
+        address = os.environ.get("MLDIAG_TARGET_ADDRESS") or (
+            "127.0.0.1" if settings.backend == "local"
+            else socket.gethostbyname(socket.gethostname()))
+        # The monitor reports to the run, built once the server is up.
+        holder: list[MLRun] = []
+        # Bad monitor options fail here, before any server starts or the target is registered.
+        step_monitor = (StepTimeMonitor(lambda found: holder[0]._alert(found),
+                                        **(monitor if isinstance(monitor, dict) else {}))
+                        if monitor else None)
+        # mldiag's own captures come by pull (mldiag.sdk.pull): nothing listens for them. JAX's
+        # profiler server is only for tools that push (TensorBoard, the XProf UI's capture).
+        # A torch engine's target is its profiler server, which the capture stage connects to.
+        server = engine.start_server(port) if on_demand_xprof else None
+        ring = RingBuffer()
+        ring.holder = lambda: holder[0]._profiler_holder() if holder else None
+        target = TargetRecord(
+            run=stored_name, host=host, port=port, process_index=engine.process_index(),
+            framework=engine.framework, framework_version=engine.version(),
+            last_heartbeat=now, address=address, delivery=PULL if engine.pulls else PUSH,
+            platform=engine.platform(), pid=os.getpid(), registered_at=now,
+            heartbeat_s=heartbeat_s)
+        if not metric_only_run:
+            # A metric-only run profiles nothing: no target to capture from or to wait for.
+            plane.state.upsert_target(target)
 
-    run = MLRun(
-        name=stored_name, run_group=run_group, configs=ConfigDict(configs or {}),
-        gcs_path=gcs_path, project=project or settings.project or None,
-        location=region or settings.location, on_demand_xprof=on_demand_xprof, host=host,
-        target=target, plane=plane, storage_prefix=prefix, display_name=display_name,
-        created_at=datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
-        orchestrator=orchestrator, workload_details=details,
-        workload_targets=[{"display_name": host, "hostname": host, "state": "RUNNING"}],
-        log_system_metrics=log_system_metrics, metric_only_run=metric_only_run,
-        environment=environment, framework=framework, serving_engine=serving_engine,
-        metrics_exporter_config=metrics_exporter_config,
-        accelerator_orchestrator=accelerator_orchestrator,
-        application_framework=application_framework, rl_orchestrator=rl_orchestrator,
-        control_plane_url=base_url, cluster_id=cluster_id, workload_id=workload_id,
-        namespace=namespace, ring=ring, profiler_server=server, engine=engine,
-        _record=record)
+        run = MLRun(
+            name=stored_name, run_group=run_group, configs=ConfigDict(configs or {}),
+            gcs_path=gcs_path, project=project or settings.project or None,
+            location=region or settings.location, on_demand_xprof=on_demand_xprof, host=host,
+            target=target, plane=plane, storage_prefix=prefix, display_name=display_name,
+            created_at=datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat(),
+            orchestrator=orchestrator, workload_details=details,
+            workload_targets=[{"display_name": host, "hostname": host, "state": "RUNNING"}],
+            log_system_metrics=log_system_metrics, metric_only_run=metric_only_run,
+            environment=environment, framework=framework, serving_engine=serving_engine,
+            metrics_exporter_config=metrics_exporter_config,
+            accelerator_orchestrator=accelerator_orchestrator,
+            application_framework=application_framework, rl_orchestrator=rl_orchestrator,
+            control_plane_url=base_url, cluster_id=cluster_id, workload_id=workload_id,
+            namespace=namespace, ring=ring, profiler_server=server, engine=engine,
+            _record=record, _slot=slot)
+    except BaseException:
+        slot.release()  # no run holds it: a retry in this process takes the same name
+        raise
     object.__setattr__(run.configs, "_on_change", run._save_configs)
     holder.append(run)
     run.monitor = step_monitor
