@@ -770,6 +770,13 @@ def test_overview_hides_roofline_relative_fields_without_a_roofline(analysis, sn
     page = render_summary_html(analysis, no_roofline)
     overview = _section_html(page, "overview", "roofline")
     assert "FLOP rate vs roofline" not in overview and "Bound by" not in overview
+    # The roofline tool has the device's peak: the overview says why it differs from the
+    # Roofline section instead of saying no roofline exists above a drawn one.
+    assert "did not place this program on a roofline" in overview
+    assert "get_roofline_model does" in overview
+    no_peak = copy.deepcopy(no_roofline)
+    no_peak["tools"]["get_roofline_model"]["data"]["device_info"]["peak_flop_rate"] = 0.0
+    overview = _section_html(render_summary_html(analysis, no_peak), "overview", "roofline")
     assert "could not place this program on a roofline" in overview
     assert "FLOP rate vs roofline" in _section_html(
         render_summary_html(analysis, snapshot), "overview", "roofline")

@@ -318,7 +318,7 @@ def test_memory_is_judged_on_a_program_that_ran_in_the_steps() -> None:
     assert not [h for h in t.hypotheses if h.category == "memory_pressure"]
 
 
-def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
+def test_library_calls_with_a_fix_are_a_finding_and_no_caveat() -> None:
     s = _cpu_without_steps(97.0)
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"] = [
         {"module": "jit_step(7)", "instruction": "eigh.0", "target": "lapack_ssyevd_ffi",
@@ -330,10 +330,21 @@ def test_custom_calls_share_is_a_finding_and_a_not_judged_caveat() -> None:
     t = triage(s)
     h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
     assert h.priority == "P1" and h.impact["value"] == pytest.approx(65.0)
-    assert h.title.startswith("Custom calls (eigh, solve) take 65.0% of device time")
+    assert h.title.startswith("Library calls (eigh, solve) take 65.0% of device time")
     assert {e["field"] for e in h.evidence} >= {"custom_calls[0].percent_of_step",
                                                 "custom_calls[0].target"}
+    # The finding covers the calls, each with its own fix: no caveat beside it.
+    assert not any(n.startswith("custom-call efficiency") for n in t.not_judged)
+    # A call with no fix of its own is a note, not a P0-P2.
+    for call in s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"]:
+        call.update(linalg="", target="my_ffi_kernel",
+                    source="train.py:9 (jit(step)/my_ffi_kernel)")
+    t = triage(s)
+    assert not [h for h in t.hypotheses if h.details.get("kind") == "custom_calls"]
     assert any(n.startswith("custom-call efficiency") for n in t.not_judged)
+    s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0].update(
+        linalg="eigh", target="lapack_ssyevd_ffi",
+        source="train.py:9 (jit(step)/jit(eigh)/eigh)")
     s["tools"]["detect_layout_mismatch_copies"]["data"]["custom_calls"][0][
         "percent_of_step"] = 4.0
     assert not [h for h in triage(s).hypotheses if h.details.get("kind") == "custom_calls"]
@@ -352,7 +363,7 @@ def test_custom_call_fix_names_the_op_line_and_follows_the_outputs_read() -> Non
     t = triage(s)
     h = next(h for h in t.hypotheses if h.details.get("kind") == "custom_calls")
     f = other.finding(h, Context(s, t))
-    assert "`lapack_ssyevd_ffi`" in f["what"] and "0 FLOPs" in f["what"]
+    assert "`lapack_ssyevd_ffi`" in f["what"] and "opaque library call" in f["what"]
     assert f["fix"].startswith("Make the library calls cheaper or rarer, biggest first: "
                                "`eigh` at `train.py:9`: the eigenvectors (output 0) are never "
                                "read: call `jnp.linalg.eigvalsh`")
@@ -412,4 +423,8 @@ def test_a_transpose_feeding_a_matmul_gets_an_einsum_fix() -> None:
         "[dist=1] dot.2 = f32[2048,128]{1,0} dot(add_tanh_fusion, w.1)\n")
     f = layout_copy.finding(h, ctx)
     assert "Do not transpose the step's argument `x`" in f["fix"]
-    assert "jnp.einsum('ki,kj->ij', x, w)" in f["fix"]
+    assert "einsum('" not in f["fix"]  # no canned expression without the op's shapes
+    # With the op's shapes, the contraction of THAT expression: x [2048, 2048], w [2048, 128].
+    d.update(input_shape="f32[2048,2048]{0,1}", output_shape="f32[2048,2048]{1,0}")
+    f = layout_copy.finding(h, ctx)
+    assert "jnp.einsum('km,kn->mn', x, w)" in f["fix"] and "w [2048, 128]" in f["fix"]

@@ -34,6 +34,18 @@ _SUMMARY_LINES = frozenset(
     }
 )
 _CPU_XLA_LINE_PREFIXES = ("tf_XLA",)
+# Host events of compilation: JAX's Python frames (`$compiler.py:436 compile_or_get_cached`,
+# `$pxla.py:1229 compile`, `backend_compile`), XLA's TraceMes (`FusionCompiler::Compile`,
+# `XlaCompile`, a PJRT client's `Compile`).
+_COMPILE_EVENT = re.compile(
+    r"compile_or_get_cached|backend_compile|_compile_and_write_cache|_cached_compilation|"
+    r"\.py:\d+ compile$|FusionCompiler::Compile|XlaCompile|PjRt\w*::Compile|"
+    r"^jit_\w+.*[Cc]ompil")
+# A leading step this many times the median of the others is warm-up even without a compile
+# event (first-call allocation, autotuning, cache fill).
+WARMUP_STEP_FACTOR = 2.0
+# A step with compilation over this share of its wall time is a compile step.
+COMPILE_STEP_SHARE = 0.10
 _MARKER_PREFIXES = ("ThreadpoolListener::",)
 
 
@@ -61,6 +73,9 @@ class HostTimeline:
     # XLA:CPU program ids with an op starting inside an annotated step: the programs the
     # measured steps ran (a setup program run before the first step is not one of them).
     programs_in_steps: set[str] = field(default_factory=set)
+    # Compile and warm-up steps inside the window, left out of `steps` and every step figure:
+    # {step_index (in the window), step_time_ms, compile_ms, reason}.
+    excluded_steps: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -71,7 +86,8 @@ class HostTimeline:
                 "active_span_ns": self.active_span_ns, "busy_in_span_ns": self.busy_in_span_ns,
                 "events_scanned": self.events_scanned,
                 "devices": [list(d) for d in self.devices],
-                "programs_in_steps": sorted(self.programs_in_steps)}
+                "programs_in_steps": sorted(self.programs_in_steps),
+                "excluded_steps": self.excluded_steps}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -82,7 +98,8 @@ class HostTimeline:
                 busy_in_span_ns=float(d["busy_in_span_ns"]),
                 events_scanned=int(d.get("events_scanned", 0)),
                 devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])],
-                programs_in_steps={str(p) for p in d.get("programs_in_steps", [])})
+                programs_in_steps={str(p) for p in d.get("programs_in_steps", [])},
+                excluded_steps=list(d.get("excluded_steps", [])))
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -182,6 +199,62 @@ def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
     return steps[keep]
 
 
+def _compile_spans(scan: XSpaceScan) -> NDArray[np.float64]:
+    """(start_ns, end_ns) of the compilation events on host threads, merged."""
+    starts, ends = [], []
+    for plane in scan.planes:
+        if not plane.name.startswith("/host:"):
+            continue
+        for line in plane.lines:
+            ev = line.events
+            if not len(ev):
+                continue
+            mids, _, inverse = unique_ids(ev.metadata_id)
+            hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
+                            for m in mids.tolist()])
+            if not hit.any():
+                continue
+            sel = hit[inverse] & (ev.duration_ps > 0)
+            start = line.start_ns()[sel]
+            starts.append(start)
+            ends.append(start + line.duration_ns()[sel])
+    if not starts:
+        return np.zeros((0, 2))
+    seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
+    return np.column_stack([seg_s, seg_e])
+
+
+def warmup_split(steps: NDArray[np.float64], compiles: NDArray[np.float64]
+                 ) -> tuple[NDArray[np.float64], list[dict[str, Any]]]:
+    """The steps to judge, and the compile and warm-up steps left out (with why).
+
+    A step is left out when compilation fills at least COMPILE_STEP_SHARE of it, or when it
+    leads the window (no judged step before it) and takes WARMUP_STEP_FACTOR times the median
+    of the steps after it. At least one step is always kept."""
+    if len(steps) < 2:
+        return steps, []
+    dur_ns = steps[:, 1] - steps[:, 0]
+    compile_ns = (_covered(compiles[:, 0], compiles[:, 1], steps[:, 0], steps[:, 1])
+                  if len(compiles) else np.zeros(len(steps)))
+    out: list[dict[str, Any]] = []
+    keep = np.ones(len(steps), dtype=bool)
+    leading = True
+    for i in range(len(steps)):
+        reason = ""
+        if compile_ns[i] >= COMPILE_STEP_SHARE * dur_ns[i]:
+            reason = "compilation"
+        elif leading and i + 1 < len(steps) and dur_ns[i] > WARMUP_STEP_FACTOR * float(
+                np.median(dur_ns[i + 1:])):
+            reason = "warm-up (first-step outlier)"
+        if reason and keep.sum() > 1:
+            keep[i] = False
+            out.append({"step_index": i, "step_time_ms": _round(dur_ns[i] / 1e6),
+                        "compile_ms": _round(compile_ns[i] / 1e6), "reason": reason})
+        else:
+            leading = False
+    return steps[keep], out
+
+
 def _compute_lines(scan: XSpaceScan) -> tuple[str, list[tuple[Plane, Line]]]:
     device_lines: list[tuple[Plane, Line]] = []
     for plane in scan.planes:
@@ -205,7 +278,8 @@ def analyze_host(path: Path, host: str) -> HostTimeline:
 def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     """`analyze_host` on a file already open (its decoded lines stay cached in `scan`)."""
     result = HostTimeline(host=host)
-    result.steps = _step_events(scan)
+    result.steps, result.excluded_steps = warmup_split(_step_events(scan),
+                                                       _compile_spans(scan))
     source, lines = _compute_lines(scan)
     result.source = source
     starts, ends = [], []
@@ -371,6 +445,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
                 "idle_devices": [name for name, busy, count in h.devices
                                  if count == 0 or busy < 0.01 * max(
                                      b for _, b, _ in h.devices)],
+                "excluded_steps": h.excluded_steps,
             }
         )
     n_steps = len(all_steps_ms)
@@ -411,6 +486,8 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         else None,
         "host_wait_percent": _round(wait_pct, 2) if wait_pct is not None else None,
         "steps_mostly_waiting": steps_mostly_waiting,
+        # Compile and warm-up steps in the window, left out of every figure above and below.
+        "excluded_steps": [dict(x, host=h.host) for h in hosts for x in h.excluded_steps],
         # The same steps' spread: stddev, min/median/max and the outlier steps.
         "step_time_spread": spread,
         "per_host": per_host,

@@ -135,6 +135,17 @@ def _check_value(value: Any) -> str:
     return f"measured {value:.1f}%" if isinstance(value, float) else f"measured {value}"
 
 
+def excluded_steps_said(metrics: Mapping[str, Any]) -> str:
+    """The compile and warm-up steps left out of the step figures, said once."""
+    gone = metrics.get("steps_excluded") or []
+    if not gone:
+        return ""
+    said = ", ".join(f"step {x['step_index']} ({x['reason']}, {x['step_time_ms']:.1f} ms)"
+                     for x in gone[:3])
+    more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
+    return f" (left out as not the workload's steady state: {said}{more})"
+
+
 def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
     """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
     m = triage.metrics
@@ -182,7 +193,7 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
             if spread.get("outlier_count"):
                 extra += (f" ({spread['outlier_count']} outlier step(s), up to "
                           f"{spread['max_ms']:.2f} ms)")
-        parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}")
+        parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}{excluded_steps_said(m)}")
     if m.get("device_idle_percent") is not None:
         window = " of the capture window" if m.get("device_idle_window") == "capture window" \
             else ""

@@ -215,3 +215,32 @@ def custom_call_share(snapshot: Mapping[str, Any]) -> tuple[float, list[int]] | 
     if not timed:
         return None
     return sum(float(calls[i]["percent_of_step"]) for i in timed), timed
+
+
+# A capture without steps this short, or with this few op executions, is a micro-benchmark:
+# its idle share is launch gaps around a handful of calls, not a workload's behaviour.
+SHORT_WINDOW_MS = 5.0
+SHORT_WINDOW_CALLS = 10
+
+
+def short_window(snapshot: Mapping[str, Any]) -> tuple[float, int | None] | None:
+    """(window ms, op executions) when the capture has no steps and is a short window: under
+    SHORT_WINDOW_MS of device time or at most SHORT_WINDOW_CALLS op executions; else None."""
+    if ev.number(ev.get(snapshot, ev.TIMELINE, "steps_analyzed")):
+        return None
+    if ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")):
+        return None
+    calls: int | None = None
+    groups = ev.get(snapshot, "get_hlo_op_profile", "grouped_operations", {}) or {}
+    rows = [r for ops in groups.values() if isinstance(ops, list) for r in ops
+            if isinstance(r, Mapping) and not str(r.get("name", "")).endswith("IDLE")]
+    if rows:
+        calls = int(sum(ev.number(r.get("occurrences")) or 0 for r in rows))
+    window = ev.number(ev.get(snapshot, "get_hlo_op_profile", "total_profile_time_ms"))
+    if window is None:
+        window = ev.number(ev.get(snapshot, ev.TIMELINE, "per_host[0].active_span_ms"))
+    if window is None:
+        return None
+    if window < SHORT_WINDOW_MS or (calls is not None and 0 < calls <= SHORT_WINDOW_CALLS):
+        return window, calls
+    return None

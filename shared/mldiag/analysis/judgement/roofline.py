@@ -7,6 +7,7 @@ bound; at most one of them is raised); each category's module (`rules/`) writes 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from mldiag.analysis.judgement import evidence as ev
@@ -28,6 +29,99 @@ def roofline_efficiency(snapshot: Mapping[str, Any]) -> float | None:
     return ev.percent(program.get("roofline_efficiency_percent"))
 
 ROOFLINE_IDLE_LIMIT_PERCENT = 50.0
+
+SHAPE_DERIVED = "derived_from_shapes"
+OPAQUE = "opaque_custom_call"
+
+
+@dataclass(frozen=True)
+class RooflineOp:
+    """One of get_roofline_model's top operations, as the judgement reads it.
+
+    `efficiency_percent` is xprof's. For a custom call whose FLOPs xprof derives from its
+    shapes, those are ONE call's FLOPs, which xprof divides by the op's total self time over
+    every call (get_roofline_model_tool.py: `derived_flops / self_time`): with `calls` > 1
+    (the op profile's occurrences) its compute efficiency is `calls` times what xprof says.
+    `judged_efficiency_percent` is the efficiency over the op's own calls, per-call FLOPs
+    times calls against the time of those calls; None when it has no FLOP count.
+    """
+
+    index: int
+    name: str
+    category: str
+    provenance: str
+    self_time_ms: float | None
+    share_percent: float | None
+    efficiency_percent: float | None
+    calls: int | None
+    judged_efficiency_percent: float | None
+
+    @property
+    def per_call_flops_scaled(self) -> bool:
+        return self.judged_efficiency_percent != self.efficiency_percent and (
+            self.judged_efficiency_percent is not None)
+
+    @property
+    def opaque(self) -> bool:
+        return self.provenance == OPAQUE
+
+
+def op_calls(snapshot: Mapping[str, Any], name: str) -> int | None:
+    """How many times the op profile saw `name` run (its occurrences)."""
+    groups = ev.get(snapshot, "get_hlo_op_profile", "grouped_operations", {}) or {}
+    for rows in groups.values():
+        for row in rows if isinstance(rows, list) else ():
+            if isinstance(row, Mapping) and str(row.get("name", "")).split("/")[-1] == name:
+                n = ev.number(row.get("occurrences"))
+                return int(n) if n else None
+    return None
+
+
+def roofline_ops(snapshot: Mapping[str, Any]) -> list[RooflineOp]:
+    """get_roofline_model's top operations, each with its FLOP provenance and the
+    efficiency over its own calls."""
+    out = []
+    for i, op in enumerate(ev.get(snapshot, "get_roofline_model", "top_operations", []) or []):
+        if not isinstance(op, Mapping):
+            continue
+        name = str(op.get("name") or "")
+        provenance = str(op.get("flops_provenance") or "")
+        eff = ev.percent(op.get("roofline_efficiency_percent"))
+        calls = op_calls(snapshot, name)
+        judged = eff
+        if provenance == OPAQUE:
+            judged = None
+        elif provenance == SHAPE_DERIVED and calls and calls > 1:
+            compute = ev.percent(op.get("compute_efficiency_percent"))
+            memory = ev.percent(op.get("max_mem_bw_utilization_percent"))
+            if compute is not None:
+                judged = round(max(compute * calls, memory or 0.0), 2)
+        out.append(RooflineOp(i, name, str(op.get("category") or ""), provenance,
+                              ev.number(op.get("total_self_time_ms")),
+                              ev.percent(op.get("total_self_time_percent")), eff, calls, judged))
+    return out
+
+
+def per_call_program_efficiency(snapshot: Mapping[str, Any]) -> float | None:
+    """The program's roofline efficiency with each shape-derived custom call's FLOPs counted
+    once per call, when xprof counted them once for all calls (see RooflineOp); None when no
+    op needs it.
+
+    xprof's program compute efficiency is program FLOPs over (time x peak); each such op adds
+    (calls - 1) x its compute efficiency x its share of the time."""
+    program = ev.get(snapshot, "get_roofline_model", "program")
+    if not isinstance(program, Mapping):
+        return None
+    scaled = [op for op in roofline_ops(snapshot) if op.per_call_flops_scaled]
+    if not scaled:
+        return None
+    top = ev.get(snapshot, "get_roofline_model", "top_operations", []) or []
+    compute = ev.percent(program.get("compute_efficiency_percent")) or 0.0
+    for op in scaled:
+        op_compute = ev.percent(top[op.index].get("compute_efficiency_percent")) or 0.0
+        compute += (int(op.calls or 1) - 1) * op_compute * (op.share_percent or 0.0) / 100.0
+    memory = ev.percent(program.get("max_mem_bw_utilization_percent")) or 0.0
+    return round(min(max(compute, memory), 100.0), 2)
 
 _DATA_MOVEMENT = ("copy-done", "copy-start", "copy", "broadcast", "bitcast", "slice",
                   "dynamic-slice", "dynamic-update-slice", "transpose", "reshape", "pad",
@@ -80,9 +174,19 @@ def roofline_caveats(snapshot: Mapping[str, Any]) -> list[str]:
     return out
 
 
+def judged_roofline_efficiency(snapshot: Mapping[str, Any]) -> float | None:
+    """The program's roofline efficiency to judge by: xprof's, or, when xprof counted a
+    shape-derived custom call's FLOPs once for all its calls, with them counted per call."""
+    eff = roofline_efficiency(snapshot)
+    if eff is None:
+        return None
+    fixed = per_call_program_efficiency(snapshot)
+    return fixed if fixed is not None else eff
+
+
 def bound_hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
     program = ev.get(snapshot, "get_roofline_model", "program")
-    eff = roofline_efficiency(snapshot)
+    eff = judged_roofline_efficiency(snapshot)
     if not isinstance(program, Mapping) or eff is None:
         return []
     bound = str(program.get("bound_by") or "")

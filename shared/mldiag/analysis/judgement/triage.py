@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis.judgement import detections, rules
+from mldiag.analysis.judgement import detections, op_kinds, rules
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.detections import DETECTOR_P1_PERCENT
 from mldiag.analysis.judgement.model import Hypothesis, Triage
@@ -25,13 +25,16 @@ from mldiag.analysis.judgement.readings import (
     custom_call_share,
     idle_sources,
     is_cpu,
+    short_window,
     stepped_module,
     timeline_collective_percent,
 )
 from mldiag.analysis.judgement.roofline import (
     ROOFLINE_IDLE_LIMIT_PERCENT,
+    judged_roofline_efficiency,
     roofline_caveats,
     roofline_efficiency,
+    roofline_ops,
 )
 
 OPTIMAL, NEEDS_ATTENTION, FAILED = "OPTIMAL", "NEEDS_ATTENTION", "FAILED"
@@ -61,7 +64,8 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
     sources = idle_sources(snapshot)
     chosen = sources[0] if sources else None
     idle = chosen.value if chosen else None
-    roofline = roofline_efficiency(snapshot)
+    roofline = judged_roofline_efficiency(snapshot)
+    xprof_roofline = roofline_efficiency(snapshot)
     peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
     capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
     source = "get_memory_profile" if peak is not None else None
@@ -88,6 +92,13 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "step_time_ms": round(step, 3) if step else None,
         "device_idle_percent": round(idle, 2) if idle is not None else None,
         "roofline_efficiency_percent": roofline,
+        # Where roofline_efficiency_percent comes from: xprof's program row, or that row
+        # with shape-derived custom-call FLOPs counted once per call (see roofline.py).
+        "roofline_efficiency_basis": None if roofline is None else (
+            "get_roofline_model program.roofline_efficiency_percent" if roofline == xprof_roofline
+            else f"mldiag.roofline: xprof's {xprof_roofline}% counts one call's shape-derived "
+                 "FLOPs of each custom call against all its calls' time; recounted per call "
+                 "from the op profile's occurrences"),
         "peak_memory_gib": peak,
         "memory_capacity_gib": capacity,
         "oom_risk": risk,
@@ -102,6 +113,9 @@ def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
         "judged_over": chosen.window if chosen else ("steps" if step else "capture window"),
         # The spread of the same steps the headline step time averages (our timeline's).
         "step_time_spread": hb.get("step_time_spread") if hb.get("steps_analyzed") else None,
+        # Compile and warm-up steps inside the window, left out of every step figure.
+        "steps_excluded": list(hb.get("excluded_steps") or []) if hb.get("steps_analyzed")
+        else [],
     }
 
 
@@ -255,18 +269,58 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
                           "time first)")
     for caveat in roofline_caveats(snapshot):
         not_judged.append(f"roofline FLOP rate: {caveat}")
-    calls = custom_call_share(snapshot)
-    if calls is not None and calls[0] >= CUSTOM_CALL_REPORT_PERCENT and not roofline_caveats(
-            snapshot):
-        not_judged.append(f"custom-call efficiency: custom calls run {calls[0]:.1f}% of the "
-                          f"{'step' if metrics.get('step_time_ms') is not None else 'window'} "
-                          "and XLA's cost model counts them as 0 FLOPs, so no FLOP rate or "
-                          "roofline bound is claimed for that time")
+    not_judged += opaque_call_notes(snapshot, metrics, found)
+    short = short_window(snapshot)
+    if short is not None:
+        window_ms, calls = short
+        idle_now = metrics.get("device_idle_percent")
+        not_judged.append(
+            f"short window: the capture is {window_ms:.3g} ms of device time"
+            + (f" with {calls} op execution(s)" if calls else "")
+            + " and no steps, a micro-benchmark rather than a workload; its figures describe "
+            "those calls only"
+            + (f", and its {idle_now:.1f}% device idle is the gaps around them, not judged "
+               "as a bottleneck" if idle_now is not None else "")
+            + " (profile many steps of the real loop to judge it)")
     if metrics.get("step_time_ms") is None:
         not_judged.append("step time: the trace has no step markers, so idle, utilization and "
                           "impacts are judged over the capture window (wrap each training step "
                           "in jax.profiler.StepTraceAnnotation to get per-step figures)")
     return checks, not_judged
+
+
+def opaque_call_notes(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
+                      found: list[Hypothesis]) -> list[str]:
+    """The custom calls whose efficiency cannot be judged, as a note: only those xprof marks
+    opaque (flops_provenance=opaque_custom_call) or, without a roofline (XLA:CPU), those no
+    finding covers. Shape-derived calls are judged like any op and need no note."""
+    if ev.tool_data(snapshot, "get_roofline_model") is not None:
+        opaque = [op for op in roofline_ops(snapshot) if op.opaque]
+        share = sum(op.share_percent or 0.0 for op in opaque)
+        if not opaque or share < CUSTOM_CALL_REPORT_PERCENT:
+            return []
+        named = ", ".join(
+            f"`{op.name}` ({op_kinds.LABELS[op_kinds.kind_of(op.name, category=op.category)]})"
+            for op in opaque[:3])
+        they = "they" if len(opaque) > 1 else "it"
+        return [f"custom-call efficiency: {named} take {share:.1f}% of device time and xprof "
+                f"marks {'them' if len(opaque) > 1 else 'it'} opaque "
+                f"(flops_provenance=opaque_custom_call): {they} count as 0 FLOPs, so {their(they)} "
+                "efficiency is not judged and the program's roofline efficiency leaves that "
+                "work out; the time is still in every time share"]
+    calls = custom_call_share(snapshot)
+    if calls is None or calls[0] < CUSTOM_CALL_REPORT_PERCENT:
+        return []
+    if any(h.details.get("kind") == "custom_calls" for h in found):
+        return []  # a finding covers them, with each call's own fix
+    return [f"custom-call efficiency: custom calls run {calls[0]:.1f}% of the "
+            f"{'step' if metrics.get('step_time_ms') is not None else 'window'}; this profile "
+            "has no roofline (XLA:CPU) and the calls no FLOP count, so their efficiency is not "
+            "judged"]
+
+
+def their(they: str) -> str:
+    return "their" if they == "they" else "its"
 
 
 def _check(name: str, value: Any, source: str, passed: bool | None, target: str) -> dict[str, Any]:

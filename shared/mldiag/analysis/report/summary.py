@@ -153,11 +153,23 @@ def _card_notes(analysis: Mapping[str, Any], cpu: bool) -> list[Card]:
     return [
         Card("Step time", fmt_ms(step), _step_note(metrics) if step is not None else not_measured),
         idle_card,
-        Card("Roofline efficiency", fmt_pct(roof),
-             "achieved vs attainable FLOP rate" if roof is not None else not_measured),
+        Card("Roofline efficiency", fmt_pct(roof), _roofline_note(metrics, analysis)
+             if roof is not None else not_measured),
         Card(mem_label, fmt_mem_gib(peak), mem_note, mem_bar),
         Card("OOM risk", Span(risk, f"risk-{risk}") if risk else na(not_measured), risk_note),
     ]
+
+
+def _roofline_note(metrics: Mapping[str, Any], analysis: Mapping[str, Any]) -> str:
+    """What the roofline card's figure covers, so it agrees with the notes beside it."""
+    note = "achieved vs attainable FLOP rate"
+    basis = as_str(metrics.get("roofline_efficiency_basis"))
+    if basis.startswith("mldiag"):
+        note += "; shape-derived custom-call FLOPs counted once per call (xprof counts one)"
+    if any("opaque_custom_call" in as_str(n) or "has_opaque_custom_calls" in as_str(n)
+           for n in as_list(analysis.get("not_judged"))):
+        note += "; custom calls xprof marks opaque count as 0 FLOPs in it"
+    return note
 
 
 def _step_note(metrics: Mapping[str, Any]) -> str:
@@ -173,6 +185,11 @@ def _step_note(metrics: Mapping[str, Any]) -> str:
         note += (f"; {spread.get('outlier_count')} outlier step(s) over "
                  f"{spread.get('outlier_threshold_ms')} ms, slowest #{worst.get('step_index')} "
                  f"at {worst.get('step_time_ms')} ms")
+    gone = [as_map(x) for x in as_list(metrics.get("steps_excluded"))]
+    if gone:
+        note += "; left out: " + ", ".join(
+            f"step {x.get('step_index')} ({x.get('reason')}, {x.get('step_time_ms')} ms)"
+            for x in gone[:3])
     return note
 
 

@@ -148,9 +148,21 @@ def _overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -> list[
         if no_roofline:
             hidden |= {"flop_rate_utilization_relative_to_roofline",
                        "hbm_bw_utilization_percent", "bound_by"}
-            notes.append(why("XProf could not place this program on a roofline (no peak FLOP "
-                             "rate for this device), so its roofline-relative metrics are "
-                             "hidden."))
+            peak = measured(as_map(as_map(data(tool(snapshot, "get_roofline_model"))).get(
+                "device_info")).get("peak_flop_rate"))
+            if peak:
+                # The roofline tool knows the device's peak where the overview does not: say
+                # why the two sections differ instead of contradicting the chart below.
+                notes.append(why(
+                    "XProf's overview did not place this program on a roofline (its bound_by "
+                    "is Unknown), so its roofline-relative metrics are hidden here; "
+                    "get_roofline_model does, with the device peak of "
+                    f"{peak / 1000:,.1f} TFLOP/s it reads from the device information: the "
+                    "Roofline section below is that tool's."))
+            else:
+                notes.append(why("XProf could not place this program on a roofline (no peak "
+                                 "FLOP rate for this device), so its roofline-relative "
+                                 "metrics are hidden."))
         facts = [("XProf step time (its steps)", step_text)]
         # MXU is a TPU unit: on GPU the field is always 0.
         facts += [(label, perf.get(key)) for key, label in _OVERVIEW_FIELDS
@@ -643,7 +655,7 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
                  else "Share of step")
         blocks += [
             Heading("Custom calls in the HLO (mldiag.custom_calls): "
-                    "opaque to XLA, counted as 0 FLOPs", css="gap"),
+                    "no roofline covers them here, so they have no FLOP count", css="gap"),
             table([("Custom call", "mono"), ("Target", "mono"), ("Source", "mono"),
                    ("Time", "num"), (share, "num")],
                   ((text(c.get("instruction")), text(c.get("target")), text(c.get("source")),

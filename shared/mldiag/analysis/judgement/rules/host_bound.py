@@ -13,11 +13,13 @@ from typing import Any
 
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import (
+    INSTRUMENTATION_HOST_EVENT,
     Context,
     Plan,
     finding_of,
     host_events,
     host_events_plan,
+    instrumentation_events,
 )
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
 
@@ -74,6 +76,26 @@ _JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_param
                            r"lax\.py|numpy/reductions|array_methods")
 
 
+def _user_frames(ctx: Context, step_ms: float) -> list[str]:
+    """The user's own Python frames among the host events, longest first: not JAX's, not the
+    runtime's, not instrumentation, and shorter than a step (a longer one encloses the loop)."""
+    data = ctx.data("host_events")
+    rows = data.get("aggregates", []) if isinstance(data, Mapping) else []
+    out = []
+    for row in sorted(rows, key=lambda r: -float(r.get("total_duration_ps", 0))):
+        name = str(row.get("event", ""))
+        avg_ms = float(row.get("avg_duration_ps", 0)) / 1e9
+        if (".py:" in name and not _JAX_INTERNAL.search(name) and avg_ms <= step_ms
+                and not INSTRUMENTATION_HOST_EVENT.search(name)
+                and not _NOT_USER.search(name)):
+            out.append(name.lstrip("$"))
+    return out
+
+
+_NOT_USER = re.compile(r"site-packages|threading\.py|<module>|numpy/|contextlib\.py|"
+                       r"ufunc_api|array_methods|__call__|__enter__|__exit__")
+
+
 def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     hb = ev.tool_data(ctx.snapshot, ev.TIMELINE) or {}
     step_ms = float(hb.get("step_time_ms_average") or 0.0)
@@ -93,6 +115,11 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
             f"{hb.get('steps_analyzed')} steps spend over half their time waiting for the host.")
     if names:
         what += " The host is busy in " + ", ".join(names) + " between device executions."
+    measuring = instrumentation_events(ctx, step_ms) if step_ms else []
+    if measuring:
+        what += (" Not counted as the cause: " + ", ".join(f"`{m}`" for m in measuring)
+                 + " (instrumentation: the profiler, mldiag's SDK or JAX's traceback filter, "
+                 "which wraps each call it measures).")
     fix = ("Take host work off the step's critical path: produce batches in a background thread "
            "or process and prefetch them to the device (e.g. a `queue.Queue` filled by a "
            "producer thread plus `jax.device_put` of the next batch while the current step runs, "
@@ -100,8 +127,14 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
            "(`.block_until_ready()`, `float(loss)`, `print(loss)`) so JAX's async dispatch can "
            "overlap the host with the device.")
     jax_internal = [row for _, row in culprits if _JAX_INTERNAL.search(str(row["event"]))]
+    user = _user_frames(ctx, step_ms)
     if culprits and len(jax_internal) * 2 >= len(culprits):
-        fix = ("The host time is JAX's own dispatch and tracing (" + ", ".join(
+        # A host loop: the fix is at the user's frame that issues the little operations.
+        loop = ""
+        if user:
+            where, _, func = user[0].partition(" ")
+            loop = f"At `{where}` (`{func}`): " if func else f"At `{where}`: "
+        fix = (loop + "The host time is JAX's own dispatch and tracing (" + ", ".join(
             f"`{r['event'].lstrip('$')}`" for r in jax_internal[:2]) + "): the step runs as "
             "many small un-jitted operations. Wrap the whole training step in one `jax.jit` "
             "(arguments that change shape or are Python values go in `static_argnums` or "

@@ -19,7 +19,7 @@ from mldiag.analysis.judgement.context import (
     host_events_plan,
 )
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
-from mldiag.analysis.judgement.readings import device_idle_evidence, is_cpu
+from mldiag.analysis.judgement.readings import device_idle_evidence, is_cpu, short_window
 
 CATEGORY = "idle"
 RAISE_ORDER = 20
@@ -36,6 +36,8 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
     idle = metrics.get("device_idle_percent")
     if idle is None or idle < IDLE_P1_PERCENT:
         return []
+    if short_window(snapshot) is not None:
+        return []  # launch gaps of a micro-benchmark: a note (triage), not a finding
     proof = device_idle_evidence(snapshot)
     window = metrics.get("device_idle_window") or "capture window"
     per_step = window == "steps" and proof[0]["tool"] == "get_step_trace"
@@ -135,10 +137,15 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
                "the current one computes, and issue several jitted calls before blocking on a "
                "result, so JAX's async dispatch keeps the device busy.")
     else:
-        fix = ("Look at the trace viewer gaps between steps: overlap input with compute "
-               "(prefetch to device), remove per-step host syncs (`.block_until_ready()`, "
-               "`.item()`, printing losses), and make sure the step is one compiled program "
-               "(`jax.jit` the whole step, not its pieces) so dispatch gaps disappear.")
+        stepped = h.details.get("window") == "steps"
+        gaps = ("gaps between steps" if stepped else
+                "gaps between device ops (the trace has no step markers)")
+        unit = "step" if stepped else "call"
+        fix = (f"Look at the trace viewer's {gaps}: overlap input with compute "
+               f"(prefetch to device), remove per-{unit} host syncs (`.block_until_ready()`, "
+               f"`.item()`, printing losses), and make sure each {unit} is one compiled "
+               f"program (`jax.jit` the whole {unit}, not its pieces) so dispatch gaps "
+               "disappear.")
     return finding_of(h, what, fix, extra)
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from mldiag.analysis.judgement.context import (
     Context,
     Plan,
+    contraction_fix,
     detector_source,
     finding_of,
     neighborhood,
@@ -57,11 +58,14 @@ def _transpose_fix(ctx: Context, d: Mapping[str, Any]) -> str:
     # JAX names a jitted function's argument `x` in op metadata and `x.1` in the HLO.
     operand = (f"the step's argument `{re.sub(r'[.]\d+$', '', param)}` (HLO `{param}`)"
                if param else "the transposed operand")
+    derived = contraction_fix(ctx, d)
+    if derived:
+        return derived
     if _consumes_by_dot(ctx, d):
         return (f"Do not transpose {operand} before the matmul: contract over its original "
-                "axes with `jnp.einsum` (e.g. `jnp.einsum('ki,kj->ij', x, w)` for `x.T @ w`) "
-                "or `jax.lax.dot_general` dimension numbers, so the dot reads it in the layout "
-                "it already has.")
+                "axes with `jnp.einsum` subscripts or `jax.lax.dot_general` dimension numbers "
+                "that name the axes it has, so the dot reads it in the layout it already "
+                "has.")
     return (f"Keep {operand} in the order its consumer reads it instead of transposing it "
             "every step: store it transposed once where it is produced (outside the jitted "
             "step, pass `xt = x.T` computed once), or transpose the other, smaller or "
@@ -92,9 +96,10 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
                "array once with `jax.device_put(x, step.lower(x, w).compile()"
                ".input_formats[0][0])` so the relayout is paid once, not every step.")
     else:
-        fix = ("This copy comes from a transpose the consumer does not need materialised "
-               "(`x.T`, `jnp.transpose`, `jnp.swapaxes`, or `x.T @ w`). Express the contraction "
-               "directly with `jnp.einsum('ij,ik->jk', x, w)` or `jax.lax.dot_general` "
-               "dimension numbers so XLA reads the operand in its existing layout, or store the "
-               "array pre-transposed once outside the jitted step.")
+        fix = contraction_fix(ctx, d) or (
+            f"This copy rewrites {d['input_shape']} into {d['output_shape']}: make the array "
+            f"arrive in layout {d['output_layout']} where it is produced (the producer's "
+            "output, or the `jax.device_put`/`in_shardings` layout of the argument), or "
+            "store it once in that layout outside the jitted step, so the copy does not run "
+            "every call.")
     return finding_of(h, what, fix, extra)

@@ -12,6 +12,7 @@ from typing import Any
 from mldiag.analysis.judgement.context import (
     Context,
     Plan,
+    contraction_fix,
     detector_source,
     finding_of,
     neighborhood,
@@ -33,9 +34,10 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     d = h.details["detection"]
     near, extra = neighborhood(ctx, d)
     what = f"{d.get('description', '').rstrip('.')}{detector_source(d)}." + near
-    fix = ("Collapse the `reshape`/`transpose` chain into the op that consumes it: write the "
-           "contraction as one `jnp.einsum` over the original axes (e.g. "
-           "`jnp.einsum('bhqd,bhkd->bhqk', q, k)` instead of reshaping heads and transposing), "
-           "or pass `dimension_numbers` to `jax.lax.dot_general`; keep tensors in the layout the "
-           "next op wants instead of reshape→transpose→reshape between two matmuls.")
+    fix = contraction_fix(ctx, d) or (
+        "Collapse the `reshape`/`transpose` chain into the op that consumes it: keep the "
+        f"tensor in the layout its consumer reads ({d.get('output_shape')}) where it is "
+        "produced, or fold the rearrangement into the consumer's own indexing "
+        "(`jnp.einsum` subscripts, `jax.lax.dot_general` dimension numbers, a reduction's "
+        "`axis`), instead of materialising it between the two ops.")
     return finding_of(h, what, fix, extra)
