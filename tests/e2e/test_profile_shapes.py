@@ -67,7 +67,8 @@ def test_idle_window_is_an_idle_finding_with_its_source_and_culprit(analysed):
     f = a["findings"][0]
     assert f["category"] == "idle" and f["priority"] in ("P0", "P1")
     assert "capture window" in f["title"] and m["device_idle_source"] in f["impact"]["text"]
-    assert any(e["tool"] == "get_step_trace" for e in f["evidence"])
+    # The busy share is mldiag's own timeline pass: cited under its name, with its inputs.
+    assert any(e["tool"] == "mldiag.timeline" and e.get("from") for e in f["evidence"])
     # The host frame that fills the gaps is named, with the line, from the host events.
     assert "_host_sleep" in f["what"] and "idle_window.py:" in f["fix"]
     assert any(e["tool"] == "aggregate_xplane_events" for e in f["evidence"])
@@ -91,8 +92,8 @@ def test_custom_calls_share_is_surfaced_with_the_linalg_ops(analysed):
     # The advice follows which outputs the HLO reads: the step uses eigenvectors (so no
     # `eigvalsh`) and only the singular values (U and V unread).
     assert "eigenvectors are read" in f["fix"] and "only the singular values" in f["fix"]
-    cited = {e["field"] for e in f["evidence"]}
-    assert "custom_calls[0].percent_of_step" in cited
+    cited = {(e["tool"], e["field"]) for e in f["evidence"]}
+    assert ("mldiag.custom_calls", "custom_calls[0].percent_of_step") in cited
     # No bound is claimed from calls without a FLOP count, and the finding covers the calls,
     # so no caveat repeats it.
     assert not [x for x in a["findings"] if x["category"] in ("memory_bound", "compute_bound")]
