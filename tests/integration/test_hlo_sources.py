@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from mldiag.analysis.collection.hlo_meta import module_sources, sources
-from mldiag.analysis.judgement.investigator import _first_sentence
+from mldiag.analysis.judgement.summary import _first_sentence
 from tests.conftest import SHARED_FIXTURES
 
 TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"

@@ -185,6 +185,11 @@ def test_every_cited_field_resolves_in_a_tool_output() -> None:
         kept, check = check_findings(report["findings"], snapshot, follow_ups.records, pool)
         # Every cited field resolves, the HLO excerpts included (mldiag.hlo_excerpt).
         assert not check["corrected"], (case, check["corrected"])
+        # The rule-based investigator went through the same check itself: no finding of a
+        # rule states a number that is in no tool or pass output, nor does its summary.
+        own = report["evidence_check"]
+        assert own["dropped"] == [] and own["corrected"] == [], (case, own)
+        assert own["kept"] == own["checked"] == len(report["findings"]), case
         # The check keeps who made each number: mldiag's passes say what they came from.
         written = {f["title"]: f["evidence"] for f in report["findings"]}
         assert all(f["evidence"] == written[f["title"]] for f in kept), case

@@ -21,9 +21,9 @@ from typing import Any
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import hlo_excerpt_of
 from mldiag.analysis.judgement.followups import FOLLOW_UP_PASSES
-from mldiag.analysis.judgement.investigator import summarize
 from mldiag.analysis.judgement.model import Triage
 from mldiag.analysis.judgement.rules import CATEGORIES
+from mldiag.analysis.judgement.summary import summarize
 
 PRIORITIES = ("P0", "P1", "P2")
 
@@ -32,12 +32,13 @@ _NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)(?!\.\d)")
 
 
 def _restated(value: float) -> list[float]:
-    """`value` and the unit changes a report may apply to it: a fraction as a percentage,
-    MiB as GiB, us or ms as ms or s, ps as ms, bytes as GiB. Each applies only where the
-    magnitude makes it plausible, so the pool stays sparse enough to catch invented numbers."""
+    """`value` and the unit changes a report may apply to it: a fraction as a percentage, MiB
+    as GiB and a fraction of a GiB as MiB, us or ms as ms or s, ps as ms, bytes as GiB. Each
+    applies only where the magnitude makes it plausible, so the pool stays sparse enough to
+    catch invented numbers."""
     out = [value]
     if value <= 1.0:
-        out.append(value * 100.0)
+        out += [value * 100.0, value * 1024.0]  # a fraction as %, GiB as MiB
     if value >= 100.0:
         out += [value / 1024.0, value / 1e3]
     if value >= 1e6:

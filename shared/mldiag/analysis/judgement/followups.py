@@ -196,6 +196,9 @@ class FollowUpRunner:
             raise NoData("no GPU kernels in the profile")
         rows.sort(key=lambda r: -(r.get("total_duration_us") or 0.0))
         total_us = sum(float(r.get("total_duration_us") or 0.0) for r in rows)
+        for r in rows:
+            us = float(r.get("total_duration_us") or 0.0)
+            r["percent_of_kernel_time"] = round(100.0 * us / total_us, 2) if total_us else None
         return {
             "kernel_count": len(rows),
             "total_kernel_time_us": round(total_us, 3),

@@ -15,8 +15,10 @@ from typing import Any
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import rules
 from mldiag.analysis.judgement.context import Context, Plan
+from mldiag.analysis.judgement.evidence_check import check_report
 from mldiag.analysis.judgement.followups import FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.model import Hypothesis, Triage
+from mldiag.analysis.judgement.summary import summarize
 
 
 class RuleBasedInvestigator:
@@ -37,16 +39,29 @@ class RuleBasedInvestigator:
                 context.results[key] = follow_ups.call(tool, purpose, **args)
             except FollowUpRefused:
                 break
-        findings = []
+        written = []
         for i, h in enumerate(triage.hypotheses, start=1):
             finding = rules.BY_CATEGORY[h.category].finding(h, context)
-            findings.append({"id": f"F{i}", **finding})
+            written.append({"id": f"F{i}", **finding})
+        # The same check a model's report goes through: every cited field resolves and every
+        # number stated is in a tool or pass output. A finding that fails it is dropped and
+        # said so, as a model's would be (the tests hold the rules to none dropped); those
+        # that pass keep everything the rule wrote (the check's copy keeps the contract's
+        # keys only).
+        report = {"findings": written, "summary": summarize(snapshot, triage, written)}
+        checked, _, summary, check = check_report(report, snapshot, triage,
+                                                  follow_ups.records)
+        dropped = {d["finding"] for d in check["dropped"]}
+        findings = [{**f, "id": f"F{i}"} for i, f in enumerate(
+            (f for f in written if f["title"] not in dropped), start=1)]
+        assert len(findings) == len(checked)
         return {
             "investigator": self.name,
             "hypotheses": [h.to_dict() for h in triage.hypotheses],
             "follow_ups": follow_ups.records,
             "findings": findings,
-            "summary": summarize(snapshot, triage, findings),
+            "summary": summary,
+            "evidence_check": check,
             "elapsed_ms": round((time.perf_counter() - started) * 1000.0, 1),
         }
 
@@ -83,142 +98,3 @@ def _plan(snapshot: Mapping[str, Any], hyps: list[Hypothesis]) -> list[Plan]:
     if len(hosts) > 1:
         add("get_hosts", "Confirm every host's trace is present", {}, "hosts")
     return plans
-
-
-def _first_sentence(text: str, limit: int = 320) -> str:
-    """The fix's first sentence (the change to make), whole: when it is too long, without
-    its parenthesised examples, and cut at a clause when still too long."""
-    text = " ".join(text.split())
-    sentence = _sentence(text)
-    if len(sentence) <= limit:
-        return sentence
-    bare = " ".join(_without_asides(sentence).split()).replace(" ,", ",").replace(
-        " .", ".").replace(" :", ":")
-    if len(bare) <= limit:
-        return bare
-    cut = max(bare.rfind(", ", 0, limit), bare.rfind("; ", 0, limit))
-    return (bare[:cut] if cut > 0 else bare[: limit - 1]).rstrip(",; ") + "."
-
-
-def _sentence(text: str) -> str:
-    depth = ticks = 0
-    for i, ch in enumerate(text):
-        if ch == "`":
-            ticks += 1
-        elif ticks % 2 == 0 and ch in "([":
-            depth += 1
-        elif ticks % 2 == 0 and ch in ")]":
-            depth = max(0, depth - 1)
-        elif (ch in ".;" and depth == 0 and ticks % 2 == 0 and text[i + 1:i + 2] == " "
-              and not text[max(0, i - 3):i + 1].endswith(("e.g.", "i.e."))):
-            return text[:i] + "."
-    return text
-
-
-def _without_asides(text: str) -> str:
-    out, depth, ticks = [], 0, 0
-    for ch in text:
-        if ch == "`":
-            ticks += 1
-        if ticks % 2 == 0 and ch == "(":
-            depth += 1
-            continue
-        if ticks % 2 == 0 and ch == ")" and depth:
-            depth -= 1
-            continue
-        if depth == 0:
-            out.append(ch)
-    return "".join(out)
-
-
-def _check_value(value: Any) -> str:
-    return f"measured {value:.1f}%" if isinstance(value, float) else f"measured {value}"
-
-
-def excluded_steps_said(metrics: Mapping[str, Any]) -> str:
-    """The compile and warm-up steps left out of the step figures, said once."""
-    gone = metrics.get("steps_excluded") or []
-    if not gone:
-        return ""
-    said = ", ".join(f"step {x['step_index']} ({x['reason']}, {x['step_time_ms']:.1f} ms)"
-                     for x in gone[:3])
-    more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
-    return f" (left out as not the workload's steady state: {said}{more})"
-
-
-def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
-    """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
-    m = triage.metrics
-    device = snapshot.get("session", {}).get("device_type") or "unknown device"
-    hosts = len(snapshot.get("session", {}).get("hosts") or [])
-    sentences = []
-    top = [f for f in findings if f["priority"] == "P0"] or findings
-    if triage.status == "OPTIMAL":
-        sentences.append(f"This {device} profile ({hosts} host(s)) looks healthy: every "
-                         "OPTIMAL check passed with measured evidence.")
-    elif top:
-        n0 = sum(1 for f in findings if f["priority"] == "P0")
-        n1 = sum(1 for f in findings if f["priority"] == "P1")
-        sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
-                         f"{n0} P0 and {n1} P1 finding(s).")
-        title, impact = top[0]["title"].rstrip("."), top[0]["impact"]
-        value = impact.get("value")
-        # The impact line adds to the title only when it states a number the title lacks.
-        extra = "" if value is not None and f"{value:.1f}" in title else \
-            f"; {impact.get('text')}"
-        sentences.append(f"Top issue ({top[0]['priority']}): {title}{extra}.")
-        fix = _first_sentence(str(top[0].get("fix") or ""))
-        if fix:
-            sentences.append(f"Fix first: {fix}")
-    else:
-        failed = [c for c in triage.checks if c.get("passed") is False]
-        if failed:
-            # A failed check is the reason for the verdict even when no finding names a cause.
-            sentences.append(
-                f"This {device} profile ({hosts} host(s)) needs attention although no finding "
-                "names a cause: " + "; ".join(
-                    f"the check \"{c['check']}\" failed ({_check_value(c['value'])}, "
-                    f"target {c['target']}, "
-                    f"from {c['source']})" for c in failed) + ".")
-        else:
-            sentences.append(f"No bottleneck was found in this {device} profile ({hosts} "
-                             "host(s)), but health could not be confirmed from the data "
-                             "available.")
-    parts = []
-    if m.get("step_time_ms") is not None:
-        spread = m.get("step_time_spread") or {}
-        extra = ""
-        if spread.get("stddev_ms") is not None:
-            extra = f" ± {spread['stddev_ms']:.2f} ms"
-            if spread.get("outlier_count"):
-                extra += (f" ({spread['outlier_count']} outlier step(s), up to "
-                          f"{spread['max_ms']:.2f} ms)")
-        parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}{excluded_steps_said(m)}")
-    if m.get("device_idle_percent") is not None:
-        window = " of the capture window" if m.get("device_idle_window") == "capture window" \
-            else ""
-        parts.append(f"device idle {m['device_idle_percent']:.1f}%{window}")
-    if m.get("roofline_efficiency_percent") is not None:
-        parts.append(f"roofline efficiency {m['roofline_efficiency_percent']:.2f}%")
-    if m.get("peak_memory_gib") is not None:
-        cap = m.get("memory_capacity_gib")
-        peak = float(m["peak_memory_gib"])
-        amount = f"{peak:.2f}" + (f" of {cap:.2f} GiB" if cap else " GiB")
-        if not cap and peak < 0.1:
-            amount = f"{peak * 1024:.1f} MiB"
-        if m.get("peak_memory_source") == "get_peak_allocations":
-            rule = " by the CPU rule" if m.get("oom_risk_rule") else ""
-            program = f" ({m['peak_memory_program']})" if m.get("peak_memory_program") else ""
-            which = "step program" if m.get("step_time_ms") is not None else "program"
-            parts.append(f"live buffers of the largest {which}{program} {amount} (no "
-                         f"device memory profile, OOM risk {m.get('oom_risk') or 'UNKNOWN'}"
-                         f"{rule})")
-        else:
-            parts.append(f"peak memory {amount} (OOM risk {m['oom_risk']})")
-    if parts:
-        sentences.append("Measured: " + ", ".join(parts) + ".")
-    if triage.not_judged:
-        sentences.append("Could not be judged for lack of data: "
-                         + "; ".join(f"whether {s.split(':')[0]}" if "is" in s.split(":")[0]
-                                     else s.split(":")[0] for s in triage.not_judged) + ".")
-    return " ".join(sentences[:5])

@@ -27,7 +27,8 @@ IDLE_P0_PERCENT = 30.0
 IDLE_P1_PERCENT = 10.0
 KERNEL_TABLE_FROM = ("xprof's kernel_stats converter table (the kernel stats page's data, not "
                      "`xprof get_kernel_stats`), one row per kernel, sorted by "
-                     "total_duration_us; kernel_count and total_kernel_time_us over all rows",)
+                     "total_duration_us; kernel_count and total_kernel_time_us over all rows, "
+                     "percent_of_kernel_time each row's total_duration_us over that total",)
 
 
 def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
@@ -88,6 +89,15 @@ def follow_ups(snapshot: Mapping[str, Any], h: Hypothesis) -> list[Plan]:
     return [host_events_plan()] if h.details.get("cpu") else []
 
 
+def _share_of(kernel: Mapping[str, Any], total_us: float) -> float:
+    """A kernel's share of kernel time, as the kernel table states it (tables recorded before
+    it did: computed the same way)."""
+    stated = ev.number(kernel.get("percent_of_kernel_time"))
+    if stated is not None:
+        return stated
+    return 100.0 * (ev.number(kernel.get("total_duration_us")) or 0.0) / total_us
+
+
 def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     kernels = ctx.data("kernels")
     extra = []
@@ -120,9 +130,14 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     if rows and total_us:
         # Name what the device does run: the top kernels, by their short names.
         named = [f"`{_kernel_short_name(str(k.get('kernel_name', '')))}` "
-                 f"({100.0 * (ev.number(k.get('total_duration_us')) or 0.0) / total_us:.1f}% "
+                 f"({_share_of(k, total_us):.1f}% "
                  f"of kernel time, {int(ev.number(k.get('occurrences')) or 0)} launches)"
                  for k in rows[:2]]
+        for i, k in enumerate(rows[:2]):
+            if k.get("percent_of_kernel_time") is not None:
+                extra.append(ev.cite_value(ev.KERNEL_TABLE,
+                                           f"kernels[{i}].percent_of_kernel_time", kernels,
+                                           KERNEL_TABLE_FROM))
         what += " When it runs, its top kernels are " + " and ".join(named) + "."
     if "tensorflow::" in names:
         # Kernel names give the framework away; JAX advice would not apply to this trace.
