@@ -63,12 +63,24 @@ def _varint_sizes(values: np.ndarray) -> np.ndarray:
     return sizes
 
 
+def _metadata_id_size(body: bytes) -> int:
+    """Bytes of the leading metadata_id field (tag 0x08 and its varint) of a serialized
+    event, 0 when it has none."""
+    if not body or body[0] != 0x08:
+        return 0
+    i = 1
+    while body[i] & 0x80:
+        i += 1
+    return i + 1
+
+
 @dataclass
 class _Line:
     header: bytes  # the line without its events, its duration already stretched
     bodies: list[bytes]  # each event without its offset
     offsets: np.ndarray  # each event's offset_ps (-1: the event has none, e.g. aggregated)
     body_sizes: np.ndarray
+    heads: np.ndarray  # bytes of each body before where its offset goes (its metadata_id)
 
     def copy_size(self, shift_ps: int) -> int:
         """Bytes of one copy of the events, shifted by `shift_ps`, as line fields."""
@@ -79,8 +91,12 @@ class _Line:
 
     def write_copy(self, out: BinaryIO, shift_ps: int) -> None:
         parts = []
-        for body, offset in zip(self.bodies, self.offsets.tolist(), strict=True):
-            event = body if offset < 0 else _OFFSET_TAG + _varint(offset + shift_ps) + body
+        for body, head, offset in zip(self.bodies, self.heads.tolist(), self.offsets.tolist(),
+                                      strict=True):
+            # The offset goes where a serializer puts it: after metadata_id (field 1), before
+            # duration_ps and the stats (readers may rely on fields in field-number order).
+            event = body if offset < 0 else (
+                body[:head] + _OFFSET_TAG + _varint(offset + shift_ps) + body[head:])
             parts.append(bytes((_EVENT_TAG,)) + _varint(len(event)) + event)
         out.write(b"".join(parts))
 
@@ -123,7 +139,8 @@ def _prepare(space: Any, copies: int, period_ps: int) -> list[_Plane]:
             if line.duration_ps:
                 line.duration_ps += (copies - 1) * period_ps
             lines.append(_Line(line.SerializeToString(), bodies, np.array(offsets, np.int64),
-                               np.array([len(b) for b in bodies], np.int64)))
+                               np.array([len(b) for b in bodies], np.int64),
+                               np.array([_metadata_id_size(b) for b in bodies], np.int64)))
         del plane.lines[:]
         planes.append(_Plane(plane.SerializeToString(), lines))
     return planes
