@@ -86,6 +86,10 @@ _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 1
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
                  "smart_suggestions": 16.0, "timeline": 6.0,
+                 # The async-overlap follow-up, computed in the timeline pass after its own
+                 # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
+                 # TPU-shaped profile, and no higher a peak than the pass's alone after it.
+                 "async_overlap": 2.0,
                  "reduce_for_converters": 6.0}
 _BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
@@ -137,7 +141,8 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # build beside them is still growing), the timeline pass (our own, on the original
         # files), and the converters that read the xplanes rather than op_stats.
         job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total),
-        job("timeline_pass", "xplane", pre, _RSS_PER_BYTE["timeline"], largest),
+        job("timeline_pass", "xplane", pre,
+            max(_RSS_PER_BYTE["timeline"], _RSS_PER_BYTE["async_overlap"]), largest),
         job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
         job("xprof_step_trace", "xplane", opstats),
@@ -236,7 +241,9 @@ class _Assembler:
             if part.status == ERROR:
                 return _as_result("get_step_trace", part, elapsed)
         data = dict(pick_step_trace(pods.value, xprof_part.value))
-        analysis = tl.value if tl.status == DATA else {}
+        # Precomputed follow-ups go to the snapshot's own block (`collect`), not the tool's.
+        analysis = ({k: v for k, v in tl.value.items() if k != "precomputed"}
+                    if tl.status == DATA else {})
         data["host_bound_analysis"] = analysis
         # No steps anywhere still leaves the timeline's busy share of the capture window,
         # which is how a profile without step markers is judged.
@@ -477,7 +484,17 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
         from mldiag.analysis.collection import timeline
 
         hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
-        out.append(Outcome("timeline_pass", DATA, timeline.summarize(hts), elapsed))
+        summary = timeline.summarize(hts)
+        overlaps = [(h if len(hosts) > 1 else "", p["async_overlap"]["value"])
+                    for h, p in parts.items()
+                    if p.get("async_overlap", {}).get("status") == DATA
+                    and p["async_overlap"]["value"] is not None]
+        # Every host's share, or none: a follow-up answered from some hosts would differ.
+        if overlaps and len(overlaps) == len(hosts):
+            from mldiag.analysis.collection.jobs import combine_async_overlap
+
+            summary["precomputed"] = {"analyze_async_overlap": combine_async_overlap(overlaps)}
+        out.append(Outcome("timeline_pass", DATA, summary, elapsed))
     from mldiag.analysis.collection.jobs import combine_memory_profiles
 
     memory = {h: (p["memory_profile"]["value"] if p["memory_profile"]["status"] == DATA
@@ -575,6 +592,13 @@ def collect(
     env = overview.get("run_environment", {}) if isinstance(overview, dict) else {}
     reduced = outcomes.get("reduce_for_converters")
     texts = outcomes.get("hlo_texts")
+    tl = outcomes.get("timeline_pass")
+    precomputed = dict(tl.value.get("precomputed") or {}) if (
+        tl is not None and tl.status == DATA and isinstance(tl.value, dict)) else {}
+    overlap = precomputed.get("analyze_async_overlap")
+    if overlap is not None:
+        # xprof's tool names the session it read (the workspace path, scrubbed to this).
+        overlap["data"] = {**overlap["data"], "session_id": str(session.path)}
     return {
         "schema_version": SCHEMA_VERSION,
         "session": {**session.describe(), "device_type": env.get("device_type")},
@@ -585,6 +609,9 @@ def collect(
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
                                elapsed_ms, session_bytes),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
+        # Follow-ups answered from data collection had decoded anyway: tool → {args, data,
+        # how}. The investigator's call with exactly those arguments is answered from it.
+        "precomputed_follow_ups": precomputed,
         # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
         "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}))
         if texts is not None and texts.status == DATA and isinstance(texts.value, dict)

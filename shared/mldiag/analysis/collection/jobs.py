@@ -250,18 +250,56 @@ def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Our timeline pass, and the follow-ups it can answer from the lines it has decoded:
+    they travel under "precomputed" (tool → {args, data, how}; `collect` moves them to the
+    snapshot's `precomputed_follow_ups`)."""
+    from xprof.cli.internal.trace_selection import trace_labels
+
     hosts = []
     python_events = None
+    overlaps: list[tuple[str, dict[str, Any]]] = []
     single = len(ctx.session.xplanes) == 1
-    for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
+    labels = trace_labels(ctx.session.xplanes)
+    for xplane, host, label in zip(ctx.session.xplanes, ctx.session.hosts, labels, strict=True):
         with XSpaceScan(xplane) as scan:
             hosts.append(timeline.analyze_scan(scan, host))
             if single:
                 python_events = _host_python_events(scan)
+            overlap = async_overlap_part(scan)
+            if overlap is not None:
+                overlaps.append((label, overlap))
     summary = timeline.summarize(hosts)
+    precomputed = {}
     if python_events is not None:
-        summary["host_python_events"] = python_events
+        precomputed["aggregate_xplane_events"] = python_events
+    if overlaps:
+        precomputed["analyze_async_overlap"] = combine_async_overlap(overlaps)
+    if precomputed:
+        summary["precomputed"] = precomputed
     return summary
+
+
+def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
+    """One host's share of the async-overlap follow-up (`async_overlap.host_partial`), from
+    the device lines the timeline pass decoded; None when the trace has no XLA op lines (a
+    CPU trace), where the investigator never asks for it."""
+    from mldiag.analysis.collection import async_overlap
+    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
+
+    if not async_overlap.has_async_lines(scan):
+        return None
+    return async_overlap.host_partial(scan, **ASYNC_OVERLAP)
+
+
+def combine_async_overlap(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    """The precomputed async-overlap follow-up from each host's label and share."""
+    from mldiag.analysis.collection import async_overlap
+    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
+
+    return {"args": dict(ASYNC_OVERLAP),
+            "data": async_overlap.combine(parts, **ASYNC_OVERLAP),
+            "how": "computed by the timeline pass from the device lines it had decoded "
+                   "(xprof's analysis, column-wise)"}
 
 
 # Rows of the precomputed host-bound follow-up kept in the snapshot (by total time).
@@ -377,12 +415,11 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         except Exception as e:  # noqa: BLE001 - recorded per part; the combine says which
             parts[name] = {"status": "ERROR", "value": f"{type(e).__name__}: {e}"[:500]}
 
-    if inputs.get("reduce"):
-        with XSpaceScan(xplane) as scan:
-            part("timeline", lambda: timeline.analyze_scan(scan, ctx.session.hosts[0]).to_json())
+    with XSpaceScan(xplane) as scan:
+        part("timeline", lambda: timeline.analyze_scan(scan, ctx.session.hosts[0]).to_json())
+        part("async_overlap", lambda: async_overlap_part(scan))
+        if inputs.get("reduce"):
             part("reduce", lambda: _reduce_one(ctx, scan, xplane, ctx.session.hosts[0]))
-    else:
-        part("timeline", lambda: timeline.analyze_host(xplane, ctx.session.hosts[0]).to_json())
     part("memory_profile", lambda: ctx.ws.call("get_memory_profile")
          if has_memory_events(xplane) else None)
     part("utilization_viewer", lambda: utilization_viewer(ctx, inputs))
