@@ -86,6 +86,9 @@ _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 1
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
                  "smart_suggestions": 16.0, "timeline": 6.0,
+                 # From saved op_stats and the memory copies (jobs._memory_copy), and the
+                 # memory profile from its copy: measured below 2 per byte at 94 MB.
+                 "smart_suggestions_saved": 3.0, "memory_profile_copy": 3.0,
                  # The async-overlap follow-up, computed in the timeline pass after its own
                  # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
                  # TPU-shaped profile, and no higher a peak than the pass's alone after it.
@@ -140,11 +143,18 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # build op_stats of their own in memory: 1.4 GB on the 103 MB profile, while the
         # build beside them is still growing), the timeline pass (our own, on the original
         # files), and the converters that read the xplanes rather than op_stats.
-        job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total),
+        *([] if reduce else [
+            job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total)]),
         job("timeline_pass", "xplane", pre,
             max(_RSS_PER_BYTE["timeline"], _RSS_PER_BYTE["async_overlap"]), largest),
-        job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
+        # From the memory copies where the reduction wrote them (jobs._memory_copy).
+        job("memory_profile", "xplane", pre, _RSS_PER_BYTE[
+            "memory_profile_copy" if reduce else "memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
+        # On large sessions after the op_stats build, reading them from the saved file and
+        # the rest from the memory copies: 5.3 s CPU became 0.3 s at 94 MB TPU-shaped.
+        *([job("smart_suggestions", "xplane", ("op_stats", *pre),
+               _RSS_PER_BYTE["smart_suggestions_saved"], total)] if reduce else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
     return jobs
@@ -199,6 +209,10 @@ def _inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
         return {"overview": _payload(outcomes["op_stats"]),
                 "roofline": _payload(outcomes["roofline"]),
                 "memory_profile": _payload(outcomes["memory_profile"])}
+    if job.name in ("memory_profile", "smart_suggestions"):
+        reduced = outcomes.get("reduce_for_converters")
+        return {"reduced": reduced.value if reduced and reduced.status == DATA else {},
+                "after_op_stats": "op_stats" in job.after}
     if job.name == "hlo_texts":
         listed = outcomes.get("list_hlo_modules")
         modules = listed.value.get("modules", []) if listed and listed.status == DATA else []

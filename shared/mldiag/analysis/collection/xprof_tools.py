@@ -194,15 +194,17 @@ class XprofWorkspace:
             self._tools[name] = fn
         return fn
 
-    def call(self, name: str, *, only_host: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def call(self, name: str, *, only_host: str | None = None, run_dir: Path | None = None,
+             **kwargs: Any) -> dict[str, Any]:
         """Run xprof CLI tool `name` in-process on this session and return its parsed JSON.
 
-        `only_host` restricts the tool to that host's trace (for single-host tools).
+        `only_host` restricts the tool to that host's trace (for single-host tools); `run_dir`
+        reads another run directory of this workspace (`side_run_dir`) instead of the main one.
         Raises NoData when the tool reports that the profile has nothing for it.
         """
-        target = self.run_dir
+        target = base = run_dir or self.run_dir
         if only_host is not None:
-            target = self.run_dir / next(
+            target = base / next(
                 p.name for p in self.session.xplanes if p.name.startswith(f"{only_host}."))
         try:
             raw = self._tool(name)(str(target), **kwargs)
@@ -214,6 +216,8 @@ class XprofWorkspace:
         except NoData as e:
             raise NoData(self.scrub(str(e))) from e
         data = self.scrub(_parse(raw))
+        if run_dir is not None:
+            data = _replace_path(data, str(run_dir), str(self.session.path))
         data.pop("capture", None)
         data.pop("__cache_age_s__", None)
         data.pop("__cached__", None)
@@ -244,7 +248,8 @@ class XprofWorkspace:
         run_dir.mkdir(parents=True, exist_ok=True)
         for xplane in self.session.xplanes:
             link = run_dir / xplane.name
-            if not link.is_symlink():
+            # A file written there already (a reduced copy) stays.
+            if not link.is_symlink() and not link.exists():
                 link.symlink_to((self.run_dir / xplane.name).resolve())
         return run_dir
 
