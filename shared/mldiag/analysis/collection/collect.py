@@ -86,9 +86,11 @@ _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 1
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
                  "smart_suggestions": 16.0, "timeline": 6.0,
-                 # From saved op_stats and the memory copies (jobs._memory_copy), and the
-                 # memory profile from its copy: measured below 2 per byte at 94 MB.
-                 "smart_suggestions_saved": 3.0, "memory_profile_copy": 3.0,
+                 # After the op_stats build, from the saved file: 1.8 GB at 94 MB TPU-shaped
+                 # (it reads the whole trace when the trace has barrier-cores events).
+                 "smart_suggestions_saved": 16.0,
+                 # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
+                 "memory_profile_copy": 3.0,
                  # The async-overlap follow-up, computed in the timeline pass after its own
                  # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
                  # TPU-shaped profile, and no higher a peak than the pass's alone after it.
@@ -139,10 +141,11 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
         job("peak_allocations", "xprof", opstats),
         job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
-        # The second worker, beside the op_stats build: the smart suggestions first (they
-        # build op_stats of their own in memory: 1.4 GB on the 103 MB profile, while the
-        # build beside them is still growing), the timeline pass (our own, on the original
-        # files), and the converters that read the xplanes rather than op_stats.
+        # The second worker, beside the op_stats build: on small sessions the smart
+        # suggestions first (they build op_stats of their own in memory), the timeline pass
+        # (our own, on the original files), and the converters that read the xplanes rather
+        # than op_stats. The step trace's halves after the build stay in this worker: the
+        # xprof half beside the smart suggestions held 3.1 GB at 94 MB, in turn 2.0 GB.
         *([] if reduce else [
             job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total)]),
         job("timeline_pass", "xplane", pre,
