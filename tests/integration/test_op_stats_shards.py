@@ -11,7 +11,7 @@ import pytest
 
 from mldiag.analysis.collection import op_stats_shards as shards
 from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
 from tests.conftest import REPO, SHARED_FIXTURES
 
@@ -37,13 +37,13 @@ def four_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _op_stats(run_dir: Path) -> Any:
     with XprofWorkspace(resolve_session(run_dir)) as ws:
         ws.precompute_op_stats()
-        return shards.read(ws.run_dir / shards.OP_STATS_CACHE)
+        return shards.read(ws.run_dir / OP_STATS_FILE)
 
 
 def _tools(run_dir: Path, cache: Any = None) -> dict[str, Any]:
     with XprofWorkspace(resolve_session(run_dir)) as ws:
         if cache is not None:
-            shards.write_cache(cache, ws.run_dir)
+            ws.adopt_op_stats(cache.SerializeToString())
         out: dict[str, Any] = {}
         for name, args in TOOLS:
             try:
@@ -65,13 +65,14 @@ def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Pa
     with XSpaceScan(four_copies) as scan:
         cuts = shards.module_cuts(scan, 2)
         assert len(cuts) == 1
-        kept = shards.write_windows(scan, cuts, [d / four_copies.name for d in out])
-    assert abs(kept[0] - kept[1]) < 0.01 * sum(kept)  # two copies each, cut between modules
+        extents = shards.write_windows(scan, cuts, [d / four_copies.name for d in out])
+    # Two copies each, cut between modules: the first window ends before the second starts.
+    assert all(extents[0][p][1] < extents[1][p][0] for p in extents[0])
     whole = _op_stats(four_copies.parent)
-    combined = shards.combine([_op_stats(d) for d in out])
+    combined = shards.combine([_op_stats(d) for d in out], shards.idle_between(extents))
     # Device ops op by op (xprof's order of ops is a hash map's), totals, IDLE, steps.
     assert _ops(combined.device_op_metrics_db) == _ops(whole.device_op_metrics_db)
-    for field in ("total_time_ps", "total_op_time_ps", "busy_time_ps"):
+    for field in ("total_time_ps", "total_op_time_ps", "busy_time_ps", "idle_time_ps"):
         assert getattr(combined.device_op_metrics_db, field) == getattr(
             whole.device_op_metrics_db, field), field
     assert list(combined.step_db.step_sequence) == list(whole.step_db.step_sequence)
@@ -80,3 +81,10 @@ def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Pa
         assert getattr(combined, field) == getattr(whole, field), field
     # Handed to xprof through its op_stats file, the tools answer as from the whole trace.
     assert _tools(four_copies.parent, cache=combined) == _tools(four_copies.parent)
+
+
+def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
+    theirs = _op_stats(four_copies.parent)
+    theirs.run_environment.device_type = "TPU adopted"
+    assert _tools(four_copies.parent, cache=theirs)["get_overview"]["run_environment"][
+        "device_type"] == "TPU adopted"

@@ -8,7 +8,6 @@ private workspace (op_stats and HLO protos that xprof saved there) and on `input
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +17,7 @@ import numpy as np
 
 from mldiag.analysis.collection import timeline
 from mldiag.analysis.collection.profile_input import ProfileSession
-from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
+from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
 
@@ -265,12 +264,6 @@ def pick_step_trace(pods: Any, rest: Any) -> Any:
     return pods if isinstance(pods, Mapping) and pods.get("step_breakdown") else rest
 
 
-# The file xprof's converters read op_stats from when it exists in a run directory, and
-# write after building them (`ConvertMultiXSpaceToCombinedOpStatsWithCache`: "ALL_HOSTS" and
-# the OP_STATS stored-data suffix of the pinned version).
-OP_STATS_CACHE = "ALL_HOSTS.op_stats_v2.pb"
-
-
 def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """xprof's smart suggestions: op_stats, a memory profile and the step share of a few
     events (`SMART_EVENTS`), from its own run directory (xprof clears a run directory's
@@ -283,9 +276,8 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
     """
     run_dir = ctx.ws.side_run_dir("smart")
     reduced = inputs.get("reduced") or {}
-    cache = ctx.ws.run_dir / OP_STATS_CACHE
-    if inputs.get("after_op_stats") and cache.is_file():
-        shutil.copyfile(cache, run_dir / OP_STATS_CACHE)
+    saved = ctx.ws.run_dir / OP_STATS_FILE
+    if inputs.get("after_op_stats") and saved.is_file():
         memory_dir = ctx.ws.side_run_dir(MEMORY_DIR)
         for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
             part = reduced.get(host) or {}
@@ -293,6 +285,8 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
                 link = run_dir / xplane.name
                 link.unlink()
                 link.symlink_to(memory_dir / xplane.name)
+        # The session's op_stats, as xprof would reuse its own (never the copies' own).
+        ctx.ws.adopt_op_stats(saved.read_bytes(), run_dir=run_dir)
     return ctx.ws.fetch_tool_data("smart_suggestion", run_dir=run_dir)
 
 

@@ -13,20 +13,23 @@ a combine of their own. What it does, as measured on the TPU fixture repeated in
 - a database's `total_time_ps` runs from the capture's start to the last event, so a later
   window's is the host's: the combine keeps the largest, and the `IDLE` op is what remains
   of it, `total_time_ps - total_op_time_ps`, as xprof computes it;
+- the device database's `idle_time_ps` counts, per device, from its first event to its last:
+  the windows' add up, plus the time between one window's last event and the next one's
+  first on each device plane (`idle_between`), which the device duty cycle reads;
 - step databases concatenate in window order;
 - the run and performance environments, core details and program names are the host's,
   the same in every window.
 
 Not combined exactly (measured on the same split, whole against combined): the host
 database's `total_time_ps` (1511e12 whole, 520e12 in each window: neither the host's event
-span nor a sum) and with it the host `IDLE` op, and the device database's `idle_time_ps`
-(293.3e12 whole, windows summed 261.0e12). The overview, op profile, roofline and step trace
-do not read them on that trace (their outputs are equal); a host with host ops would show a
-different host idle share.
+span nor a sum) and with it the host `IDLE` op. The overview, op profile, roofline and step
+trace do not read it on that trace (their outputs are equal); a host with host ops would
+show a different host idle share.
 
-`write_cache` hands the result to xprof's tools through the file its converters read op_stats
-from when it exists (`ALL_HOSTS.op_stats_v2.pb` in the run directory), so the overview, op
-profile, roofline and KPI tools read whole-host numbers.
+`XprofWorkspace.adopt_op_stats` hands the result to xprof's tools through the file its
+converters read op_stats from (`ALL_HOSTS.op_stats_v2.pb` in the run directory, with the
+owner record xprof's client checks), so the overview, op profile, roofline and KPI tools read
+whole-host numbers.
 """
 
 from __future__ import annotations
@@ -40,7 +43,6 @@ import numpy as np
 
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
-OP_STATS_CACHE = "ALL_HOSTS.op_stats_v2.pb"
 IDLE_OP = "IDLE"
 # OpMetrics fields that add up over windows (op_metrics.proto).
 _SUMMED = ("occurrences", "time_ps", "normalized_time_ps", "self_time_ps", "flops",
@@ -88,25 +90,45 @@ def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
 
 
 def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]]
-                  ) -> list[int]:
+                  ) -> list[dict[str, tuple[int, int]]]:
     """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
     with the events that start inside it; metadata and everything else copied whole.
-    Returns the events each window kept."""
+    Returns each window's device planes' extents: plane → (first start, last end), in ps."""
     bounds = [-(1 << 62), *cuts, 1 << 62]
-    kept = []
+    extents: list[dict[str, tuple[int, int]]] = []
     for k, path in enumerate(out):
         lo, hi = bounds[k], bounds[k + 1]
+        seen: dict[str, tuple[int, int]] = {}
 
-        def keep(plane: Plane, line: Line, lo: int = lo, hi: int = hi) -> Any:
+        def keep(plane: Plane, line: Line, lo: int = lo, hi: int = hi,
+                 seen: dict[str, tuple[int, int]] = seen) -> Any:
             ev = line.events
             if not len(ev):
                 return None
             start = line.timestamp_ns * 1000 + ev.offset_ps
             mask = (start >= lo) & (start < hi)
+            if plane.name.startswith("/device:") and mask.any():
+                first = int(start[mask].min())
+                last = int((start + ev.duration_ps)[mask].max())
+                was = seen.get(plane.name, (first, last))
+                seen[plane.name] = (min(was[0], first), max(was[1], last))
             return None if mask.all() else mask
 
-        kept.append(scan.write_filtered(path, keep)[0])
-    return kept
+        scan.write_filtered(path, keep)
+        extents.append(seen)
+    return extents
+
+
+def idle_between(extents: Sequence[dict[str, tuple[int, int]]]) -> int:
+    """Device time between consecutive windows, summed over device planes: what the
+    windows' own `idle_time_ps` leave out of the host's (each counts from its first event
+    to its last, per device)."""
+    total = 0
+    for before, after in zip(extents, extents[1:], strict=False):
+        for plane, (_, last) in before.items():
+            if plane in after:
+                total += max(0, after[plane][0] - last)
+    return total
 
 
 def _combine_metrics(into: Any, other: Any, child: bool = False) -> None:
@@ -152,16 +174,13 @@ def _combine_db(into: Any, other: Any, child: bool = False) -> None:
 
 def _fix_idle(db: Any) -> None:
     idle = [m for m in db.metrics_db if m.name == IDLE_OP and not m.hlo_module_id]
-    if not idle:
-        return
-    rest = db.total_time_ps - db.total_op_time_ps
-    idle[0].time_ps = idle[0].self_time_ps = max(rest, 0)
-    if db.idle_time_ps:
-        db.idle_time_ps = max(rest, 0)
+    if idle:
+        idle[0].time_ps = idle[0].self_time_ps = max(db.total_time_ps - db.total_op_time_ps, 0)
 
 
-def combine(parts: Sequence[Any]) -> Any:
-    """One host's OpStats from its windows' (in time order); see the module's notes."""
+def combine(parts: Sequence[Any], idle_between_ps: int = 0) -> Any:
+    """One host's OpStats from its windows' (in time order); see the module's notes.
+    `idle_between_ps` is the device time between the windows (`idle_between`)."""
     from xprof.protobuf import op_stats_pb2
 
     if not parts:
@@ -174,6 +193,9 @@ def combine(parts: Sequence[Any]) -> Any:
         out.step_db.step_sequence.extend(p.step_db.step_sequence)
         out.step_db.num_steps_dropped += p.step_db.num_steps_dropped
         out.step_db.use_incomplete_step |= p.step_db.use_incomplete_step
+        out.device_op_metrics_db.idle_time_ps += p.device_op_metrics_db.idle_time_ps
+    if len(parts) > 1 and out.device_op_metrics_db.idle_time_ps:
+        out.device_op_metrics_db.idle_time_ps += idle_between_ps
     for name in _DBS:
         _fix_idle(getattr(out, name))
     return out
@@ -185,12 +207,3 @@ def read(path: str | os.PathLike[str]) -> Any:
     o = op_stats_pb2.OpStats()
     o.ParseFromString(Path(path).read_bytes())
     return o
-
-
-def write_cache(op_stats: Any, run_dir: Path) -> Path:
-    """Put `op_stats` where xprof's converters read them instead of building their own."""
-    target = run_dir / OP_STATS_CACHE
-    tmp = target.with_name(f".{target.name}.tmp")
-    tmp.write_bytes(op_stats.SerializeToString())
-    tmp.replace(target)
-    return target

@@ -29,6 +29,9 @@ from typing import Any
 from mldiag.analysis.collection.profile_input import ProfileSession
 
 XPROF_VERSION = "2.24.2"
+# Where xprof's converters save op_stats in a run directory, and read them back from
+# (`ConvertMultiXSpaceToCombinedOpStatsWithCache`: "ALL_HOSTS", the OP_STATS suffix).
+OP_STATS_FILE = "ALL_HOSTS.op_stats_v2.pb"
 
 log = logging.getLogger(__name__)
 
@@ -252,6 +255,30 @@ class XprofWorkspace:
             if not link.is_symlink() and not link.exists():
                 link.symlink_to((self.run_dir / xplane.name).resolve())
         return run_dir
+
+    def adopt_op_stats(self, data: bytes, run_dir: Path | None = None) -> Path:
+        """Make `data` (a serialized OpStats) the op_stats that xprof's tools read in `run_dir`
+        (default: this workspace's), instead of converting the traces there.
+
+        xprof's client reuses a run directory's saved `ALL_HOSTS.op_stats_v2.pb` only when its
+        owner record names that directory's traces and that file; any other file is deleted
+        before a fresh conversion. So the file is written with the records its own conversion
+        would leave (xprof 2.24.2's `_compute_op_stats_scope` and `_op_stats_signature`).
+        """
+        from xprof.cli.internal.oss import xprof_client as xc
+
+        where = run_dir or self.run_dir
+        scope = xc._compute_op_stats_scope(where, xc.get_client().select_paths(str(where)))
+        target = where / OP_STATS_FILE
+        with xc._lock_run_dir(scope.owner_dir, scope.run_dir_hash):
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+            xc._atomic_write_text(scope.fp_dir, scope.fp_file, scope.current_fp)
+            xc._atomic_write_text(
+                scope.owner_dir, scope.owner_file,
+                f"{scope.scope_hash}:{scope.current_fp}:{xc._op_stats_signature(where)}")
+        return target
 
     def scrub(self, value: Any) -> Any:
         """Replace the private workspace path with the session's real path, so results do
