@@ -88,3 +88,22 @@ def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
     theirs.run_environment.device_type = "TPU adopted"
     assert _tools(four_copies.parent, cache=theirs)["get_overview"]["run_environment"][
         "device_type"] == "TPU adopted"
+
+
+def test_a_host_over_the_threshold_is_collected_in_windows(
+        four_copies: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mldiag.analysis.collection import collect as collect_mod
+
+    session = resolve_session(four_copies.parent)
+    whole = collect_mod.collect(session)
+    monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
+    monkeypatch.setattr(collect_mod, "WINDOW_BYTES", four_copies.stat().st_size // 2 + 1)
+    assert collect_mod.op_stats_windows(session) == 2
+    windowed = collect_mod.collect(session)
+    (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
+    assert "2 time windows" in note["reason"]
+    for name in ("get_xprof_overview", "get_hlo_op_profile", "get_roofline_model",
+                 "get_kpi_metrics", "get_step_trace", "list_hlo_modules",
+                 "detect_layout_mismatch_copies", "get_smart_suggestions"):
+        assert windowed["tools"][name]["status"] == whole["tools"][name]["status"], name
+        assert windowed["tools"][name].get("data") == whole["tools"][name].get("data"), name

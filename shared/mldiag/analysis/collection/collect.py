@@ -100,12 +100,25 @@ _BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
 # without Python-tracer events costs more than it saves.
 REDUCE_MIN_BYTES = 16 * 1024**2
+# A single host over this size has its op_stats built in time windows of about
+# WINDOW_BYTES each and combined (jobs._op_stats_by_window): the build's memory follows a
+# window's size, not the host's (0.94 GB per window against 1.7 GB whole at 94 MB in 2).
+WINDOW_MIN_BYTES = 256 * 1024**2
+WINDOW_BYTES = 128 * 1024**2
+
+
+def op_stats_windows(session: ProfileSession) -> int:
+    """How many time windows the op_stats build of `session` runs in (1: the whole file)."""
+    if len(session.xplanes) != 1:
+        return 1
+    size = session.xplanes[0].stat().st_size
+    return -(-size // WINDOW_BYTES) if size > WINDOW_MIN_BYTES else 1
 
 _JOBS = "mldiag.analysis.collection.jobs"
 
 
 def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
-          reduce: bool) -> list[Job]:
+          reduce: bool, windows: int = 1) -> list[Job]:
     sizes = [p.stat().st_size for p in session.xplanes]
     total, largest = sum(sizes), max(sizes)
     # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
@@ -130,7 +143,7 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
             "reduce_for_converters"], largest))
     jobs += [
         job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats_reduced" if reduce else "op_stats"],
-            total, prepare_timeout_s),
+            -(-total // windows), prepare_timeout_s),
         # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
         job("step_trace_pods", "xprof", opstats),
         job("device_information", "xprof", opstats),
@@ -207,7 +220,10 @@ def _needed(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
     return [j for j in jobs if j.name in keep]
 
 
-def _inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
+def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
+                ) -> dict[str, Any]:
+    if job.name == "op_stats":
+        return {"windows": windows}
     if job.name == "kpi_metrics":
         return {"overview": _payload(outcomes["op_stats"]),
                 "roofline": _payload(outcomes["roofline"]),
@@ -402,9 +418,17 @@ def _program_of(module: str) -> str:
 
 
 def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
-             elapsed_ms: float, session_bytes: int) -> dict[str, Any]:
+             elapsed_ms: float, session_bytes: int, windows: int = 1) -> dict[str, Any]:
     """The snapshot's `collection` block: what ran, how long, what was cut and why."""
     degraded = []
+    if windows > 1 and outcomes.get("op_stats") and outcomes["op_stats"].status == DATA:
+        degraded.append({
+            "tools": "xprof's op_stats (overview, op profile, roofline, step trace, KPIs)",
+            "reason": (f"built in {windows} time windows of the host, cut between module "
+                       f"executions (over {WINDOW_MIN_BYTES // 1024**2} MB), and combined: "
+                       "device figures are the whole trace's; the host's idle share is not "
+                       "combined exactly"),
+        })
     if isinstance(reduced, Mapping) and reduced:
         dropped = sum(int(h.get("python_events_dropped", 0)) for h in reduced.values())
         if dropped:
@@ -582,8 +606,10 @@ def collect(
         validate_xplane(xplane, max_bytes=max_host_bytes)
     budget = memory_budget_bytes or default_budget_bytes()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
+    windows = op_stats_windows(session) if host_parts is None else 1
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
-                 reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None)
+                 reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None,
+                 windows=windows)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in _needed(jobs, tools) if j.name not in {o.name for o in premade}]
     core = next((j for j in jobs if j.name == "op_stats"), None)
@@ -599,7 +625,8 @@ def collect(
     try:
         outcomes = run_jobs(
             jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
-            budget_bytes=budget, default_timeout_s=tool_timeout_s, inputs_for=_inputs_for,
+            budget_bytes=budget, default_timeout_s=tool_timeout_s,
+            inputs_for=lambda j, o: _inputs_for(j, o, windows),
             on_outcome=assembler.add, done={o.name: o for o in premade})
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -624,7 +651,7 @@ def collect(
         "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "elapsed_ms": round(elapsed_ms, 1),
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
-                               elapsed_ms, session_bytes),
+                               elapsed_ms, session_bytes, windows),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
         # Follow-ups answered from data collection had decoded anyway: tool → {args, data,
         # how}. The investigator's call with exactly those arguments is answered from it.

@@ -8,6 +8,7 @@ private workspace (op_stats and HLO protos that xprof saved there) and on `input
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -207,12 +208,48 @@ def _drop_python_events(plane: Plane, line: Line) -> Any:
 
 
 def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """The overview, which builds op_stats (and the HLO protos) that later jobs reuse."""
+    """The overview, which builds op_stats (and the HLO protos) that later jobs reuse.
+
+    With `inputs["windows"]` > 1 (one large host), op_stats are built window by window and
+    combined (`_op_stats_by_window`), so the build's memory follows a window's size."""
     _EXCLUSIVE["on"] = True
     try:
+        if int(inputs.get("windows") or 1) > 1:
+            _op_stats_by_window(ctx, int(inputs["windows"]))
         return ctx.ws.precompute_op_stats()
     finally:
         _EXCLUSIVE["on"] = False
+
+
+def _op_stats_by_window(ctx: Context, windows: int) -> None:
+    """Build one host's op_stats from time windows of its trace (`op_stats_shards`), one
+    window at a time, and adopt the combined result in the workspace's run directory, with
+    the HLO protos (every window keeps the metadata plane)."""
+    from xprof.cli.internal.oss import hlo_tools
+
+    from mldiag.analysis.collection import op_stats_shards as shards
+
+    (xplane,) = ctx.session.xplanes
+    source = ctx.ws.run_dir / xplane.name
+    with XSpaceScan(source) as scan:
+        cuts = shards.module_cuts(scan, windows)
+        paths = []
+        for k in range(len(cuts) + 1):
+            path = ctx.ws.side_run_dir(f"window{k}") / xplane.name
+            path.unlink()  # a link to the trace: the window is written in its place
+            paths.append(path)
+        extents = shards.write_windows(scan, cuts, paths)
+    parts = []
+    for k, path in enumerate(paths):
+        ctx.ws.call("get_overview", run_dir=path.parent)
+        parts.append(shards.read(path.parent / OP_STATS_FILE))
+        if k == 0:
+            hlo_tools.generate_hlo_protos(str(path.parent))
+            for proto in path.parent.glob("*.hlo_proto.pb"):
+                shutil.copyfile(proto, ctx.ws.run_dir / proto.name)
+        path.unlink()
+    combined = shards.combine(parts, shards.idle_between(extents))
+    ctx.ws.adopt_op_stats(combined.SerializeToString())
 
 
 def step_trace_pods(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
