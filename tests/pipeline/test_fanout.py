@@ -50,6 +50,11 @@ def test_an_eight_host_session_fans_out_and_is_combined_into_one_analysis(
     # Jobs that wait on the per-host parts (the KPI tool needs the memory profile) still run.
     assert tools["get_kpi_metrics"]["status"] == "DATA"
     assert snapshot["collection"]["skipped"] == [] and snapshot["collection"]["killed"] == []
+    # The async-overlap follow-up, precomputed by each host's share and combined as xprof
+    # combines trace files: every host's windows, never merged across hosts.
+    overlap = snapshot["precomputed_follow_ups"]["analyze_async_overlap"]["data"]
+    assert overlap["summary"]["count"] == 8 * 2395
+    assert sorted({k.split(":", 1)[0] for k in overlap["by_plane"]}) == HOSTS
     analyses = [m for m in messages if m["topic"] == "analysis-requests"]
     assert len(analyses) >= 2  # the first asks for the fan-out, the last host's for the combine
     assert rt.wait_idle(30) and rt.state.list_dead_letters() == []

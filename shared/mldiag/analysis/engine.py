@@ -45,6 +45,17 @@ def session_from_snapshot(snapshot: Mapping[str, Any]) -> ProfileSession:
     return resolve_session(str(snapshot["session"]["path"]))
 
 
+def precomputed_follow_ups(snapshot: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """What collection already computed for follow-ups: tool → {args, data, how}."""
+    known = dict(snapshot.get("precomputed_follow_ups") or {})
+    # Snapshots collected before that block carried the host-bound one in the timeline
+    # pass (filed in the step trace before passes had names; ev.get reads either).
+    old = ev.get(snapshot, ev.TIMELINE, "host_python_events")
+    if isinstance(old, Mapping):
+        known.setdefault("aggregate_xplane_events", old)
+    return known
+
+
 def investigate(
     snapshot: Mapping[str, Any],
     result: Triage,
@@ -58,9 +69,7 @@ def investigate(
     investigator = investigator or RuleBasedInvestigator()
     budget = 0 if result.status == OPTIMAL else MAX_FOLLOW_UPS
     session = session or session_from_snapshot(snapshot)
-    # What collection already computed for a follow-up (the host-bound one, single host).
-    known = ev.get(snapshot, ev.TIMELINE, "host_python_events")
-    precomputed = {"aggregate_xplane_events": known} if isinstance(known, Mapping) else None
+    precomputed = precomputed_follow_ups(snapshot)
     with FollowUps(session, max_calls=budget, precomputed=precomputed) as follow_ups:
         out = investigator.investigate(snapshot, result, follow_ups)
     if result.status == OPTIMAL:

@@ -87,17 +87,39 @@ _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 1
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
                  "smart_suggestions": 16.0, "timeline": 6.0,
+                 # After the op_stats build, from the saved file: 1.8 GB at 94 MB TPU-shaped
+                 # (it reads the whole trace when the trace has barrier-cores events).
+                 "smart_suggestions_saved": 16.0,
+                 # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
+                 "memory_profile_copy": 3.0,
+                 # The async-overlap follow-up, computed in the timeline pass after its own
+                 # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
+                 # TPU-shaped profile, and no higher a peak than the pass's alone after it.
+                 "async_overlap": 2.0,
                  "reduce_for_converters": 6.0}
 _BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
 # without Python-tracer events costs more than it saves.
 REDUCE_MIN_BYTES = 16 * 1024**2
+# A single host over this size has its op_stats built in time windows of about
+# WINDOW_BYTES each and combined (jobs._op_stats_by_window): the build's memory follows a
+# window's size, not the host's (0.94 GB per window against 1.7 GB whole at 94 MB in 2).
+WINDOW_MIN_BYTES = 256 * 1024**2
+WINDOW_BYTES = 128 * 1024**2
+
+
+def op_stats_windows(session: ProfileSession) -> int:
+    """How many time windows the op_stats build of `session` runs in (1: the whole file)."""
+    if len(session.xplanes) != 1:
+        return 1
+    size = session.xplanes[0].stat().st_size
+    return -(-size // WINDOW_BYTES) if size > WINDOW_MIN_BYTES else 1
 
 _JOBS = "mldiag.analysis.collection.jobs"
 
 
 def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
-          reduce: bool) -> list[Job]:
+          reduce: bool, windows: int = 1) -> list[Job]:
     sizes = [p.stat().st_size for p in session.xplanes]
     total, largest = sum(sizes), max(sizes)
     # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
@@ -122,7 +144,7 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
             "reduce_for_converters"], largest))
     jobs += [
         job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats_reduced" if reduce else "op_stats"],
-            total, prepare_timeout_s),
+            -(-total // windows), prepare_timeout_s),
         # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
         job("step_trace_pods", "xprof", opstats),
         job("device_information", "xprof", opstats),
@@ -133,14 +155,23 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
         job("peak_allocations", "xprof", opstats),
         job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
-        # The second worker, beside the op_stats build: the smart suggestions first (they
-        # build op_stats of their own in memory: 1.4 GB on the 103 MB profile, while the
-        # build beside them is still growing), the timeline pass (our own, on the original
-        # files), and the converters that read the xplanes rather than op_stats.
-        job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total),
-        job("timeline_pass", "xplane", pre, _RSS_PER_BYTE["timeline"], largest),
-        job("memory_profile", "xplane", pre, _RSS_PER_BYTE["memory_profile"], largest),
+        # The second worker, beside the op_stats build: on small sessions the smart
+        # suggestions first (they build op_stats of their own in memory), the timeline pass
+        # (our own, on the original files), and the converters that read the xplanes rather
+        # than op_stats. The step trace's halves after the build stay in this worker: the
+        # xprof half beside the smart suggestions held 3.1 GB at 94 MB, in turn 2.0 GB.
+        *([] if reduce else [
+            job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total)]),
+        job("timeline_pass", "xplane", pre,
+            max(_RSS_PER_BYTE["timeline"], _RSS_PER_BYTE["async_overlap"]), largest),
+        # From the memory copies where the reduction wrote them (jobs._memory_copy).
+        job("memory_profile", "xplane", pre, _RSS_PER_BYTE[
+            "memory_profile_copy" if reduce else "memory_profile"], largest),
         job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
+        # On large sessions after the op_stats build, reading them from the saved file and
+        # the rest from the memory copies: 5.3 s CPU became 0.3 s at 94 MB TPU-shaped.
+        *([job("smart_suggestions", "xplane", ("op_stats", *pre),
+               _RSS_PER_BYTE["smart_suggestions_saved"], total)] if reduce else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
     return jobs
@@ -190,11 +221,18 @@ def _needed(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
     return [j for j in jobs if j.name in keep]
 
 
-def _inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
+def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
+                ) -> dict[str, Any]:
+    if job.name == "op_stats":
+        return {"windows": windows}
     if job.name == "kpi_metrics":
         return {"overview": _payload(outcomes["op_stats"]),
                 "roofline": _payload(outcomes["roofline"]),
                 "memory_profile": _payload(outcomes["memory_profile"])}
+    if job.name in ("memory_profile", "smart_suggestions"):
+        reduced = outcomes.get("reduce_for_converters")
+        return {"reduced": reduced.value if reduced and reduced.status == DATA else {},
+                "after_op_stats": "op_stats" in job.after}
     if job.name == "hlo_texts":
         listed = outcomes.get("list_hlo_modules")
         modules = listed.value.get("modules", []) if listed and listed.status == DATA else []
@@ -276,6 +314,10 @@ class _Assembler:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
         if name == ev.TIMELINE:
             result = _as_result(name, parts[0], elapsed)
+            if isinstance(result.get("data"), dict):
+                # Precomputed follow-ups go to the snapshot's own block, not the pass's.
+                result["data"] = {k: v for k, v in result["data"].items()
+                                  if k != "precomputed"}
             computed_from = list(ev.PASSES[name])
         else:
             result = tool_result(name, lambda: self._hlo_pass(name, *parts)) | {
@@ -449,9 +491,17 @@ def _program_of(module: str) -> str:
 
 
 def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
-             elapsed_ms: float, session_bytes: int) -> dict[str, Any]:
+             elapsed_ms: float, session_bytes: int, windows: int = 1) -> dict[str, Any]:
     """The snapshot's `collection` block: what ran, how long, what was cut and why."""
     degraded = []
+    if windows > 1 and outcomes.get("op_stats") and outcomes["op_stats"].status == DATA:
+        degraded.append({
+            "tools": "xprof's op_stats (overview, op profile, roofline, step trace, KPIs)",
+            "reason": (f"built in {windows} time windows of the host, cut between module "
+                       f"executions (over {WINDOW_MIN_BYTES // 1024**2} MB), and combined: "
+                       "device figures are the whole trace's; the host's idle share is not "
+                       "combined exactly"),
+        })
     if isinstance(reduced, Mapping) and reduced:
         dropped = sum(int(h.get("python_events_dropped", 0)) for h in reduced.values())
         if dropped:
@@ -548,7 +598,17 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
         from mldiag.analysis.collection import timeline
 
         hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
-        out.append(Outcome("timeline_pass", DATA, timeline.summarize(hts), elapsed))
+        summary = timeline.summarize(hts)
+        overlaps = [(h if len(hosts) > 1 else "", p["async_overlap"]["value"])
+                    for h, p in parts.items()
+                    if p.get("async_overlap", {}).get("status") == DATA
+                    and p["async_overlap"]["value"] is not None]
+        # Every host's share, or none: a follow-up answered from some hosts would differ.
+        if overlaps and len(overlaps) == len(hosts):
+            from mldiag.analysis.collection.jobs import combine_async_overlap
+
+            summary["precomputed"] = {"analyze_async_overlap": combine_async_overlap(overlaps)}
+        out.append(Outcome("timeline_pass", DATA, summary, elapsed))
     from mldiag.analysis.collection.jobs import combine_memory_profiles
 
     memory = {h: (p["memory_profile"]["value"] if p["memory_profile"]["status"] == DATA
@@ -621,8 +681,10 @@ def collect(
         validate_xplane(xplane, max_bytes=max_host_bytes)
     budget = memory_budget_bytes or default_budget_bytes()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
+    windows = op_stats_windows(session) if host_parts is None else 1
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
-                 reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None)
+                 reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None,
+                 windows=windows)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in _needed(jobs, tools) if j.name not in {o.name for o in premade}]
     core = next((j for j in jobs if j.name == "op_stats"), None)
@@ -638,7 +700,8 @@ def collect(
     try:
         outcomes = run_jobs(
             jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
-            budget_bytes=budget, default_timeout_s=tool_timeout_s, inputs_for=_inputs_for,
+            budget_bytes=budget, default_timeout_s=tool_timeout_s,
+            inputs_for=lambda j, o: _inputs_for(j, o, windows),
             on_outcome=assembler.add, done={o.name: o for o in premade})
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -648,6 +711,13 @@ def collect(
     env = overview.get("run_environment", {}) if isinstance(overview, dict) else {}
     reduced = outcomes.get("reduce_for_converters")
     texts = outcomes.get("hlo_texts")
+    tl = outcomes.get("timeline_pass")
+    precomputed = dict(tl.value.get("precomputed") or {}) if (
+        tl is not None and tl.status == DATA and isinstance(tl.value, dict)) else {}
+    overlap = precomputed.get("analyze_async_overlap")
+    if overlap is not None:
+        # xprof's tool names the session it read (the workspace path, scrubbed to this).
+        overlap["data"] = {**overlap["data"], "session_id": str(session.path)}
     return {
         "schema_version": SCHEMA_VERSION,
         "session": {**session.describe(), "device_type": env.get("device_type")},
@@ -656,11 +726,14 @@ def collect(
         "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "elapsed_ms": round(elapsed_ms, 1),
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
-                               elapsed_ms, session_bytes),
+                               elapsed_ms, session_bytes, windows),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
         # mldiag's own passes by name (evidence.PASSES), each with what it was computed from.
         "passes": {name: assembler.passes[name] for name in _PASS_JOBS
                    if name in assembler.passes},
+        # Follow-ups answered from data collection had decoded anyway: tool → {args, data,
+        # how}. The investigator's call with exactly those arguments is answered from it.
+        "precomputed_follow_ups": precomputed,
         # Each module's fingerprint, entry parameters and op signatures, for `mldiag diff`.
         "hlo_digests": hlo_digest.digests(texts.value.get("texts", {}),
                                           texts.value.get("sources", {}))

@@ -30,6 +30,9 @@ from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.errors import MldiagError
 
 XPROF_VERSION = "2.24.2"
+# Where xprof's converters save op_stats in a run directory, and read them back from
+# (`ConvertMultiXSpaceToCombinedOpStatsWithCache`: "ALL_HOSTS", the OP_STATS suffix).
+OP_STATS_FILE = "ALL_HOSTS.op_stats_v2.pb"
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +202,17 @@ class XprofWorkspace:
             self._tools[name] = fn
         return fn
 
-    def call(self, name: str, *, only_host: str | None = None, **kwargs: Any) -> dict[str, Any]:
+    def call(self, name: str, *, only_host: str | None = None, run_dir: Path | None = None,
+             **kwargs: Any) -> dict[str, Any]:
         """Run xprof CLI tool `name` in-process on this session and return its parsed JSON.
 
-        `only_host` restricts the tool to that host's trace (for single-host tools).
+        `only_host` restricts the tool to that host's trace (for single-host tools); `run_dir`
+        reads another run directory of this workspace (`side_run_dir`) instead of the main one.
         Raises NoData when the tool reports that the profile has nothing for it.
         """
-        target = self.run_dir
+        target = base = run_dir or self.run_dir
         if only_host is not None:
-            target = self.run_dir / next(
+            target = base / next(
                 p.name for p in self.session.xplanes if p.name.startswith(f"{only_host}."))
         try:
             raw = self._tool(name)(str(target), **kwargs)
@@ -219,6 +224,8 @@ class XprofWorkspace:
         except NoData as e:
             raise NoData(self.scrub(str(e))) from e
         data = self.scrub(_parse(raw))
+        if run_dir is not None:
+            data = _replace_path(data, str(run_dir), str(self.session.path))
         data.pop("capture", None)
         data.pop("__cache_age_s__", None)
         data.pop("__cached__", None)
@@ -249,9 +256,34 @@ class XprofWorkspace:
         run_dir.mkdir(parents=True, exist_ok=True)
         for xplane in self.session.xplanes:
             link = run_dir / xplane.name
-            if not link.is_symlink():
+            # A file written there already (a reduced copy) stays.
+            if not link.is_symlink() and not link.exists():
                 link.symlink_to((self.run_dir / xplane.name).resolve())
         return run_dir
+
+    def adopt_op_stats(self, data: bytes, run_dir: Path | None = None) -> Path:
+        """Make `data` (a serialized OpStats) the op_stats that xprof's tools read in `run_dir`
+        (default: this workspace's), instead of converting the traces there.
+
+        xprof's client reuses a run directory's saved `ALL_HOSTS.op_stats_v2.pb` only when its
+        owner record names that directory's traces and that file; any other file is deleted
+        before a fresh conversion. So the file is written with the records its own conversion
+        would leave (xprof 2.24.2's `_compute_op_stats_scope` and `_op_stats_signature`).
+        """
+        from xprof.cli.internal.oss import xprof_client as xc
+
+        where = run_dir or self.run_dir
+        scope = xc._compute_op_stats_scope(where, xc.get_client().select_paths(str(where)))
+        target = where / OP_STATS_FILE
+        with xc._lock_run_dir(scope.owner_dir, scope.run_dir_hash):
+            tmp = target.with_name(f".{target.name}.tmp")
+            tmp.write_bytes(data)
+            tmp.replace(target)
+            xc._atomic_write_text(scope.fp_dir, scope.fp_file, scope.current_fp)
+            xc._atomic_write_text(
+                scope.owner_dir, scope.owner_file,
+                f"{scope.scope_hash}:{scope.current_fp}:{xc._op_stats_signature(where)}")
+        return target
 
     def scrub(self, value: Any) -> Any:
         """Replace the private workspace path with the session's real path, so results do

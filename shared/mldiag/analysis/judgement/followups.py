@@ -39,9 +39,13 @@ LLO_DATA_ABSENT = "LLO_DATA_ABSENT"
 FOLLOW_UP_PASSES = {"get_kernel_stats": KERNEL_TABLE}
 # The host-bound follow-up: Python-tracer frames on the host plane. The timeline pass
 # computes it from the events it has decoded anyway (single-host sessions), and the snapshot
-# carries it as mldiag.timeline's host_python_events (xprof's aggregate_xplane_events output
-# for these arguments).
+# carries it in precomputed_follow_ups (xprof's aggregate_xplane_events output for these
+# arguments).
 HOST_PYTHON_EVENTS: dict[str, Any] = {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}
+# The async-overlap follow-up as the investigator asks for it. The timeline pass computes
+# it from the device lines it has decoded (collection.async_overlap), so the answer is ready
+# when collection ends instead of a 15 s re-read of a 100 MB trace after it.
+ASYNC_OVERLAP: dict[str, Any] = {"top_k": 10}
 # What a TPU capture needs for LLO detail (xprof's collect_profile reference).
 LLO_RECAPTURE = 'LIBTPU_INIT_ARGS="--xla_xprof_register_llo_debug_info=true"'
 

@@ -1,0 +1,209 @@
+"""One host's op_stats from time-window shards of its XSpace, combined as one host.
+
+xprof builds op_stats from a whole XSpace in memory; its peak grows with the host's size
+(1.5 GB at 94 MB TPU-shaped, 17.6 GB reported at 950 MB). A host cut into time windows on
+module boundaries converts window by window, and the windows' op_stats combine into the
+host's. xprof's own combiner (`CombineAllOpStats`) treats every input as a host: it keeps
+the steps common to all inputs and adds up core and host counts, so windows of one host need
+a combine of their own. What it does, as measured on the TPU fixture repeated in time:
+
+- op-metrics databases add up op by op (occurrences, times, FLOPs, bytes, memory breakdown;
+  the minimum time is the least; a fusion's children add their times, not occurrences), and
+  so do their totals of op time;
+- a database's `total_time_ps` runs from the capture's start to the last event, so a later
+  window's is the host's: the combine keeps the largest, and the `IDLE` op is what remains
+  of it, `total_time_ps - total_op_time_ps`, as xprof computes it;
+- the device database's `idle_time_ps` counts, per device, from its first event to its last:
+  the windows' add up, plus the time between one window's last event and the next one's
+  first on each device plane (`idle_between`), which the device duty cycle reads;
+- step databases concatenate in window order;
+- the run and performance environments, core details and program names are the host's,
+  the same in every window.
+
+Not combined exactly (measured on the same split, whole against combined): the host
+database's `total_time_ps` (1511e12 whole, 520e12 in each window: neither the host's event
+span nor a sum) and with it the host `IDLE` op. The overview, op profile, roofline and step
+trace do not read it on that trace (their outputs are equal); a host with host ops would
+show a different host idle share.
+
+`XprofWorkspace.adopt_op_stats` hands the result to xprof's tools through the file its
+converters read op_stats from (`ALL_HOSTS.op_stats_v2.pb` in the run directory, with the
+owner record xprof's client checks), so the overview, op profile, roofline and KPI tools read
+whole-host numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
+
+IDLE_OP = "IDLE"
+# OpMetrics fields that add up over windows (op_metrics.proto).
+_SUMMED = ("occurrences", "time_ps", "normalized_time_ps", "self_time_ps", "flops",
+           "model_flops", "flops_v2", "model_flops_v2", "vdd_energy_j", "bytes_accessed",
+           "dma_stall_ps", "estimated_flops", "estimated_bytes_accessed")
+_DB_SUMMED = ("total_host_infeed_enq_duration_ps",
+              "total_host_infeed_enq_start_timestamp_ps_diff", "total_op_time_ps",
+              "normalized_total_op_time_ps", "busy_time_ps", "busy_time_high_confidence_ps")
+# OpStats fields that hold one op-metrics database each.
+_DBS = ("host_op_metrics_db", "device_op_metrics_db", "hlo_metrics_db_complete_steps_only")
+
+
+def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
+    """Absolute times (ps) that cut the capture into `shards` windows of about as many
+    device-module executions each, each cut inside a gap of every device plane's `XLA Modules`
+    line (no module execution spans it). Fewer cuts when there are fewer gaps."""
+    lo_parts, hi_parts = [], []
+    for plane in scan.planes:
+        if not plane.name.startswith("/device:"):
+            continue
+        for line in plane.lines:
+            if line.name != "XLA Modules" or not len(line.events):
+                continue
+            start = line.timestamp_ns * 1000 + line.events.offset_ps
+            lo_parts.append(start)
+            hi_parts.append(start + line.events.duration_ps)
+    if shards < 2 or not lo_parts:
+        return []
+    lo, hi = np.concatenate(lo_parts), np.concatenate(hi_parts)
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    reach = np.maximum.accumulate(hi)
+    # A gap follows module i when the next one starts after every earlier one has ended.
+    gaps = np.flatnonzero(lo[1:] > reach[:-1])
+    cuts: list[int] = []
+    for k in range(1, shards):
+        target = len(lo) * k / shards
+        if not len(gaps):
+            break
+        g = int(gaps[np.argmin(np.abs(gaps + 1 - target))])
+        cut = int(reach[g] + (lo[g + 1] - reach[g]) // 2)
+        if not cuts or cut > cuts[-1]:
+            cuts.append(cut)
+    return cuts
+
+
+def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]]
+                  ) -> list[dict[str, tuple[int, int]]]:
+    """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
+    with the events that start inside it; metadata and everything else copied whole.
+    Returns each window's device planes' extents: plane → (first start, last end), in ps."""
+    bounds = [-(1 << 62), *cuts, 1 << 62]
+    extents: list[dict[str, tuple[int, int]]] = []
+    for k, path in enumerate(out):
+        lo, hi = bounds[k], bounds[k + 1]
+        seen: dict[str, tuple[int, int]] = {}
+
+        def keep(plane: Plane, line: Line, lo: int = lo, hi: int = hi,
+                 seen: dict[str, tuple[int, int]] = seen) -> Any:
+            ev = line.events
+            if not len(ev):
+                return None
+            start = line.timestamp_ns * 1000 + ev.offset_ps
+            mask = (start >= lo) & (start < hi)
+            if plane.name.startswith("/device:") and mask.any():
+                first = int(start[mask].min())
+                last = int((start + ev.duration_ps)[mask].max())
+                was = seen.get(plane.name, (first, last))
+                seen[plane.name] = (min(was[0], first), max(was[1], last))
+            return None if mask.all() else mask
+
+        scan.write_filtered(path, keep)
+        extents.append(seen)
+    return extents
+
+
+def idle_between(extents: Sequence[dict[str, tuple[int, int]]]) -> int:
+    """Device time between consecutive windows, summed over device planes: what the
+    windows' own `idle_time_ps` leave out of the host's (each counts from its first event
+    to its last, per device)."""
+    total = 0
+    for before, after in zip(extents, extents[1:], strict=False):
+        for plane, (_, last) in before.items():
+            if plane in after:
+                total += max(0, after[plane][0] - last)
+    return total
+
+
+def _combine_metrics(into: Any, other: Any, child: bool = False) -> None:
+    for name in _SUMMED:
+        # A fusion's children count one occurrence each however often it ran (xprof's); an
+        # unset field stays unset, as in xprof's own.
+        if getattr(other, name) and not (child and name == "occurrences"):
+            setattr(into, name, getattr(into, name) + getattr(other, name))
+    if other.min_time_ps and (not into.min_time_ps or other.min_time_ps < into.min_time_ps):
+        into.min_time_ps = other.min_time_ps
+    spaces = {(m.operation_type, m.memory_space): m for m in into.memory_accessed_breakdown}
+    for m in other.memory_accessed_breakdown:
+        mine = spaces.get((m.operation_type, m.memory_space))
+        if mine is None:
+            into.memory_accessed_breakdown.add().CopyFrom(m)
+        else:
+            mine.bytes_accessed += m.bytes_accessed
+    if other.HasField("children"):
+        _combine_db(into.children, other.children, child=True)
+
+
+def _key(m: Any) -> tuple[int, str]:
+    return (m.hlo_module_id, m.name)
+
+
+def _combine_db(into: Any, other: Any, child: bool = False) -> None:
+    ops = {_key(m): m for m in into.metrics_db}
+    for m in other.metrics_db:
+        mine = ops.get(_key(m))
+        if mine is None:
+            ops[_key(m)] = into.metrics_db.add()
+            ops[_key(m)].CopyFrom(m)
+        else:
+            _combine_metrics(mine, m, child)
+    for name in _DB_SUMMED:
+        if getattr(other, name):
+            setattr(into, name, getattr(into, name) + getattr(other, name))
+    into.total_time_ps = max(into.total_time_ps, other.total_time_ps)
+    if other.HasField("precision_stats"):
+        into.precision_stats.compute_16bit_ps += other.precision_stats.compute_16bit_ps
+        into.precision_stats.compute_32bit_ps += other.precision_stats.compute_32bit_ps
+
+
+def _fix_idle(db: Any) -> None:
+    idle = [m for m in db.metrics_db if m.name == IDLE_OP and not m.hlo_module_id]
+    if idle:
+        idle[0].time_ps = idle[0].self_time_ps = max(db.total_time_ps - db.total_op_time_ps, 0)
+
+
+def combine(parts: Sequence[Any], idle_between_ps: int = 0) -> Any:
+    """One host's OpStats from its windows' (in time order); see the module's notes.
+    `idle_between_ps` is the device time between the windows (`idle_between`)."""
+    from xprof.protobuf import op_stats_pb2
+
+    if not parts:
+        raise ValueError("no op_stats to combine")
+    out = op_stats_pb2.OpStats()
+    out.CopyFrom(parts[0])
+    for p in parts[1:]:
+        for name in _DBS:
+            _combine_db(getattr(out, name), getattr(p, name))
+        out.step_db.step_sequence.extend(p.step_db.step_sequence)
+        out.step_db.num_steps_dropped += p.step_db.num_steps_dropped
+        out.step_db.use_incomplete_step |= p.step_db.use_incomplete_step
+        out.device_op_metrics_db.idle_time_ps += p.device_op_metrics_db.idle_time_ps
+    if len(parts) > 1 and out.device_op_metrics_db.idle_time_ps:
+        out.device_op_metrics_db.idle_time_ps += idle_between_ps
+    for name in _DBS:
+        _fix_idle(getattr(out, name))
+    return out
+
+
+def read(path: str | os.PathLike[str]) -> Any:
+    from xprof.protobuf import op_stats_pb2
+
+    o = op_stats_pb2.OpStats()
+    o.ParseFromString(Path(path).read_bytes())
+    return o

@@ -1,0 +1,109 @@
+"""One host's op_stats from two time windows of its trace, combined as one host, give xprof's
+tools the whole trace's answers (the seam for converting a large host window by window)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mldiag.analysis.collection import op_stats_shards as shards
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
+from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from tests.conftest import REPO, SHARED_FIXTURES
+
+TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+TOOLS = (("get_overview", {}), ("get_hlo_op_profile", {"top_n": 50}),
+         ("get_roofline_model", {"top_n": 15}), ("get_step_trace", {"limit": 50}))
+
+
+@pytest.fixture(scope="module")
+def four_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TPU fixture repeated 4 times in time (bench/tpu_shape.py), 3.2 MB."""
+    if not TPU.is_file():
+        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    sys.path.insert(0, str(REPO / "bench"))
+    from tpu_shape import generate
+
+    logdir = tmp_path_factory.mktemp("tpu4")
+    generate(logdir, 4 * TPU.stat().st_size / 1024**2)
+    (xplane,) = (logdir / "plugins/profile/run1").glob("*.xplane.pb")
+    return xplane
+
+
+def _op_stats(run_dir: Path) -> Any:
+    with XprofWorkspace(resolve_session(run_dir)) as ws:
+        ws.precompute_op_stats()
+        return shards.read(ws.run_dir / OP_STATS_FILE)
+
+
+def _tools(run_dir: Path, cache: Any = None) -> dict[str, Any]:
+    with XprofWorkspace(resolve_session(run_dir)) as ws:
+        if cache is not None:
+            ws.adopt_op_stats(cache.SerializeToString())
+        out: dict[str, Any] = {}
+        for name, args in TOOLS:
+            try:
+                out[name] = ws.call(name, **args)
+            except NoData as e:  # the step trace, on a trace without step markers
+                out[name] = f"NoData: {e}".replace(str(ws.run_dir), "")
+        return out
+
+
+def _ops(db: Any) -> dict[tuple[int, str], bytes]:
+    return {(m.hlo_module_id, m.name): m.SerializeToString(deterministic=True)
+            for m in db.metrics_db}
+
+
+def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Path) -> None:
+    out = [tmp_path / f"w{k}/plugins/profile/run1" for k in range(2)]
+    for d in out:
+        d.mkdir(parents=True)
+    with XSpaceScan(four_copies) as scan:
+        cuts = shards.module_cuts(scan, 2)
+        assert len(cuts) == 1
+        extents = shards.write_windows(scan, cuts, [d / four_copies.name for d in out])
+    # Two copies each, cut between modules: the first window ends before the second starts.
+    assert all(extents[0][p][1] < extents[1][p][0] for p in extents[0])
+    whole = _op_stats(four_copies.parent)
+    combined = shards.combine([_op_stats(d) for d in out], shards.idle_between(extents))
+    # Device ops op by op (xprof's order of ops is a hash map's), totals, IDLE, steps.
+    assert _ops(combined.device_op_metrics_db) == _ops(whole.device_op_metrics_db)
+    for field in ("total_time_ps", "total_op_time_ps", "busy_time_ps", "idle_time_ps"):
+        assert getattr(combined.device_op_metrics_db, field) == getattr(
+            whole.device_op_metrics_db, field), field
+    assert list(combined.step_db.step_sequence) == list(whole.step_db.step_sequence)
+    for field in ("run_environment", "perf_env", "core_id_to_details",
+                  "program_id_to_name_map"):
+        assert getattr(combined, field) == getattr(whole, field), field
+    # Handed to xprof through its op_stats file, the tools answer as from the whole trace.
+    assert _tools(four_copies.parent, cache=combined) == _tools(four_copies.parent)
+
+
+def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
+    theirs = _op_stats(four_copies.parent)
+    theirs.run_environment.device_type = "TPU adopted"
+    assert _tools(four_copies.parent, cache=theirs)["get_overview"]["run_environment"][
+        "device_type"] == "TPU adopted"
+
+
+def test_a_host_over_the_threshold_is_collected_in_windows(
+        four_copies: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mldiag.analysis.collection import collect as collect_mod
+
+    session = resolve_session(four_copies.parent)
+    whole = collect_mod.collect(session)
+    monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
+    monkeypatch.setattr(collect_mod, "WINDOW_BYTES", four_copies.stat().st_size // 2 + 1)
+    assert collect_mod.op_stats_windows(session) == 2
+    windowed = collect_mod.collect(session)
+    (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
+    assert "2 time windows" in note["reason"]
+    for name in ("get_xprof_overview", "get_hlo_op_profile", "get_roofline_model",
+                 "get_kpi_metrics", "get_step_trace", "list_hlo_modules",
+                 "detect_layout_mismatch_copies", "get_smart_suggestions"):
+        assert windowed["tools"][name]["status"] == whole["tools"][name]["status"], name
+        assert windowed["tools"][name].get("data") == whole["tools"][name].get("data"), name
