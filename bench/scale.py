@@ -130,8 +130,18 @@ def run_mldiag(xplane: Path, out: Path, budget: str | None = None) -> dict[str, 
     tools = analysis.get("tools", [])
     collection = analysis.get("collection", {})
     snapshot_path = out / "health_snapshot.json"
-    malloc = (json.loads(snapshot_path.read_text()).get("collection", {}).get("worker_malloc")
-              if result["rc"] == 0 and snapshot_path.is_file() else None)
+    snap_collection = (json.loads(snapshot_path.read_text()).get("collection", {})
+                       if result["rc"] == 0 and snapshot_path.is_file() else {})
+    malloc = snap_collection.get("worker_malloc")
+    # Where the time goes: each collection job (in its worker), and each follow-up after
+    # collection (a precomputed one costs nothing here: it was computed during collection).
+    jobs_s = {name: round(j.get("elapsed_ms", 0) / 1000, 2)
+              for name, j in sorted((snap_collection.get("jobs") or {}).items(),
+                                    key=lambda kv: -(kv[1].get("elapsed_ms") or 0))}
+    follow_ups = [{"tool": f.get("tool"), "s": round((f.get("elapsed_ms") or 0) / 1000, 2),
+                   "status": f.get("status"), **({"precomputed": True}
+                                                  if f.get("precomputed") else {})}
+                  for f in analysis.get("follow_ups", [])]
     return {**figures, "rc": result["rc"],
             "status": analysis.get("status"),
             "tools_error": [t["name"] for t in tools if t["status"] == "ERROR"],
@@ -139,6 +149,8 @@ def run_mldiag(xplane: Path, out: Path, budget: str | None = None) -> dict[str, 
             "collection_s": round(collection.get("elapsed_ms", 0) / 1000, 2),
             "skipped": collection.get("skipped", []), "killed": collection.get("killed", []),
             "degraded": collection.get("degraded", []), "worker_malloc": malloc,
+            "worker_peak_mb": round((collection.get("worker_peak_rss_bytes") or 0) / 2**20),
+            "jobs_s": jobs_s, "follow_ups": follow_ups,
             **({"stderr": result["stderr"]} if result["rc"] else {})}
 
 
