@@ -214,6 +214,7 @@ def browser(request: pytest.FixtureRequest) -> Iterator[Browser]:
         reporter = request.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
             reporter.write_line(f"\nbrowser tests: {version}")
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)  # a fresh clone has no artifacts yet
         (ARTIFACTS / "chromium-version.txt").write_text(version + "\n")
         yield b
         b.close()
