@@ -8,8 +8,10 @@ pipeline, the CLI and the console would read.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -244,14 +246,24 @@ def test_metric_values_are_taken_as_upstream_takes_them(sdk_home: Path,
 
 def test_metrics_are_written_in_batches_in_the_background(sdk_home: Path,
                                                           sdk_state: SqliteStateStore) -> None:
-    machinelearning_run(name="r")
-    t0 = time.perf_counter()
-    for i in range(2000):
-        metrics.record(MetricType.STEP_TIME, 0.01, step=i)
-    per_record_us = (time.perf_counter() - t0) / 2000 * 1e6
-    # The loop never waits on the store: a record is an append (a few µs even on a loaded
-    # 2-core machine), the write happens on the recorder's thread within about a second.
-    assert per_record_us < 200, f"{per_record_us:.1f} µs per record"
+    run = machinelearning_run(name="r")
+    # The loop never waits on the store: with the store's writes held back, all 2000 records
+    # still return, and the points land once the writer may go on. (Its speed, a few µs a
+    # record, is bench/metrics.py's to measure, not a timed test's.)
+    gate = threading.Event()
+    write = run.plane.state.record_metrics
+
+    def held(*args: Any, **kwargs: Any) -> Any:
+        gate.wait(30)
+        return write(*args, **kwargs)
+
+    run.plane.state.record_metrics = held  # type: ignore[method-assign]
+    try:
+        for i in range(2000):
+            metrics.record(MetricType.STEP_TIME, 0.01, step=i)
+        assert sdk_state.list_metrics("r", "step_time") == []  # none written yet
+    finally:
+        gate.set()
     deadline = time.monotonic() + 15
     while len(sdk_state.list_metrics("r", "step_time")) < 2000:
         assert time.monotonic() < deadline, "the background writer did not store the points"
