@@ -198,3 +198,27 @@ def test_a_message_the_process_keeps_dying_on_is_dead_lettered_at_restart(
         assert restarted.pending() == 0
     finally:
         release.set()
+
+
+def test_stop_waits_for_the_messages_in_progress_within_one_deadline(
+        tmp_path: Path, buses: list[InProcessBus]) -> None:
+    # Two workers, both stuck in their handler: stop() gives up on them after its timeout in
+    # all (not once per worker), and the messages stay in flight for the next start.
+    bus = make_bus(tmp_path, buses, workers=2)
+    bus.publish(MSG)
+    bus.publish(AnalyzeSession(run="r", session="t", version=1))
+    release = threading.Event()
+    started: list[str] = []
+
+    def stuck(topic: str, payload: str, attributes: Mapping[str, str]) -> None:
+        started.append(payload)
+        release.wait(30)
+
+    bus.start(stuck)
+    wait_until(lambda: len(started) == 2, what="both workers busy")
+    t0 = time.monotonic()
+    bus.stop(timeout=1.0)
+    waited = time.monotonic() - t0
+    release.set()
+    assert 0.9 <= waited < 1.9, waited  # one deadline: 1 s, not 2 s
+    assert bus.stats() == {"inflight": 2}

@@ -118,12 +118,18 @@ class InProcessBus:
             self._threads.append(t)
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop taking messages and wait for the ones in progress."""
+        """Stop taking messages and wait, `timeout` seconds in all, for the ones in progress.
+
+        One deadline for every worker, not one each: with each busy worker waited for in turn,
+        `mldiag up` could take workers × timeout to stop after Ctrl-C. A message still in
+        progress at the deadline stays in flight, and the next start puts it back (`recover`).
+        """
         self._stop.set()
         with self._wake:
             self._wake.notify_all()
+        deadline = time.monotonic() + timeout
         for t in self._threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
         self._threads.clear()
 
     def _take(self) -> tuple[int, str, str, dict[str, str], int] | None:
