@@ -42,3 +42,19 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     version = terminalreporter.config.stash.get(BROWSER_VERSION, None)
     if version:
         terminalreporter.write_line(f"browser tests ran on {version}")
+
+
+@pytest.fixture(scope="session")
+def tpu_eight_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The TPU fixture repeated 8 times in time (bench/tpu_shape.py): its op_stats build
+    takes longer than the scheduler's first look at it (a warm worker builds the fixture's
+    own in under 50 ms, which a 0 s deadline then never sees)."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "bench"))
+    from tpu_shape import generate
+
+    source = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+    logdir = tmp_path_factory.mktemp("tpu8")
+    generate(logdir, 8 * source.stat().st_size / 1024**2)
+    return logdir

@@ -7,12 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from mldiag.analysis.collection import collect as collect_mod
 from mldiag.analysis.collection import jobs
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
+from mldiag.analysis.collection.xspace_scan import XSpaceScan
 from tests.conftest import SHARED_FIXTURES
 
 TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
@@ -64,6 +66,25 @@ def test_the_memory_copy_holds_only_what_the_memory_profile_reads(tmp_path: Path
         assert 0 < part["memory_copy_bytes"] < TPU.stat().st_size / 2
         from_copy = jobs.memory_profile(ctx, {"reduced": reduced})
         whole = jobs.memory_profile(ctx, {})
+        copy = ws.side_run_dir(jobs.MEMORY_DIR) / TPU.name
+        # What the smart suggestions time per step travels whole: every event they time
+        # (with its stats, byte for byte) and the step and module lines.
+        with XSpaceScan(TPU) as a, XSpaceScan(copy) as b:
+            for pa, pb in zip(a.planes, b.planes, strict=True):
+                ids = [k for k, v in pa.event_names.items()
+                       if any(t in v for t in jobs.SMART_EVENTS)]
+                for la, lb in zip(pa.lines, pb.lines, strict=True):
+                    if pa.name.startswith("/device:") and la.name in ("XLA Modules", "Steps"):
+                        assert len(lb.events) == len(la.events) > 0
+                    timed_a = np.isin(la.events.metadata_id, ids)
+                    timed_b = np.isin(lb.events.metadata_id, ids)
+                    assert timed_b.sum() == timed_a.sum()
+                    assert [bytes(a.buf[s:e]) for s, e in zip(
+                        la.events.tag_at[timed_a], la.events.body_end[timed_a], strict=True)] == [
+                        bytes(b.buf[s:e]) for s, e in zip(
+                            lb.events.tag_at[timed_b], lb.events.body_end[timed_b], strict=True)]
+                assert pa.name.startswith("/host:") or not ids or any(
+                    np.isin(lb.events.metadata_id, ids).any() for lb in pb.lines)
     assert from_copy == whole and whole["peak_memory_usage_gib"] > 0
 
 

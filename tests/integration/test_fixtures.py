@@ -146,7 +146,9 @@ def test_tool_timeout_is_recorded_not_fatal(tpu_logdir: Path):
     assert timed_out and all(t["status"] == "ERROR" for t in timed_out)
 
 
-def test_a_stuck_op_stats_build_is_killed_and_the_analysis_still_finishes(tpu_logdir: Path):
+def test_a_stuck_op_stats_build_is_killed_and_the_analysis_still_finishes(
+        tpu_eight_copies: Path):
+    tpu_logdir = tpu_eight_copies
     snap = collect(tpu_logdir, prepare_timeout_s=0.0)
     tools = snap["tools"]
     assert tools["get_xprof_overview"]["status"] == "ERROR"

@@ -102,6 +102,11 @@ def test_a_host_over_the_threshold_is_collected_in_windows(
     windowed = collect_mod.collect(session)
     (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
     assert "2 time windows" in note["reason"]
+    # Cut in one pass, each window built as a job of its own (one per worker), then combined.
+    jobs = windowed["collection"]["jobs"]
+    assert {k: jobs[k]["status"] for k in ("split_windows", "op_stats_window0",
+                                            "op_stats_window1", "op_stats")} == dict.fromkeys(
+        ("split_windows", "op_stats_window0", "op_stats_window1", "op_stats"), "DATA")
     for name in ("get_xprof_overview", "get_hlo_op_profile", "get_roofline_model",
                  "get_kpi_metrics", "get_step_trace", "list_hlo_modules",
                  "detect_layout_mismatch_copies", "get_smart_suggestions"):

@@ -101,20 +101,18 @@ def _events_by_line(scan: XSpaceScan) -> dict[str, dict[str, _Column]]:
     are absent, as in xprof's grouping)."""
     xp = _xprof()
     out: dict[str, dict[str, _Column]] = {}
-    for plane in scan.planes:
-        for line in plane.lines:
-            if line.name not in xp.LINE_NAMES:
-                continue
-            ev = line.events
-            if not len(ev):
-                continue
-            # xprof's times: the event's start in ns (a double) times 1000, truncated.
-            start = (line.start_ns() * 1000).astype(np.int64)
-            dur = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(np.int64)
-            mids, _, inverse = unique_ids(ev.metadata_id)
-            names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
-            col = out.setdefault(plane.name, {}).setdefault(line.name, _Column())
-            col.add(names, inverse, start, start + dur)
+    for plane, line in scan.passing((p, ln) for p in scan.planes for ln in p.lines
+                                    if ln.name in xp.LINE_NAMES):
+        ev = line.events
+        if not len(ev):
+            continue
+        # xprof's times: the event's start in ns (a double) times 1000, truncated.
+        start = (line.start_ns() * 1000).astype(np.int64)
+        dur = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(np.int64)
+        mids, _, inverse = unique_ids(ev.metadata_id)
+        names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
+        col = out.setdefault(plane.name, {}).setdefault(line.name, _Column())
+        col.add(names, inverse, start, start + dur)
     return out
 
 
@@ -146,19 +144,14 @@ def _pairs(keys: I64, starts: NDArray[np.bool_]) -> tuple[I64, I64, int]:
     ok_done = ~s & (failures == prev)
     # The j-th paired done of a key takes the key's j-th start.
     rank_done = np.cumsum(ok_done) - 1
-    rank_start = np.cumsum(s) - 1
     base_done = np.concatenate([[0], np.cumsum(ok_done)[group_start[1:] - 1]])
     base_start = np.concatenate([[0], np.cumsum(s)[group_start[1:] - 1]])
     sizes = np.diff(np.append(group_start, n))
     rank_done -= np.repeat(base_done, sizes)
-    rank_start -= np.repeat(base_start, sizes)
-    start_at = {}
-    for g, r, i in zip(group[s].tolist(), rank_start[s].tolist(), order[s].tolist(),
-                       strict=True):
-        start_at[(g, r)] = i
+    # The starts in sorted order are grouped by key, each group's in sequence: the j-th start
+    # of group g sits after every start of the groups before it.
     done_idx = order[ok_done]
-    start_idx = np.array([start_at[(g, r)] for g, r in zip(
-        group[ok_done].tolist(), rank_done[ok_done].tolist(), strict=True)], dtype=np.int64)
+    start_idx = order[s][base_start[group[ok_done]] + rank_done[ok_done]]
     # Back in sequence order of the dones.
     by_done = np.argsort(done_idx, kind="stable")
     paired = len(done_idx)

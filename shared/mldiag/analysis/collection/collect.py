@@ -19,7 +19,7 @@ from typing import Any
 
 import mldiag
 from mldiag.analysis.collection import detectors, hlo_digest
-from mldiag.analysis.collection.jobs import pick_step_trace
+from mldiag.analysis.collection.jobs import has_counters, pick_step_trace
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -83,13 +83,19 @@ def tool_result(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
 # run side by side under the memory budget, and to skip what cannot fit at all.
 _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 14.0,
+                 # One time window's build, per byte of the window: 3.0 GB for a 122 MB
+                 # window of the 993 MB TPU-shaped profile (glibc's malloc).
+                 "op_stats_window": 24.0,
+                 # The one-pass window writer holds one line's columns and one plane's pages:
+                 # 1.2 GB on the 993 MB TPU-shaped profile (largest line 88 MB).
+                 "split_windows": 1.0,
                  "utilization_viewer": 14.0,
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
                  "smart_suggestions": 16.0, "timeline": 6.0,
-                 # After the op_stats build, from the saved file: 1.8 GB at 94 MB TPU-shaped
-                 # (it reads the whole trace when the trace has barrier-cores events).
-                 "smart_suggestions_saved": 16.0,
+                 # After the op_stats build, from the saved file and the memory copy (which
+                 # keeps the events it times): 314 MB at 94 MB TPU-shaped, the base's.
+                 "smart_suggestions_saved": 0.5,
                  # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
                  "memory_profile_copy": 3.0,
                  # The async-overlap follow-up, computed in the timeline pass after its own
@@ -108,12 +114,21 @@ WINDOW_MIN_BYTES = 256 * 1024**2
 WINDOW_BYTES = 128 * 1024**2
 
 
-def op_stats_windows(session: ProfileSession) -> int:
-    """How many time windows the op_stats build of `session` runs in (1: the whole file)."""
+def op_stats_windows(session: ProfileSession, budget_bytes: int | None = None) -> int:
+    """How many time windows the op_stats build of `session` runs in (1: the whole file).
+
+    Windows are at most WINDOW_BYTES, and smaller when two builds side by side (one per
+    worker) would not fit half of `budget_bytes` each."""
     if len(session.xplanes) != 1:
         return 1
     size = session.xplanes[0].stat().st_size
-    return -(-size // WINDOW_BYTES) if size > WINDOW_MIN_BYTES else 1
+    if size <= WINDOW_MIN_BYTES:
+        return 1
+    window = WINDOW_BYTES
+    if budget_bytes:
+        fits = int((budget_bytes / 2 - _BASE_RSS) / _RSS_PER_BYTE["op_stats_window"])
+        window = min(window, max(fits, 16 * 1024**2))
+    return -(-size // window)
 
 _JOBS = "mldiag.analysis.collection.jobs"
 
@@ -127,10 +142,11 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
     # it read), and at 30 without the reduction.
 
     def job(name: str, group: str, after: tuple[str, ...] = (), per_byte: float = 0.0,
-            bytes_read: int = 0, timeout: float | None = None) -> Job:
+            bytes_read: int = 0, timeout: float | None = None, runner: str = "",
+            requires: tuple[str, ...] = ()) -> Job:
         # Tools that read op_stats would rebuild them if the build failed: skip them instead.
-        requires = tuple(d for d in after if d == "op_stats")
-        return Job(name=name, group=group, runner=f"{_JOBS}:{name}", after=after,
+        requires = requires or tuple(d for d in after if d == "op_stats")
+        return Job(name=name, group=group, runner=f"{_JOBS}:{runner or name}", after=after,
                    requires=requires, memory_bytes=int(_BASE_RSS + per_byte * bytes_read),
                    timeout_s=timeout)
 
@@ -142,9 +158,22 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # while the first builds op_stats from the reduced copy.
         jobs.append(job("reduce_for_converters", "xplane", (), _RSS_PER_BYTE[
             "reduce_for_converters"], largest))
+    if windows > 1:
+        # One large host: cut in time windows in one pass (bounded by a line's columns), the
+        # windows' op_stats built side by side in both workers, then combined.
+        names = tuple(f"op_stats_window{k}" for k in range(windows))
+        jobs.append(job("split_windows", "xplane", pre, _RSS_PER_BYTE["split_windows"],
+                        largest, prepare_timeout_s))
+        jobs += [job(name, ("xprof", "xplane")[k % 2], ("split_windows",),
+                     _RSS_PER_BYTE["op_stats_window"], -(-total // windows), prepare_timeout_s,
+                     runner="op_stats_window", requires=("split_windows",))
+                 for k, name in enumerate(names)]
+        jobs.append(job("op_stats", "xprof", names, 0.0, 0, prepare_timeout_s,
+                        requires=names))
+    else:
+        jobs.append(job("op_stats", "xprof", pre, _RSS_PER_BYTE[
+            "op_stats_reduced" if reduce else "op_stats"], total, prepare_timeout_s))
     jobs += [
-        job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats_reduced" if reduce else "op_stats"],
-            -(-total // windows), prepare_timeout_s),
         # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
         job("step_trace_pods", "xprof", opstats),
         job("device_information", "xprof", opstats),
@@ -167,7 +196,9 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # From the memory copies where the reduction wrote them (jobs._memory_copy).
         job("memory_profile", "xplane", pre, _RSS_PER_BYTE[
             "memory_profile_copy" if reduce else "memory_profile"], largest),
-        job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"], largest),
+        # Without a TPU plane of counters it answers from the plane headers, reading nothing.
+        job("utilization_viewer", "xplane", pre, _RSS_PER_BYTE["utilization_viewer"],
+            largest if any(has_counters(x) for x in session.xplanes) else 0),
         # On large sessions after the op_stats build, reading them from the saved file and
         # the rest from the memory copies: 5.3 s CPU became 0.3 s at 94 MB TPU-shaped.
         *([job("smart_suggestions", "xplane", ("op_stats", *pre),
@@ -223,8 +254,16 @@ def _needed(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
 
 def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
                 ) -> dict[str, Any]:
-    if job.name == "op_stats":
+    if job.name == "split_windows":
         return {"windows": windows}
+    if job.name.startswith("op_stats_window"):
+        split = outcomes["split_windows"].value
+        return {"window": int(job.name.removeprefix("op_stats_window")),
+                "windows": int(split["windows"])}
+    if job.name == "op_stats" and windows > 1:
+        parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
+        return {"window_parts": [o.value["op_stats"] for o in parts if o.status == DATA],
+                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"]}
     if job.name == "kpi_metrics":
         return {"overview": _payload(outcomes["op_stats"]),
                 "roofline": _payload(outcomes["roofline"]),
@@ -681,7 +720,7 @@ def collect(
         validate_xplane(xplane, max_bytes=max_host_bytes)
     budget = memory_budget_bytes or default_budget_bytes()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
-    windows = op_stats_windows(session) if host_parts is None else 1
+    windows = op_stats_windows(session, budget) if host_parts is None else 1
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
                  reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None,
                  windows=windows)

@@ -143,14 +143,20 @@ MEMORY_DIR = "memory"
 
 
 def _memory_copy(ctx: Context, scan: XSpaceScan, xplane: Path) -> dict[str, Any]:
-    """A copy of one host for xprof's memory profile: its host plane's allocator events and
-    its TPU planes' `XLA Modules` lines, every other event dropped (lines and metadata kept).
+    """A copy of one host for xprof's memory profile and smart suggestions: its host plane's
+    allocator events, its TPU planes' `XLA Modules` and `Steps` lines, and the events the
+    smart suggestions time (`SMART_EVENTS`); every other event dropped (lines and metadata
+    kept).
 
-    The memory profile reads nothing else (xprof's `ConvertXSpaceToMemoryProfileJson`), and
-    the smart suggestions read the XSpace only for that profile and for the step share of
-    `SMART_EVENTS`; with op_stats from the saved file, both answer the same from this copy
-    (94 MB TPU-shaped: the memory profile 2.9 s CPU on the file, 0.7 s on the copy; the smart
-    suggestions 5.3 s, 0.3 s). Written to the workspace's `memory` run directory.
+    The memory profile reads nothing else (xprof's `ConvertXSpaceToMemoryProfileJson`). The
+    smart suggestions read the XSpace only for that profile and for the share of each step
+    that `SMART_EVENTS` take (xprof's event-time-fraction analyzer): a step's time comes from
+    its step markers (the `Steps` and module lines, kept whole), the events' own times from
+    their stats (kept), and on host lines from each line's span (its first start and last
+    end: those two events are kept). So with op_stats from the saved file both answer the
+    same from this copy (94 MB TPU-shaped: the memory profile 2.9 s CPU on the file, 0.7 s
+    on the copy; the smart suggestions 5.3 s, 0.3 s). Written to the workspace's `memory`
+    run directory.
     """
     target = ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name
     target.unlink(missing_ok=True)
@@ -158,21 +164,28 @@ def _memory_copy(ctx: Context, scan: XSpaceScan, xplane: Path) -> dict[str, Any]
                        for name in plane.event_names.values() for t in SMART_EVENTS)
     kept, _ = scan.write_filtered(target, _memory_events)
     return {"memory_copy_bytes": target.stat().st_size, "memory_events": kept,
-            # With those events the smart suggestions need the whole trace (their step
-            # grouping reads host events), and convert the converters' input instead.
             "smart_events": smart_events}
 
 
+_STEP_LINES = ("XLA Modules", "Steps")
+
+
 def _memory_events(plane: Plane, line: Line) -> Any:
-    if plane.name.startswith("/device:TPU") and line.name == "XLA Modules":
+    if plane.name.startswith("/device:") and line.name in _STEP_LINES:
         return None
     ev = line.events
     if not len(ev):
         return None
-    if not plane.name.startswith("/host:"):
-        return np.zeros(len(ev), dtype=bool)
-    memory = [k for k, v in plane.event_names.items() if v in MEMORY_EVENTS]
-    mask = np.isin(ev.metadata_id, memory) if memory else np.zeros(len(ev), dtype=bool)
+    smart = [k for k, v in plane.event_names.items() if any(t in v for t in SMART_EVENTS)]
+    mask = np.isin(ev.metadata_id, smart) if smart else np.zeros(len(ev), dtype=bool)
+    if plane.name.startswith("/host:"):
+        memory = [k for k, v in plane.event_names.items() if v in MEMORY_EVENTS]
+        if memory:
+            mask |= np.isin(ev.metadata_id, memory)
+        if smart:
+            # The line's span, which the host-side fraction divides by.
+            mask[int(np.argmin(ev.offset_ps))] = True
+            mask[int(np.argmax(ev.offset_ps + ev.duration_ps))] = True
     return None if mask.all() else mask
 
 
@@ -210,45 +223,72 @@ def _drop_python_events(plane: Plane, line: Line) -> Any:
 def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """The overview, which builds op_stats (and the HLO protos) that later jobs reuse.
 
-    With `inputs["windows"]` > 1 (one large host), op_stats are built window by window and
-    combined (`_op_stats_by_window`), so the build's memory follows a window's size."""
+    With `inputs["windows"]` (one large host cut in time windows by `split_windows`), the
+    windows' op_stats (`op_stats_window`, built side by side in both workers) are combined
+    and adopted instead, so no process builds the whole host's op_stats."""
     _EXCLUSIVE["on"] = True
     try:
-        if int(inputs.get("windows") or 1) > 1:
-            _op_stats_by_window(ctx, int(inputs["windows"]))
+        parts = inputs.get("window_parts")
+        if parts:
+            _combine_windows(ctx, parts, int(inputs.get("idle_between_ps") or 0))
         return ctx.ws.precompute_op_stats()
     finally:
         _EXCLUSIVE["on"] = False
 
 
-def _op_stats_by_window(ctx: Context, windows: int) -> None:
-    """Build one host's op_stats from time windows of its trace (`op_stats_shards`), one
-    window at a time, and adopt the combined result in the workspace's run directory, with
-    the HLO protos (every window keeps the metadata plane)."""
-    from xprof.cli.internal.oss import hlo_tools
+def _window_path(ctx: Context, k: int) -> Path:
+    (xplane,) = ctx.session.xplanes
+    return ctx.ws.side_run_dir(f"window{k}") / xplane.name
 
+
+def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Cut one large host into `inputs["windows"]` time windows between module executions
+    (`op_stats_shards`), each written to its own run directory, in one pass over the trace
+    (the converters' input: the reduced copy where the reduction made one)."""
     from mldiag.analysis.collection import op_stats_shards as shards
 
     (xplane,) = ctx.session.xplanes
-    source = ctx.ws.run_dir / xplane.name
-    with XSpaceScan(source) as scan:
-        cuts = shards.module_cuts(scan, windows)
-        paths = []
-        for k in range(len(cuts) + 1):
-            path = ctx.ws.side_run_dir(f"window{k}") / xplane.name
+    with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
+        cuts = shards.module_cuts(scan, int(inputs["windows"]))
+        paths = [_window_path(ctx, k) for k in range(len(cuts) + 1)]
+        for path in paths:
             path.unlink()  # a link to the trace: the window is written in its place
-            paths.append(path)
         extents = shards.write_windows(scan, cuts, paths)
-    parts = []
-    for k, path in enumerate(paths):
+    return {"windows": len(paths), "idle_between_ps": shards.idle_between(extents),
+            "window_bytes": [p.stat().st_size for p in paths]}
+
+
+def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """xprof's op_stats of one time window (`split_windows`), saved in its run directory;
+    the window's trace is deleted once converted. The first window also leaves the HLO
+    protos (every window keeps the metadata plane) where the op_stats job's tools read them.
+    """
+    k = int(inputs["window"])
+    if k >= int(inputs["windows"]):
+        raise NoData(f"window {k}: the trace had fewer gaps between module executions")
+    path = _window_path(ctx, k)
+    _EXCLUSIVE["on"] = True
+    try:
         ctx.ws.call("get_overview", run_dir=path.parent)
-        parts.append(shards.read(path.parent / OP_STATS_FILE))
-        if k == 0:
-            hlo_tools.generate_hlo_protos(str(path.parent))
-            for proto in path.parent.glob("*.hlo_proto.pb"):
-                shutil.copyfile(proto, ctx.ws.run_dir / proto.name)
-        path.unlink()
-    combined = shards.combine(parts, shards.idle_between(extents))
+    finally:
+        _EXCLUSIVE["on"] = False
+    if k == 0:
+        from xprof.cli.internal.oss import hlo_tools
+
+        hlo_tools.generate_hlo_protos(str(path.parent))
+        for proto in path.parent.glob("*.hlo_proto.pb"):
+            shutil.copyfile(proto, ctx.ws.run_dir / proto.name)
+    path.unlink()
+    saved = path.parent / OP_STATS_FILE
+    return {"window": k, "op_stats": str(saved), "bytes": saved.stat().st_size}
+
+
+def _combine_windows(ctx: Context, parts: list[str], idle_between_ps: int) -> None:
+    """Combine the windows' op_stats (`op_stats_shards.combine`) and adopt the result as the
+    workspace's op_stats."""
+    from mldiag.analysis.collection import op_stats_shards as shards
+
+    combined = shards.combine([shards.read(p) for p in parts], idle_between_ps)
     ctx.ws.adopt_op_stats(combined.SerializeToString())
 
 
@@ -307,8 +347,9 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
     saved results before a fresh conversion).
 
     On large sessions (`inputs["after_op_stats"]`) it runs after the op_stats job and reads
-    them from the saved file, and reads the memory copies (`_memory_copy`) for the rest,
-    unless the trace has those events; 5.3 s CPU becomes 0.3 s on 94 MB TPU-shaped. On small
+    them from the saved file, and reads the memory copies (`_memory_copy`, which keep those
+    events and the step markers) for the rest; 5.3 s CPU becomes 0.3 s on 94 MB TPU-shaped,
+    and its memory no longer follows the trace's size. On small
     ones it runs beside the build and combines its own op_stats in memory (the same answer).
     """
     run_dir = ctx.ws.side_run_dir("smart")
@@ -318,7 +359,7 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
         memory_dir = ctx.ws.side_run_dir(MEMORY_DIR)
         for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
             part = reduced.get(host) or {}
-            if "memory_copy_bytes" in part and not part.get("smart_events"):
+            if "memory_copy_bytes" in part:
                 link = run_dir / xplane.name
                 link.unlink()
                 link.symlink_to(memory_dir / xplane.name)

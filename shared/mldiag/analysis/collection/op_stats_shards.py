@@ -92,30 +92,28 @@ def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
 def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]]
                   ) -> list[dict[str, tuple[int, int]]]:
     """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
-    with the events that start inside it; metadata and everything else copied whole.
+    with the events that start inside it; metadata and everything else copied whole. One pass
+    over the trace, one line decoded at a time (`XSpaceScan.write_split`).
     Returns each window's device planes' extents: plane → (first start, last end), in ps."""
-    bounds = [-(1 << 62), *cuts, 1 << 62]
-    extents: list[dict[str, tuple[int, int]]] = []
-    for k, path in enumerate(out):
-        lo, hi = bounds[k], bounds[k + 1]
-        seen: dict[str, tuple[int, int]] = {}
+    cut_at = np.asarray(cuts, dtype=np.int64)
+    extents: list[dict[str, tuple[int, int]]] = [{} for _ in out]
 
-        def keep(plane: Plane, line: Line, lo: int = lo, hi: int = hi,
-                 seen: dict[str, tuple[int, int]] = seen) -> Any:
-            ev = line.events
-            if not len(ev):
-                return None
-            start = line.timestamp_ns * 1000 + ev.offset_ps
-            mask = (start >= lo) & (start < hi)
-            if plane.name.startswith("/device:") and mask.any():
-                first = int(start[mask].min())
-                last = int((start + ev.duration_ps)[mask].max())
-                was = seen.get(plane.name, (first, last))
-                seen[plane.name] = (min(was[0], first), max(was[1], last))
-            return None if mask.all() else mask
+    def window_of(plane: Plane, line: Line) -> Any:
+        ev = line.events
+        if not len(ev):
+            return None
+        start = line.timestamp_ns * 1000 + ev.offset_ps
+        part = np.searchsorted(cut_at, start, side="right").astype(np.int32)
+        if plane.name.startswith("/device:"):
+            end = start + ev.duration_ps
+            for k in np.unique(part).tolist():
+                mask = part == k
+                first, last = int(start[mask].min()), int(end[mask].max())
+                was = extents[k].get(plane.name, (first, last))
+                extents[k][plane.name] = (min(was[0], first), max(was[1], last))
+        return part
 
-        scan.write_filtered(path, keep)
-        extents.append(seen)
+    scan.write_split(out, window_of)
     return extents
 
 

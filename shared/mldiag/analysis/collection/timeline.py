@@ -166,23 +166,21 @@ def _has_stat(scan: XSpaceScan, plane: Plane, line: Line, index: int, stat: str)
 
 def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
     parts = []
-    for plane in scan.planes:
-        if not plane.name.startswith("/host:"):
+    for plane, line in scan.passing((p, ln) for p in scan.planes
+                                    if p.name.startswith("/host:") for ln in p.lines):
+        ev = line.events
+        if not len(ev):
             continue
-        for line in plane.lines:
-            ev = line.events
-            if not len(ev):
-                continue
-            # Whether an event is a step annotation (has step_num) is decided per metadata,
-            # from its first occurrence: the column of metadata ids does the rest.
-            mids, first, _ = unique_ids(ev.metadata_id)
-            step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
-                         if _has_stat(scan, plane, line, i, "step_num")]
-            if not step_mids:
-                continue
-            sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
-            start = line.start_ns()[sel]
-            parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
+        # Whether an event is a step annotation (has step_num) is decided per metadata,
+        # from its first occurrence: the column of metadata ids does the rest.
+        mids, first, _ = unique_ids(ev.metadata_id)
+        step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
+                     if _has_stat(scan, plane, line, i, "step_num")]
+        if not step_mids:
+            continue
+        sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
+        start = line.start_ns()[sel]
+        parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
     if not parts:
         return np.zeros((0, 2))
     steps = np.concatenate(parts)
@@ -202,22 +200,20 @@ def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
 def _compile_spans(scan: XSpaceScan) -> NDArray[np.float64]:
     """(start_ns, end_ns) of the compilation events on host threads, merged."""
     starts, ends = [], []
-    for plane in scan.planes:
-        if not plane.name.startswith("/host:"):
+    for plane, line in scan.passing((p, ln) for p in scan.planes
+                                    if p.name.startswith("/host:") for ln in p.lines):
+        ev = line.events
+        if not len(ev):
             continue
-        for line in plane.lines:
-            ev = line.events
-            if not len(ev):
-                continue
-            mids, _, inverse = unique_ids(ev.metadata_id)
-            hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
-                            for m in mids.tolist()])
-            if not hit.any():
-                continue
-            sel = hit[inverse] & (ev.duration_ps > 0)
-            start = line.start_ns()[sel]
-            starts.append(start)
-            ends.append(start + line.duration_ns()[sel])
+        mids, _, inverse = unique_ids(ev.metadata_id)
+        hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
+                        for m in mids.tolist()])
+        if not hit.any():
+            continue
+        sel = hit[inverse] & (ev.duration_ps > 0)
+        start = line.start_ns()[sel]
+        starts.append(start)
+        ends.append(start + line.duration_ns()[sel])
     if not starts:
         return np.zeros((0, 2))
     seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
@@ -286,11 +282,20 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     # Every attributed event's op (a global id), start and end, for the ops' concurrency.
     op_ids: dict[tuple[str, str], int] = {}
     spans: list[tuple[NDArray[np.int64], NDArray[np.float64], NDArray[np.float64]]] = []
-    for plane, line in lines:
+    # Each device plane's executions (every event with a duration), for its busy time.
+    device_spans: dict[str, list[tuple[NDArray[np.float64], NDArray[np.float64]]]] = {
+        p.name: [] for p in scan.planes
+        if p.name.startswith("/device:") and "CUSTOM" not in p.name}
+    for plane, line in scan.passing(lines):
         ev = line.events
         result.events_scanned += len(ev)
         if not len(ev):
             continue
+        if source == "device":
+            ran = ev.duration_ps > 0
+            d_start = line.start_ns()[ran]
+            device_spans.setdefault(plane.name, []).append(
+                (d_start, d_start + line.duration_ns()[ran]))
         mids, _, inverse = unique_ids(ev.metadata_id)
         names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
         marker = np.array([n.startswith(_MARKER_PREFIXES) for n in names])[inverse]
@@ -327,7 +332,7 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     for key, concurrency in _max_concurrency(op_ids, spans).items():
         result.op_lines[key] = concurrency
     if source == "device":
-        result.devices = _per_device(scan, lines)
+        result.devices = _per_device(device_spans)
     if starts:
         seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
     else:
@@ -372,24 +377,17 @@ def _inside(times: NDArray[np.float64], steps: NDArray[np.float64]) -> NDArray[n
     return ok & (times < steps[np.maximum(i, 0), 1])
 
 
-def _per_device(scan: XSpaceScan, lines: list[tuple[Plane, Line]]) -> list[tuple[str, float, int]]:
+def _per_device(spans: dict[str, list[tuple[NDArray[np.float64], NDArray[np.float64]]]]
+                ) -> list[tuple[str, float, int]]:
     """Busy time (union of its execution events) and event count of every device plane,
     including the devices whose planes hold no execution at all."""
-    by_plane: dict[str, list[Line]] = {p.name: [] for p in scan.planes
-                                       if p.name.startswith("/device:") and "CUSTOM" not in
-                                       p.name}
-    for plane, line in lines:
-        by_plane.setdefault(plane.name, []).append(line)
     out = []
-    for name, plane_lines in by_plane.items():
-        starts = [ln.start_ns()[ln.events.duration_ps > 0] for ln in plane_lines
-                  if len(ln.events)]
-        ends = [ln.start_ns()[ln.events.duration_ps > 0] + ln.duration_ns()[
-            ln.events.duration_ps > 0] for ln in plane_lines if len(ln.events)]
-        count = int(sum(len(x) for x in starts))
+    for name, parts in spans.items():
+        count = int(sum(len(s) for s, _ in parts))
         busy = 0.0
         if count:
-            seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
+            seg_s, seg_e = _merge(np.concatenate([s for s, _ in parts]),
+                                  np.concatenate([e for _, e in parts]))
             busy = float(np.sum(seg_e - seg_s))
         out.append((name, busy, count))
     return sorted(out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -369,49 +369,116 @@ class XSpaceScan:
         line whole. Everything else (metadata, stats, other fields) is copied byte for byte.
         Returns (events kept, events dropped) on the lines that `keep` masked.
         """
-        kept_total = dropped_total = 0
-        m = self._map
-        with open(out, "wb") as f:
-            for plane in self.planes:
-                chunks: list[bytes | memoryview] = []
-                for num, key_at, stop in plane._fields:
-                    if num != 3:
-                        chunks.append(memoryview(m)[key_at:stop])
-                        continue
-                    line = next(ln for ln in plane.lines if ln._payload[1] == stop)
-                    mask = keep(plane, line)
-                    if mask is None:
-                        # Copied whole, and not decoded for it: its events are not counted.
-                        chunks.append(memoryview(m)[key_at:stop])
-                        continue
-                    payload = self._filtered_line(line, mask)
-                    kept_total += int(mask.sum())
-                    dropped_total += int(len(mask) - mask.sum())
-                    chunks.append(b"\x1a" + encode_varint(len(payload)))
-                    chunks.append(payload)
-                body_len = sum(len(c) for c in chunks)
-                f.write(b"\x0a" + encode_varint(body_len))
-                for c in chunks:
-                    f.write(c)
-            for start, stop in self._space_fields:
-                f.write(m[start:stop])
-        return kept_total, dropped_total
+        def split(plane: Plane, line: Line) -> Any:
+            mask = keep(plane, line)
+            return None if mask is None else np.where(mask, 0, -1).astype(np.int32)
 
-    def _filtered_line(self, line: Line, mask: NDArray[np.bool_]) -> bytes:
-        ev = line.events
-        pos, end = line._payload
-        events_at = line._blocks[0][0]
-        # The events' own bytes: from each event's tag to its body's end.
-        # Consecutive kept events are contiguous in the file: copy them run by run.
-        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-        first, last = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1) - 1
+        (kept,), dropped = self.write_split([out], split)
+        return kept, dropped
+
+    def write_split(self, outs: Sequence[str | os.PathLike[str]], split: SplitFn
+                    ) -> tuple[list[int], int]:
+        """Write len(`outs`) copies of this XSpace in one pass, each with a part of the events.
+
+        `split(plane, line)` returns, per event of the line, the index of the copy it goes to
+        (-1: none), or None to copy the line whole into every copy. Every copy keeps every
+        plane, line and metadata table, and everything else byte for byte.
+
+        Memory stays bounded by one line: each line's events are decoded, cut into runs of
+        bytes per copy and let go (unless a caller had decoded them before), and the copies are
+        written plane by plane straight from the mapped file.
+        Returns (events per copy, events in no copy) on the lines that `split` cut.
+        """
+        counts = [0] * len(outs)
+        dropped = 0
         view = memoryview(self._map)
-        kept = b"".join(view[a:b] for a, b in zip(ev.tag_at[first].tolist(),
-                                                   ev.body_end[last].tolist(), strict=True))
-        head = bytes(self._map[pos:events_at])
-        last_end = int(ev.body_end[-1]) if len(ev) else events_at
-        tail = bytes(self._map[last_end:end])
-        return head + kept + tail
+        files = [open(o, "wb") for o in outs]  # noqa: SIM115 - closed below
+        try:
+            for plane in self.planes:
+                # Per copy: pieces of the plane's body, each bytes or a (start, end) range of
+                # the file, or a pair of arrays of ranges.
+                pieces: list[list[Any]] = [[] for _ in outs]
+                sizes = [0] * len(outs)
+                lines = {ln._payload[1]: ln for ln in plane.lines}
+                for num, key_at, stop in plane._fields:
+                    line = lines.get(stop) if num == 3 else None
+                    was_decoded = line is not None and line._events is not None
+                    part = None if line is None else split(plane, line)
+                    if part is None:
+                        if line is not None and not was_decoded:
+                            line._events = None
+                        for k in range(len(outs)):
+                            pieces[k].append((key_at, stop))
+                            sizes[k] += stop - key_at
+                        continue
+                    assert line is not None
+                    ev = line.events
+                    pos, end = line._payload
+                    events_at = line._blocks[0][0]
+                    last_end = int(ev.body_end[-1]) if len(ev) else events_at
+                    dropped += int((part < 0).sum())
+                    for k in range(len(outs)):
+                        mask = part == k
+                        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+                        first = np.flatnonzero(edges == 1)
+                        last = np.flatnonzero(edges == -1) - 1
+                        starts, ends = ev.tag_at[first], ev.body_end[last]
+                        length = (events_at - pos) + int((ends - starts).sum()) + (end - last_end)
+                        prefix = b"\x1a" + encode_varint(length)
+                        pieces[k] += [prefix, (pos, events_at), (starts, ends), (last_end, end)]
+                        sizes[k] += len(prefix) + length
+                        counts[k] += int(mask.sum())
+                    # Let the line's columns go before the next line is decoded.
+                    del ev, part
+                    if not was_decoded:
+                        line._events = None
+                for f, body, size in zip(files, pieces, sizes, strict=True):
+                    f.write(b"\x0a" + encode_varint(size))
+                    for piece in body:
+                        if isinstance(piece, bytes):
+                            f.write(piece)
+                        elif isinstance(piece[0], np.ndarray):
+                            for a, b in zip(piece[0].tolist(), piece[1].tolist(), strict=True):
+                                f.write(view[a:b])
+                        else:
+                            f.write(view[piece[0]:piece[1]])
+                if plane._fields:
+                    self.release_pages(plane._fields[0][1], plane._fields[-1][2])
+            for f in files:
+                for start, stop in self._space_fields:
+                    f.write(view[start:stop])
+        finally:
+            view.release()
+            for f in files:
+                f.close()
+        return counts, dropped
+
+    def passing(self, pairs: Iterable[tuple[Plane, Line]] | None = None
+                ) -> Iterator[tuple[Plane, Line]]:
+        """(plane, line) of `pairs` (default: every line), each line's events let go once the
+        caller moves on unless they were decoded before: a pass over a large file holds one
+        line's columns at a time instead of the whole file's."""
+        if pairs is None:
+            pairs = ((plane, line) for plane in self.planes for line in plane.lines)
+        for plane, line in pairs:
+            was_decoded = line._events is not None
+            yield plane, line
+            if not was_decoded:
+                line._events = None
+                a, b = line._payload
+                self.release_pages(a, b)
+
+    def release_pages(self, start: int, end: int) -> None:
+        """Drop the mapped file's pages in [start, end) from this process's resident memory
+        (they stay in the page cache, and are read back if touched again): a pass over a
+        large file holds one plane's pages, not the whole file's."""
+        if not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        page = mmap.PAGESIZE
+        lo = -(-start // page) * page
+        hi = (end // page) * page
+        if hi > lo:
+            self._map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
     # -- stats ---------------------------------------------------------------------------------
 
@@ -469,6 +536,7 @@ class XSpaceScan:
 
 
 KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
+SplitFn = Any  # Callable[[Plane, Line], NDArray[np.integer] | None]
 
 
 def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
@@ -574,41 +642,39 @@ def aggregate_scans(
     groups: dict[str, list[NDArray[np.int64]]] = {}
     scanned = 0
     for scan in scans:
-        for plane in scan.planes:
-            if not p_re.search(plane.name):
+        for plane, line in scan.passing((p, ln) for p in scan.planes
+                                        if p_re.search(p.name) for ln in p.lines):
+            ev = line.events
+            scanned += len(ev)
+            if not len(ev):
                 continue
-            for line in plane.lines:
-                ev = line.events
-                scanned += len(ev)
-                if not len(ev):
-                    continue
-                # xprof's times: start in ps from the line's ns timestamp, truncated.
-                start_ps = (line.start_ns() * 1000).astype(np.int64)
-                dur_ps = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(
-                    np.int64)
-                keep = np.ones(len(ev), dtype=bool)
-                if start_time_ps is not None:
-                    keep &= start_ps >= start_time_ps
-                if end_time_ps is not None:
-                    keep &= start_ps + dur_ps <= end_time_ps
-                if min_duration_ps is not None:
-                    keep &= dur_ps >= min_duration_ps
-                if max_duration_ps is not None:
-                    keep &= dur_ps <= max_duration_ps
-                mids, _, inverse = unique_ids(ev.metadata_id)
-                names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
-                matched = np.array([bool(e_re.search(n)) for n in names], dtype=bool)
-                sel = keep & matched[inverse]
-                if not sel.any():
-                    continue
-                # Group the selected durations by name with one sort, not a pass per name.
-                inv, dur = inverse[sel], dur_ps[sel]
-                order = np.argsort(inv, kind="stable")
-                inv, dur = inv[order], dur[order]
-                cuts = np.flatnonzero(np.diff(inv)) + 1
-                for first, chunk in zip(np.concatenate([[0], cuts]).tolist(),
-                                        np.split(dur, cuts), strict=True):
-                    groups.setdefault(names[int(inv[first])], []).append(chunk)
+            # xprof's times: start in ps from the line's ns timestamp, truncated.
+            start_ps = (line.start_ns() * 1000).astype(np.int64)
+            dur_ps = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(
+                np.int64)
+            keep = np.ones(len(ev), dtype=bool)
+            if start_time_ps is not None:
+                keep &= start_ps >= start_time_ps
+            if end_time_ps is not None:
+                keep &= start_ps + dur_ps <= end_time_ps
+            if min_duration_ps is not None:
+                keep &= dur_ps >= min_duration_ps
+            if max_duration_ps is not None:
+                keep &= dur_ps <= max_duration_ps
+            mids, _, inverse = unique_ids(ev.metadata_id)
+            names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
+            matched = np.array([bool(e_re.search(n)) for n in names], dtype=bool)
+            sel = keep & matched[inverse]
+            if not sel.any():
+                continue
+            # Group the selected durations by name with one sort, not a pass per name.
+            inv, dur = inverse[sel], dur_ps[sel]
+            order = np.argsort(inv, kind="stable")
+            inv, dur = inv[order], dur[order]
+            cuts = np.flatnonzero(np.diff(inv)) + 1
+            for first, chunk in zip(np.concatenate([[0], cuts]).tolist(),
+                                    np.split(dur, cuts), strict=True):
+                groups.setdefault(names[int(inv[first])], []).append(chunk)
     rows: list[dict[str, Any]] = []
     for name, parts in groups.items():
         d = np.sort(np.concatenate(parts))
