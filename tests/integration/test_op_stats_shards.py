@@ -97,6 +97,9 @@ def test_a_host_over_the_threshold_is_collected_in_windows(
     session = resolve_session(four_copies.parent)
     whole = collect_mod.collect(session)
     monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
+    # The large-session path whole: the reduction and its memory copies, from which the
+    # combined overview is read.
+    monkeypatch.setattr(collect_mod, "REDUCE_MIN_BYTES", 0)
     monkeypatch.setattr(collect_mod, "WINDOW_BYTES", four_copies.stat().st_size // 2 + 1)
     assert collect_mod.op_stats_windows(session) == 2
     windowed = collect_mod.collect(session)

@@ -168,7 +168,7 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
                      _RSS_PER_BYTE["op_stats_window"], -(-total // windows), prepare_timeout_s,
                      runner="op_stats_window", requires=("split_windows",))
                  for k, name in enumerate(names)]
-        jobs.append(job("op_stats", "xprof", names, 0.0, 0, prepare_timeout_s,
+        jobs.append(job("op_stats", "xprof", (*pre, *names), 0.0, 0, prepare_timeout_s,
                         requires=names))
     else:
         jobs.append(job("op_stats", "xprof", pre, _RSS_PER_BYTE[
@@ -262,8 +262,10 @@ def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
                 "windows": int(split["windows"])}
     if job.name == "op_stats" and windows > 1:
         parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
+        reduced = outcomes.get("reduce_for_converters")
         return {"window_parts": [o.value["op_stats"] for o in parts if o.status == DATA],
-                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"]}
+                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"],
+                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
     if job.name == "kpi_metrics":
         return {"overview": _payload(outcomes["op_stats"]),
                 "roofline": _payload(outcomes["roofline"]),
