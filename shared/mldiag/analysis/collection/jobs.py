@@ -244,19 +244,35 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         _EXCLUSIVE["on"] = False
 
 
+OVERVIEW_DIR = "overview"
+
+
+def _overview_dir(ctx: Context) -> Path | None:
+    """The run directory `_overview_beside` prepared (adopted op_stats beside the memory
+    copy), where the tools that read op_stats but would also load the trace run; None when
+    the op_stats were built from the session's own traces."""
+    (xplane,) = ctx.session.xplanes if len(ctx.session.xplanes) == 1 else (None,)
+    if xplane is None:
+        return None
+    run_dir = ctx.ws.run_dir.parents[2] / OVERVIEW_DIR / "plugins" / "profile" / (
+        ctx.session.name)
+    return run_dir if (run_dir / OP_STATS_FILE).is_file() else None
+
+
 def _overview_beside(ctx: Context, op_stats: bytes, reduced: Mapping[str, Any]
                      ) -> dict[str, Any]:
     """The overview from adopted op_stats, in a run directory whose trace is the memory copy.
 
     With op_stats saved, xprof's overview still loads every XSpace, for inference statistics
     that its CLI tool does not output (`get_overview` prints the capture, the performance
-    summary and the run environment, all from op_stats): 9 GB at 468 MB TPU-shaped. The copy
-    answers the same in the memory of its few events. Without a copy, the session's own run
-    directory is used."""
+    summary and the run environment, all from op_stats): 9 GB at 468 MB TPU-shaped; so does
+    the step trace's input-pipeline source (8 GiB at 947 MB). The copy answers the same in
+    the memory of its few events (the step trace's halves run there too, `_overview_dir`).
+    Without a copy, the session's own run directory is used."""
     (xplane,), (host,) = ctx.session.xplanes, ctx.session.hosts
     if "memory_copy_bytes" not in (reduced.get(host) or {}):
         return dict(ctx.ws.call("get_overview"))
-    run_dir = ctx.ws.side_run_dir("overview")
+    run_dir = ctx.ws.side_run_dir(OVERVIEW_DIR)
     link = run_dir / xplane.name
     link.unlink()
     link.symlink_to(ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name)
@@ -347,7 +363,8 @@ def _step_trace_half(ctx: Context, *, pods: bool) -> dict[str, Any]:
 
     gst._fetch_first_available = this_half
     try:
-        data: dict[str, Any] = ctx.ws.call("get_step_trace", limit=50)
+        data: dict[str, Any] = ctx.ws.call("get_step_trace", limit=50,
+                                           run_dir=_overview_dir(ctx))
     except NoData as e:
         data = {"status": "NO_DATA", "message": str(e)}
     finally:
