@@ -8,7 +8,6 @@ private workspace (op_stats and HLO protos that xprof saved there) and on `input
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -236,9 +235,7 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         combined = shards.combine([shards.read(p) for p in parts],
                                   int(inputs.get("idle_between_ps") or 0)).SerializeToString()
         ctx.ws.adopt_op_stats(combined)
-        from xprof.cli.internal.oss import hlo_tools
-
-        hlo_tools.generate_hlo_protos(str(ctx.ws.run_dir))  # written by the first window
+        ctx.ws.ensure_hlo_protos()
         return _overview_beside(ctx, combined, inputs.get("reduced") or {})
     finally:
         _EXCLUSIVE["on"] = False
@@ -251,11 +248,7 @@ def _overview_dir(ctx: Context) -> Path | None:
     """The run directory `_overview_beside` prepared (adopted op_stats beside the memory
     copy), where the tools that read op_stats but would also load the trace run; None when
     the op_stats were built from the session's own traces."""
-    (xplane,) = ctx.session.xplanes if len(ctx.session.xplanes) == 1 else (None,)
-    if xplane is None:
-        return None
-    run_dir = ctx.ws.run_dir.parents[2] / OVERVIEW_DIR / "plugins" / "profile" / (
-        ctx.session.name)
+    run_dir = ctx.ws.side_run_dir_path(OVERVIEW_DIR)
     return run_dir if (run_dir / OP_STATS_FILE).is_file() else None
 
 
@@ -304,9 +297,7 @@ def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
 def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """xprof's op_stats of one time window (`split_windows`), saved in its run directory;
-    the window's trace is deleted once converted. The first window also leaves the HLO
-    protos (every window keeps the metadata plane) where the op_stats job's tools read them.
-    """
+    the window's trace is deleted once converted."""
     k = int(inputs["window"])
     if k >= int(inputs["windows"]):
         raise NoData(f"window {k}: the trace had fewer gaps between module executions")
@@ -316,12 +307,6 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         ctx.ws.call("get_overview", run_dir=path.parent)
     finally:
         _EXCLUSIVE["on"] = False
-    if k == 0:
-        from xprof.cli.internal.oss import hlo_tools
-
-        hlo_tools.generate_hlo_protos(str(path.parent))
-        for proto in path.parent.glob("*.hlo_proto.pb"):
-            shutil.copyfile(proto, ctx.ws.run_dir / proto.name)
     path.unlink()
     saved = path.parent / OP_STATS_FILE
     return {"window": k, "op_stats": str(saved), "bytes": saved.stat().st_size}

@@ -154,6 +154,8 @@ class FollowUpRunner:
         impl = ours.get(tool)
         if impl is not None:
             return impl(**args)
+        # xprof's HLO tools write the HLO protos from the whole trace when there are none.
+        self.ws.ensure_hlo_protos()
         # Text-mode tools echo their trace selection to stderr; keep the terminal clean.
         with contextlib.redirect_stderr(io.StringIO()):
             return self.ws.call(tool, **args)
