@@ -92,17 +92,21 @@ _RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 1
                  "utilization_viewer": 14.0,
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
-                 "smart_suggestions": 16.0, "timeline": 6.0,
+                 "smart_suggestions": 16.0,
+                 # Our timeline pass lets each line go once read (XSpaceScan.passing): what
+                 # it keeps is a few columns of the device events.
+                 "timeline": 2.0,
                  # After the op_stats build, from the saved file and the memory copy (which
                  # keeps the events it times): 314 MB at 94 MB TPU-shaped, the base's.
                  "smart_suggestions_saved": 0.5,
                  # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
-                 "memory_profile_copy": 3.0,
+                 "memory_profile_copy": 0.5,
                  # The async-overlap follow-up, computed in the timeline pass after its own
                  # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
                  # TPU-shaped profile, and no higher a peak than the pass's alone after it.
                  "async_overlap": 2.0,
-                 "reduce_for_converters": 6.0}
+                 # Two one-pass copies (XSpaceScan.write_split), one line at a time.
+                 "reduce_for_converters": 1.5}
 _BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
 # without Python-tracer events costs more than it saves.
