@@ -19,7 +19,7 @@ from typing import Any
 
 import mldiag
 from mldiag.analysis.collection import detectors, hlo_digest
-from mldiag.analysis.collection.jobs import has_counters, pick_step_trace
+from mldiag.analysis.collection.jobs import has_counters, has_python_events, pick_step_trace
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -174,9 +174,17 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
                  for k, name in enumerate(names)]
         jobs.append(job("op_stats", "xprof", (*pre, *names), 0.0, 0, prepare_timeout_s,
                         requires=names))
+    elif reduce:
+        # Built first (waiting for the reduction only when it has Python-tracer events to
+        # drop), then the overview read beside the memory copies (jobs.op_stats).
+        python = any(has_python_events(x) for x in session.xplanes)
+        jobs.append(job("op_stats_build", "xprof", pre if python else (), _RSS_PER_BYTE[
+            "op_stats_reduced" if python else "op_stats"], largest, prepare_timeout_s))
+        jobs.append(job("op_stats", "xprof", ("op_stats_build", *pre), 0.0, 0,
+                        prepare_timeout_s, requires=("op_stats_build",)))
     else:
-        jobs.append(job("op_stats", "xprof", pre, _RSS_PER_BYTE[
-            "op_stats_reduced" if reduce else "op_stats"], total, prepare_timeout_s))
+        jobs.append(job("op_stats", "xprof", pre, _RSS_PER_BYTE["op_stats"], largest,
+                        prepare_timeout_s))
     jobs += [
         # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
         job("step_trace_pods", "xprof", opstats),
@@ -264,6 +272,10 @@ def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
         split = outcomes["split_windows"].value
         return {"window": int(job.name.removeprefix("op_stats_window")),
                 "windows": int(split["windows"])}
+    if job.name == "op_stats" and "op_stats_build" in job.after:
+        reduced = outcomes.get("reduce_for_converters")
+        return {"built": True,
+                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
     if job.name == "op_stats" and windows > 1:
         parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
         reduced = outcomes.get("reduce_for_converters")
@@ -732,7 +744,8 @@ def collect(
                  windows=windows)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in _needed(jobs, tools) if j.name not in {o.name for o in premade}]
-    core = next((j for j in jobs if j.name == "op_stats"), None)
+    core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
+               key=lambda j: j.memory_bytes)
     if core is not None and core.memory_bytes > budget:
         raise SessionTooLarge(
             f"session of {session_bytes / 1024**2:,.1f} MB ({len(session.xplanes)} host(s)) "

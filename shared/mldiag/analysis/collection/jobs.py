@@ -228,6 +228,10 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     _EXCLUSIVE["on"] = True
     try:
         parts = inputs.get("window_parts")
+        if inputs.get("built"):
+            # `op_stats_build` saved them in the run directory.
+            return _overview_beside(ctx, (ctx.ws.run_dir / OP_STATS_FILE).read_bytes(),
+                                    inputs.get("reduced") or {})
         if not parts:
             return ctx.ws.precompute_op_stats()
         from mldiag.analysis.collection import op_stats_shards as shards
@@ -239,6 +243,19 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         return _overview_beside(ctx, combined, inputs.get("reduced") or {})
     finally:
         _EXCLUSIVE["on"] = False
+
+
+def op_stats_build(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """xprof's op_stats of the session, saved in its run directory, and the HLO protos,
+    without the overview's whole-trace work (the `op_stats` job reads the overview beside
+    the memory copies): the converter that builds them does little more (the roofline)."""
+    _EXCLUSIVE["on"] = True
+    try:
+        ctx.ws.build_op_stats()
+        ctx.ws.ensure_hlo_protos()
+    finally:
+        _EXCLUSIVE["on"] = False
+    return {"op_stats_bytes": (ctx.ws.run_dir / OP_STATS_FILE).stat().st_size}
 
 
 OVERVIEW_DIR = "overview"
@@ -262,13 +279,13 @@ def _overview_beside(ctx: Context, op_stats: bytes, reduced: Mapping[str, Any]
     the step trace's input-pipeline source (8 GiB at 947 MB). The copy answers the same in
     the memory of its few events (the step trace's halves run there too, `_overview_dir`).
     Without a copy, the session's own run directory is used."""
-    (xplane,), (host,) = ctx.session.xplanes, ctx.session.hosts
-    if "memory_copy_bytes" not in (reduced.get(host) or {}):
+    if not all("memory_copy_bytes" in (reduced.get(h) or {}) for h in ctx.session.hosts):
         return dict(ctx.ws.call("get_overview"))
     run_dir = ctx.ws.side_run_dir(OVERVIEW_DIR)
-    link = run_dir / xplane.name
-    link.unlink()
-    link.symlink_to(ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name)
+    for xplane in ctx.session.xplanes:
+        link = run_dir / xplane.name
+        link.unlink()
+        link.symlink_to(ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name)
     ctx.ws.adopt_op_stats(op_stats, run_dir=run_dir)
     return dict(ctx.ws.call("get_overview", run_dir=run_dir))
 
@@ -536,6 +553,14 @@ NO_COUNTERS = "No hardware performance counter events found in trace"
 # The stat that carries a hardware performance counter's value on a TPU plane's events (or
 # their metadata): xprof's utilization viewer builds its rows from nothing else.
 COUNTER_VALUE_STAT = "counter_value"
+
+
+def has_python_events(xplane: Path) -> bool:
+    """Whether a host plane names Python-tracer events (the reduction drops them), from
+    the plane headers."""
+    with XSpaceScan(xplane) as scan:
+        return any(plane.name.startswith("/host:") and any(
+            n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes)
 
 
 def has_counters(xplane: Path) -> bool:
