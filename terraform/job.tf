@@ -1,7 +1,8 @@
 # The collect job (DESIGN.md "Scale"): a session over the collect function's limits, in bytes
 # per host (var.collect_function_max_host_bytes) or hosts per session, is handed by the collect
-# stage to this Cloud Run job, which runs the same stage code (`python -m mldiag.job`) with up
-# to 32 GiB and an hour. State transitions, claims and the messages it publishes are the
+# stage to this Cloud Run job, which runs the same stage code (`python -m mldiag.job`) with
+# 16 GiB and an hour (a 1.9 GB host completes in under 4 minutes, BENCHMARKS.md). One task:
+# a large host's time windows are shared by the task's two worker processes, not by tasks. State transitions, claims and the messages it publishes are the
 # pipeline's own; a task that dies is retried (max_retries), and a session whose job never
 # finishes is re-queued by the sweeper after its deadline, which starts the job again.
 #
@@ -39,8 +40,8 @@ resource "google_cloud_run_v2_job" "collect" {
         dynamic "env" {
           for_each = merge(local.environment, {
             MLDIAG_IN_JOB = "1"
-            # The job's memory, so collection plans its workers within it.
-            MLDIAG_MEMORY_BUDGET = var.collect_job_memory
+            # The workers' budget; the rest of the job's memory holds its files (variables.tf).
+            MLDIAG_MEMORY_BUDGET = var.collect_job_memory_budget
           })
           content {
             name  = env.key

@@ -140,15 +140,21 @@ variable "collect_job_image" {
 }
 
 variable "collect_job_memory" {
-  description = "Memory of the collect job (Cloud Run allows up to 32Gi, with 8 CPUs)."
+  description = "Memory of the collect job (Cloud Run allows up to 32Gi, with 8 CPUs). Its files are in memory too: a 2 GiB host is 2 GiB downloaded, 2 GiB of time windows and, with Python-tracer events, a 2 GiB reduced copy, beside the workers' budget (collect_job_memory_budget)."
   type        = string
-  default     = "32Gi"
+  default     = "16Gi"
+}
+
+variable "collect_job_memory_budget" {
+  description = "The collect job's workers' memory budget (MLDIAG_MEMORY_BUDGET). BENCHMARKS.md: a 1.9 GB TPU-shaped host completes with the process tree at 4.7 GiB under an 8 GiB budget."
+  type        = string
+  default     = "8Gi"
 }
 
 variable "collect_job_cpu" {
-  description = "CPUs of the collect job."
+  description = "CPUs of the collect job: collection runs two worker processes, and xprof's op_stats build two threads in each."
   type        = string
-  default     = "8"
+  default     = "4"
 }
 
 variable "collect_job_timeout_seconds" {
@@ -158,9 +164,9 @@ variable "collect_job_timeout_seconds" {
 }
 
 variable "collect_function_max_host_bytes" {
-  description = "Sessions with a host larger than this go to the collect job instead of the collect function (8 GiB, 540 s; xprof needs 20-30 bytes of memory per byte of xplane). A session that does not fit the function's memory budget goes there too."
+  description = "Sessions with a host larger than this go to the collect job instead of the collect function (8 GiB with its files in memory, 540 s). BENCHMARKS.md: a 468 MB TPU-shaped host takes 43 s with the process tree at 4.0 GiB, plus the host and its time windows in /tmp. A session that does not fit the function's memory budget goes there too."
   type        = number
-  default     = 268435456
+  default     = 536870912
 }
 
 variable "collect_function_max_hosts" {

@@ -138,7 +138,7 @@ _JOBS = "mldiag.analysis.collection.jobs"
 
 
 def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
-          reduce: bool, windows: int = 1) -> list[Job]:
+          reduce: bool, windows: int = 1, combine: bool = False) -> list[Job]:
     sizes = [p.stat().st_size for p in session.xplanes]
     total, largest = sum(sizes), max(sizes)
     # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
@@ -201,7 +201,7 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # (our own, on the original files), and the converters that read the xplanes rather
         # than op_stats. The step trace's halves after the build stay in this worker: the
         # xprof half beside the smart suggestions held 3.1 GB at 94 MB, in turn 2.0 GB.
-        *([] if reduce else [
+        *([] if reduce or combine else [
             job("smart_suggestions", "xplane", pre, _RSS_PER_BYTE["smart_suggestions"], total)]),
         job("timeline_pass", "xplane", pre,
             max(_RSS_PER_BYTE["timeline"], _RSS_PER_BYTE["async_overlap"]), largest),
@@ -215,6 +215,11 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         # the rest from the memory copies: 5.3 s CPU became 0.3 s at 94 MB TPU-shaped.
         *([job("smart_suggestions", "xplane", ("op_stats", *pre),
                _RSS_PER_BYTE["smart_suggestions_saved"], total)] if reduce else []),
+        # Combining a fanned-out session: after the op_stats build, from the saved file, and
+        # the hosts' traces one at a time (xprof reads a session's XSpaces in turn: two hosts
+        # of 73 and 98 MB peaked at the larger one's 1.37 GB).
+        *([job("smart_suggestions", "xplane", ("op_stats",),
+               _RSS_PER_BYTE["smart_suggestions"], largest)] if combine else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
     return jobs
@@ -741,7 +746,7 @@ def collect(
     windows = op_stats_windows(session, budget) if host_parts is None else 1
     jobs = _plan(session, tool_timeout_s=tool_timeout_s, prepare_timeout_s=prepare_timeout_s,
                  reduce=session_bytes >= REDUCE_MIN_BYTES and host_parts is None,
-                 windows=windows)
+                 windows=windows, combine=host_parts is not None)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in _needed(jobs, tools) if j.name not in {o.name for o in premade}]
     core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
