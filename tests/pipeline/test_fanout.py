@@ -49,6 +49,9 @@ def test_an_eight_host_session_fans_out_and_is_combined_into_one_analysis(
     assert tools["get_step_trace"]["status"] in ("DATA", "NO_DATA")
     # Jobs that wait on the per-host parts (the KPI tool needs the memory profile) still run.
     assert tools["get_kpi_metrics"]["status"] == "DATA"
+    # The smart suggestions read the combined op_stats, after their build.
+    assert tools["get_smart_suggestions"]["status"] == "DATA"
+    assert "op_stats" in snapshot["collection"]["jobs"]
     assert snapshot["collection"]["skipped"] == [] and snapshot["collection"]["killed"] == []
     # The async-overlap follow-up, precomputed by each host's share and combined as xprof
     # combines trace files: every host's windows, never merged across hosts.
