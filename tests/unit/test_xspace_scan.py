@@ -187,3 +187,53 @@ def test_unique_ids_is_numpys_unique(values, spread):
     assert uniq.tolist() == want[0].tolist()
     assert first.tolist() == want[1].tolist()
     assert inverse.tolist() == want[2].reshape(-1).tolist()
+
+
+def _field(num: int, value: int | bytes) -> bytes:
+    from mldiag.analysis.collection.protobuf import encode_varint
+
+    if isinstance(value, bytes):
+        return encode_varint(num << 3 | 2) + encode_varint(len(value)) + value
+    return encode_varint(num << 3) + encode_varint(value)
+
+
+# XEvent fields by number: 1 metadata_id, 2 offset_ps, 3 duration_ps, 4 stats, 5 occurrences.
+_ORDERS = ((1, 2, 3, 4), (2, 1, 3, 4), (4, 3, 2, 1), (3, 4, 1, 2), (2, 4, 3, 1), (1, 4, 2, 3))
+
+
+def _space(orders: list[tuple[int, ...]]) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    """One plane, one line, an event per entry of `orders` with its fields in that order;
+    and each event's (metadata id, offset, duration, value of stat 7)."""
+    events, expected = b"", []
+    for i, order in enumerate(orders):
+        mid, offset, duration, value = 1 + i % 3, 1000 * i + 5, 300 + i, 7000 + i
+        stat = _field(1, 7) + _field(4, value)  # XStat: metadata_id 7, int64_value
+        parts = {1: _field(1, mid), 2: _field(2, offset), 3: _field(3, duration),
+                 4: _field(4, stat)}
+        events += _field(4, b"".join(parts[n] for n in order))
+        expected.append((mid, offset, duration, value))
+    line = _field(2, b"XLA Ops") + _field(3, 1_000_000) + events
+    plane = _field(2, b"/device:TPU:0") + _field(3, line)
+    for k in (1, 2, 3):
+        plane += _field(4, _field(1, k) + _field(2, _field(1, k) + _field(2, f"op{k}".encode())))
+    plane += _field(5, _field(1, 7) + _field(2, _field(1, 7) + _field(2, b"group_id")))
+    return _field(1, plane), expected
+
+
+def test_events_written_out_of_field_order_decode_as_in_order(tmp_path: Path) -> None:
+    orders = [random.Random(seed).choice(_ORDERS) for seed in range(200)]
+    # A block's first events in order and a few later ones not: found event by event.
+    late = [_ORDERS[0]] * 100 + [_ORDERS[1], _ORDERS[3], _ORDERS[4], _ORDERS[5]] * 5
+    for name, chosen in (("in_order", [_ORDERS[0]] * len(orders)), ("shuffled", orders),
+                         ("late", late)):
+        blob, expected = _space(chosen)
+        path = tmp_path / f"{name}.xplane.pb"
+        path.write_bytes(blob)
+        with XSpaceScan(path) as scan:
+            (plane,) = scan.planes
+            (line,) = plane.lines
+            ev = line.events
+            got = list(zip(ev.metadata_id.tolist(), ev.offset_ps.tolist(),
+                           ev.duration_ps.tolist(), scan.int_stat(ev, 7).tolist(),
+                           strict=True))
+        assert got == expected, name

@@ -13,6 +13,11 @@ memory-mapped and each line's events are decoded column-wise:
   in O(n log n) NumPy operations;
 - the fields of all events of a line are then decoded together, one varint column at a time.
 
+Serializers write a message's fields in field-number order, and the columns assume it. A
+line whose first events are in another order (a hand-written writer) is decoded event by
+event, field by field; so is any event whose id, offset or duration is not where that order
+puts it. `int_stat` walks every field of an event, so stats are found wherever they are.
+
 Field numbers follow `tsl/profiler/protobuf/xplane.proto` (XSpace.planes=1; XPlane id=1, name=2,
 lines=3, event_metadata=4, stat_metadata=5, stats=6; XLine id=1, name=2, timestamp_ns=3,
 events=4, duration_ps=9, display_id=10, display_name=11; XEvent metadata_id=1, offset_ps=2,
@@ -78,7 +83,7 @@ class Events:
     """
 
     __slots__ = ("metadata_id", "body_end", "tag_at", "_after_mid", "_buf", "_offset_ps",
-                 "_duration_ps", "_stats_start")
+                 "_duration_ps", "_stats_start", "unordered", "odd")
 
     def __init__(self, metadata_id: I64, body_end: I64, tag_at: I64, after_mid: I64,
                  buf: NDArray[np.uint8]) -> None:
@@ -92,16 +97,46 @@ class Events:
         self._offset_ps: I64 | None = None
         self._duration_ps: I64 | None = None
         self._stats_start: I64 | None = None
+        # Written out of field-number order (see `XSpaceScan._decode_block`): every event is
+        # decoded field by field, or those in `odd` (indices) only.
+        self.unordered = False
+        self.odd: I64 = np.zeros(0, dtype=np.int64)
 
     def __len__(self) -> int:
         return len(self.metadata_id)
 
     def _decode_times(self) -> None:
+        if self.unordered:
+            n = len(self)
+            self._offset_ps = np.zeros(n, dtype=np.int64)
+            self._duration_ps = np.zeros(n, dtype=np.int64)
+            self._stats_start = np.zeros(n, dtype=np.int64)
+            for i in range(n):
+                body = _body_start(self._buf, int(self.tag_at[i]))
+                _, self._offset_ps[i], self._duration_ps[i] = _event_fields(
+                    self._buf, body, int(self.body_end[i]))
+                self._stats_start[i] = body
+            return
         pos = self._after_mid.copy()
-        self._offset_ps = _optional_varint(self._buf, pos, self.body_end, 0x10)
+        self._offset_ps = _optional_varint(self._buf, pos, self.body_end, 0x10, missing=_ABSENT)
+        absent = self._offset_ps == _ABSENT
+        self._offset_ps[absent] = 0
         self._duration_ps = _optional_varint(self._buf, pos, self.body_end, 0x18)
         if np.any(pos > self.body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
+        # Serializers write fields in field-number order: after the id, offset and duration
+        # come stats (4) and num_occurrences (5). An event whose next field is another, or
+        # without an offset where it belongs (else it counts occurrences), is written in
+        # another order, and decoded field by field instead.
+        at = np.minimum(pos, len(self._buf) - 1)
+        odd = np.union1d(self.odd, np.flatnonzero(
+            absent | (pos < self.body_end) & ~np.isin(self._buf[at], _LATE_TAGS)))
+        for i in odd.tolist():
+            body = _body_start(self._buf, int(self.tag_at[i]))
+            got = _event_fields(self._buf, body, int(self.body_end[i]))
+            self.metadata_id[i], self._offset_ps[i], self._duration_ps[i] = got
+            # `int_stat` reads stats wherever they are among the event's fields.
+            pos[i] = body
         self._stats_start = pos
 
     @property
@@ -131,8 +166,13 @@ class Events:
         def joined(field_name: str) -> I64:
             return np.concatenate([getattr(p, field_name) for p in parts])
 
-        return cls(joined("metadata_id"), joined("body_end"), joined("tag_at"),
-                   joined("_after_mid"), buf)
+        events = cls(joined("metadata_id"), joined("body_end"), joined("tag_at"),
+                     joined("_after_mid"), buf)
+        events.unordered = any(p.unordered for p in parts)
+        starts = np.cumsum([0] + [len(p) for p in parts[:-1]])
+        events.odd = np.concatenate([p.odd + k for p, k in zip(parts, starts.tolist(),
+                                                                 strict=True)])
+        return events
 
 
 @dataclass
@@ -355,10 +395,24 @@ class XSpaceScan:
         buf = self.buf
         length, pos = _varints_at(buf, tags + 1)
         body_end = pos + length
+        body = pos.copy()
         mid = _optional_varint(buf, pos, body_end, 0x08)
         if np.any(pos > body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
-        return Events(mid, body_end, tags, pos, buf)
+        # An event that does not start with its metadata id (written out of field-number
+        # order, or without one): its id decoded field by field, its times from its start.
+        odd = np.flatnonzero((mid == 0) & (body < body_end))
+        for i in odd.tolist():
+            mid[i] = _event_fields(buf, int(body[i]), int(body_end[i]))[0]
+        events = Events(mid, body_end, tags, pos, buf)
+        events.odd = odd
+        # A writer orders every event's fields alike: when the first events are not in
+        # field-number order (as serializers write them), the block is decoded field by field.
+        events.unordered = any(
+            not _in_field_order(buf, int(b), int(e))
+            for b, e in zip(body[:_ORDER_SAMPLE].tolist(), body_end[:_ORDER_SAMPLE].tolist(),
+                            strict=True))
+        return events
 
     # -- writing -------------------------------------------------------------------------------
 
@@ -537,7 +591,9 @@ class XSpaceScan:
                 break
             at = np.flatnonzero(active)
             p = pos[at]
-            is_stat = buf[p] == _EVENT_TAG
+            key = buf[p]
+            is_stat = key == _EVENT_TAG
+            wire = key & 7
             length, body = _varints_at(buf, p + 1)
             stat_end = body + length
             sid = _optional_varint(buf, body.copy(), stat_end, 0x08)
@@ -549,14 +605,56 @@ class XSpaceScan:
                 val = np.where(v != -2, v, val)
             hit = is_stat & (sid == stat_id) & (out[at] == -1)
             out[at[hit]] = val[hit]
-            # Advance past this field (non-stat fields such as num_occurrences end the scan).
-            pos[at] = np.where(is_stat, stat_end, end[at])
-            active[at] = is_stat & (stat_end < end[at])
+            # Advance past this field, whatever it is (an event written out of field-number
+            # order has its id, offset or duration among its stats).
+            nxt = np.select([wire == 2, wire == 0, wire == 1, wire == 5],
+                            [stat_end, body, p + 9, p + 5], default=end[at])
+            pos[at] = nxt
+            active[at] = nxt < end[at]
         return out
 
 
 KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
 SplitFn = Any  # Callable[[Plane, Line], NDArray[np.integer] | None]
+
+
+# Fields that may follow an event's id, offset and duration in field-number order:
+# XEvent.stats (4, length-delimited) and XEvent.num_occurrences (5, varint).
+_LATE_TAGS = np.array([0x22, 0x28], dtype=np.uint8)
+# An optional field not present (no varint decodes to it).
+_ABSENT = -(1 << 62)
+
+
+# Events of each block whose field order is checked.
+_ORDER_SAMPLE = 64
+
+
+def _in_field_order(buf: NDArray[np.uint8], start: int, end: int) -> bool:
+    body = bytes(buf[start:end])
+    numbers = [num for num, _, _, _ in fields(body, 0, len(body))]
+    return numbers == sorted(numbers)
+
+
+def _body_start(buf: NDArray[np.uint8], tag_at: int) -> int:
+    head = bytes(buf[tag_at + 1:tag_at + 1 + _MAX_VARINT])
+    _, after = read_varint(head, 0, len(head))
+    return tag_at + 1 + after
+
+
+def _event_fields(buf: NDArray[np.uint8], start: int, end: int) -> tuple[int, int, int]:
+    """(metadata_id, offset_ps, duration_ps) of one event, its fields in any order."""
+    mid = offset = duration = 0
+    body = bytes(buf[start:end])
+    for num, wt, value, _ in fields(body, 0, len(body)):
+        if wt != 0:
+            continue
+        if num == 1:
+            mid = _signed(value)
+        elif num == 2:
+            offset = _signed(value)
+        elif num == 3:
+            duration = _signed(value)
+    return mid, offset, duration
 
 
 def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
