@@ -556,6 +556,9 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
              elapsed_ms: float, session_bytes: int, windows: int = 1) -> dict[str, Any]:
     """The snapshot's `collection` block: what ran, how long, what was cut and why."""
     degraded = []
+    split = outcomes.get("split_windows")
+    if split is not None and split.status == DATA and isinstance(split.value, Mapping):
+        windows = int(split.value.get("windows") or windows)
     if windows > 1 and outcomes.get("op_stats") and outcomes["op_stats"].status == DATA:
         degraded.append({
             "tools": "xprof's op_stats (overview, op profile, roofline, step trace, KPIs)",
