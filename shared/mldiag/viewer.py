@@ -400,6 +400,24 @@ def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
     return out
 
 
+# Why a session's caches were not prebuilt (JSON), beside where the manifest would be.
+SKIPPED = "skipped.json"
+# The prebuild's peak resident memory per byte of the largest host, over a base: xprof's
+# converters read the whole trace (a 468 MB TPU-shaped host: the overview 6.8 GB, the trace
+# viewer 8.1 GB, in 64 s; BENCHMARKS.md, "XProf viewer"). The hosts' files count too: /tmp
+# is memory on Cloud Functions.
+PREBUILD_RSS_PER_BYTE = 17.5
+PREBUILD_BASE_BYTES = 300 * 1024**2
+
+
+def prebuild_memory_bytes(session: SessionRecord) -> int:
+    """About how much memory `prebuild` needs for `session`."""
+    sizes = [r.size for r in session.hosts.values() if r.status == "ARRIVED"]
+    if not sizes:
+        return 0
+    return int(PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * max(sizes) + sum(sizes))
+
+
 def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None
              ) -> dict[str, Any]:
     """Build a session's viewer caches and store them in the bucket; returns the manifest.

@@ -235,3 +235,46 @@ def test_queries_xprof_cannot_answer_are_short_4xx_without_a_traceback(site: Sit
         assert 400 <= r.status_code < 500, (query, r.status_code, r.text[:300])
         assert "Traceback" not in r.text and len(r.text) < 300, (query, r.text[:300])
         assert r.headers.get("x-content-type-options") == "nosniff", query
+
+
+def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
+        site: Site) -> None:
+    """A prebuild that would not fit the instance's memory is not started (the instance and
+    the message's redelivery would be killed over and over): a note says why, and the first
+    open converts on demand."""
+    from dataclasses import replace
+
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+    from mldiag.model import REPORTED
+
+    reported = site.runtime.state.get_session("tpu", "s1")
+    assert reported is not None and reported.state == REPORTED
+    # The same session under a version whose caches were never built.
+    big = copy.deepcopy(reported)
+    big.hosts = {h: replace(r, generation=f"{r.generation}-big") for h, r in big.hosts.items()}
+    services = replace(site.runtime.services,
+                       settings=replace(site.runtime.services.settings, memory_budget="16M"),
+                       state=_FixedState(big))
+    message = PrebuildViewer(run="tpu", session="s1", version=big.version)
+    stages.prebuild_viewer(message, services)
+    prefix = cache_prefix(big)
+    storage = site.runtime.storage
+    assert storage.stat(f"{prefix}/{MANIFEST}") is None
+    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}"))
+    assert note["reason"].startswith("not prebuilt: its largest host is 0.8 MB")
+    assert "over this instance's memory budget of 0.0 GiB" in note["reason"]
+    assert note["needs_bytes"] > note["budget_bytes"] == 16 * 1024**2
+    # Delivered again, it does nothing more.
+    stages.prebuild_viewer(message, services)
+    assert json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}")) == note
+
+
+class _FixedState:
+    """A state store that knows one session (the rest of the store's API is not needed)."""
+
+    def __init__(self, session: SessionRecord) -> None:
+        self.session = session
+
+    def get_session(self, run: str, session: str) -> SessionRecord | None:
+        return self.session

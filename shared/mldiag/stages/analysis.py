@@ -24,6 +24,7 @@ from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.analysis.collection.collect import collect as collect_snapshot
 from mldiag.analysis.collection.collect import collect_host as collect_host_parts
 from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.workers import default_budget_bytes
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
@@ -484,7 +485,23 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
         return
     from mldiag import viewer
 
-    if services.storage.stat(f"{viewer.cache_prefix(s)}/{viewer.MANIFEST}") is not None:
+    prefix = viewer.cache_prefix(s)
+    if any(services.storage.stat(f"{prefix}/{name}") is not None
+           for name in (viewer.MANIFEST, viewer.SKIPPED)):
+        return
+    need = viewer.prebuild_memory_bytes(s)
+    budget = services.settings.memory_budget_bytes or default_budget_bytes()
+    if need > budget:
+        # xprof's converters would take this instance down, and the redelivery after it: say
+        # so once, where the console looks; its first open converts on demand.
+        largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
+        why = (f"not prebuilt: its largest host is {largest / 1024**2:,.1f} MB, and xprof's "
+               f"viewer conversions need about {need / 1024**3:.1f} GiB, over this instance's "
+               f"memory budget of {budget / 1024**3:.1f} GiB")
+        services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
+            {"reason": why, "needs_bytes": need, "budget_bytes": budget,
+             "at": services.clock()}).encode(), content_type="application/json")
+        log.warning("viewer caches of %s/%s v%d %s", msg.run, msg.session, msg.version, why)
         return
     with claimed(services, f"viewer:{msg.run}/{msg.session}/v{msg.version}") as mine:
         if not mine:
