@@ -755,10 +755,15 @@ def collect(
     core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
                key=lambda j: j.memory_bytes)
     if core is not None and core.memory_bytes > budget:
+        largest = max(p.stat().st_size for p in session.xplanes)
+        # xprof builds a session's hosts one at a time: the largest one sets the need.
+        which = "" if len(session.xplanes) == 1 else (
+            f", whose largest host is {largest / 1024**2:,.1f} MB,")
         raise SessionTooLarge(
-            f"session of {session_bytes / 1024**2:,.1f} MB ({len(session.xplanes)} host(s)) "
-            f"needs about {core.memory_bytes / 1024**3:.2f} GiB for xprof's op_stats build, "
-            f"over the memory budget of {budget / 1024**3:.2f} GiB (MLDIAG_MEMORY_BUDGET)")
+            f"session of {session_bytes / 1024**2:,.1f} MB ({len(session.xplanes)} host(s)"
+            f"){which} needs about {core.memory_bytes / 1024**3:.2f} GiB for xprof's op_stats "
+            f"build, over the memory budget of {budget / 1024**3:.2f} GiB "
+            "(MLDIAG_MEMORY_BUDGET)")
     assembler = _Assembler(progress, tools)
     for outcome in premade:
         assembler.add(outcome)
