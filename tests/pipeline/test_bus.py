@@ -219,6 +219,9 @@ def test_stop_waits_for_the_messages_in_progress_within_one_deadline(
     t0 = time.monotonic()
     bus.stop(timeout=1.0)
     waited = time.monotonic() - t0
+    # Read before the handlers are let go: one that finishes afterwards acknowledges its
+    # message (seen once in CI: {'done': 1, 'inflight': 1}).
+    stats = bus.stats()
     release.set()
     assert 0.9 <= waited < 1.9, waited  # one deadline: 1 s, not 2 s
-    assert bus.stats() == {"inflight": 2}
+    assert stats == {"inflight": 2}
