@@ -90,8 +90,9 @@ def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
         "device_type"] == "TPU adopted"
 
 
+@pytest.mark.parametrize("windows", [2, 4])
 def test_a_host_over_the_threshold_is_collected_in_windows(
-        four_copies: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        four_copies: Path, monkeypatch: pytest.MonkeyPatch, windows: int) -> None:
     from mldiag.analysis.collection import collect as collect_mod
 
     session = resolve_session(four_copies.parent)
@@ -100,16 +101,17 @@ def test_a_host_over_the_threshold_is_collected_in_windows(
     # The large-session path whole: the reduction and its memory copies, from which the
     # combined overview is read.
     monkeypatch.setattr(collect_mod, "REDUCE_MIN_BYTES", 0)
-    monkeypatch.setattr(collect_mod, "WINDOW_BYTES", four_copies.stat().st_size // 2 + 1)
-    assert collect_mod.op_stats_windows(session) == 2
+    monkeypatch.setattr(collect_mod, "WINDOW_BYTES",
+                        four_copies.stat().st_size // windows + 1)
+    assert collect_mod.op_stats_windows(session) == windows
     windowed = collect_mod.collect(session)
     (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
-    assert "2 time windows" in note["reason"]
-    # Cut in one pass, each window built as a job of its own (one per worker), then combined.
+    assert f"{windows} time windows" in note["reason"]
+    # Cut in one pass, each window built as a job of its own (the fourth in the second
+    # worker, after its own passes), then combined.
     jobs = windowed["collection"]["jobs"]
-    assert {k: jobs[k]["status"] for k in ("split_windows", "op_stats_window0",
-                                            "op_stats_window1", "op_stats")} == dict.fromkeys(
-        ("split_windows", "op_stats_window0", "op_stats_window1", "op_stats"), "DATA")
+    names = ("split_windows", *(f"op_stats_window{k}" for k in range(windows)), "op_stats")
+    assert {k: jobs[k]["status"] for k in names} == dict.fromkeys(names, "DATA")
     for name in ("get_xprof_overview", "get_hlo_op_profile", "get_roofline_model",
                  "get_kpi_metrics", "get_step_trace", "list_hlo_modules",
                  "detect_layout_mismatch_copies", "get_smart_suggestions"):

@@ -172,7 +172,9 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
         jobs.append(job("split_windows", "xplane" if python else "xprof",
                         pre if python else (), _RSS_PER_BYTE["split_windows"], largest,
                         prepare_timeout_s))
-        jobs += [job(name, ("xprof", "xplane")[k % 2], ("split_windows",),
+        # Three windows in four to the first worker: the second also runs our passes
+        # (reduction, timeline) before its windows (see the end of the plan).
+        jobs += [job(name, "xplane" if k % 4 == 3 else "xprof", ("split_windows",),
                      _RSS_PER_BYTE["op_stats_window"], -(-total // windows), prepare_timeout_s,
                      runner="op_stats_window", requires=("split_windows",))
                  for k, name in enumerate(names)]
@@ -225,6 +227,15 @@ def _plan(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: 
                _RSS_PER_BYTE["smart_suggestions"], largest)] if combine else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
+    # A worker runs its jobs in plan order, each once its inputs are done: the second
+    # worker's windows go after its own passes (which need no window) and before its first
+    # job that waits for the combined op_stats (which needs them all).
+    late = [j for j in jobs if j.group == "xplane" and j.name.startswith("op_stats_window")]
+    if late:
+        rest = [j for j in jobs if j not in late]
+        at = next((i for i, j in enumerate(rest)
+                   if j.group == "xplane" and "op_stats" in j.after), len(rest))
+        jobs = rest[:at] + late + rest[at:]
     return jobs
 
 
