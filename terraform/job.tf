@@ -1,7 +1,7 @@
 # The collect job (DESIGN.md "Scale"): a session over the collect function's limits, in bytes
 # per host (var.collect_function_max_host_bytes) or hosts per session, is handed by the collect
 # stage to this Cloud Run job, which runs the same stage code (`python -m mldiag.job`) with
-# 16 GiB and an hour (a 1.9 GB host completes in under 4 minutes, BENCHMARKS.md). One task:
+# 16 GiB and an hour (a 1.9 GB host completes in under 3 minutes, BENCHMARKS.md). One task:
 # a large host's time windows are shared by the task's two worker processes, not by tasks. State transitions, claims and the messages it publishes are the
 # pipeline's own; a task that dies is retried (max_retries), and a session whose job never
 # finishes is re-queued by the sweeper after its deadline, which starts the job again.
