@@ -558,3 +558,34 @@ def test_a_new_version_forgets_the_old_report_path(
     rt.storage.write_bytes(object_name("h0"), b"\x00" * 5000)  # rewritten, now corrupt
     s = wait_state(rt, FAILED, version=2)
     assert s.report_path == "" and "not a readable XSpace" in s.reason
+
+
+def test_a_large_host_s_state_says_how_many_time_windows_are_converted(
+        make_runtime: MakeRuntime, tpu_eight_copies: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host over the window threshold (here: any) is converted window by window, and the
+    session's state says how far (`progress` "windows:<done>/<total>") while it runs."""
+    from mldiag.analysis.collection import collect as collect_mod
+
+    (xplane,) = tpu_eight_copies.glob("plugins/profile/*/*.xplane.pb")
+    monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
+    monkeypatch.setattr(collect_mod, "WINDOW_BYTES", xplane.stat().st_size // 4 + 1)
+    rt = make_runtime()
+    seen: list[str] = []
+    transition = rt.state.transition
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        out = transition(*args, **kwargs)
+        if out is not None and str(kwargs.get("progress", "")).startswith("windows:"):
+            seen.append(kwargs["progress"])
+        return out
+
+    monkeypatch.setattr(rt.state, "transition", recording)
+    rt.start()
+    rt.storage.write_bytes(object_name("h0"), xplane.read_bytes())
+    wait_state(rt, REPORTED)
+    assert seen == [f"windows:{k}/4" for k in range(1, 5)]
+    snapshot = json.loads(rt.storage.read_bytes(
+        f"{RUN}/plugins/profile/{SESSION}/analysis/health_snapshot.json"))
+    assert snapshot["tools"]["get_xprof_overview"]["status"] == "DATA"
+    assert any("4 time windows" in d["reason"] for d in snapshot["collection"]["degraded"])

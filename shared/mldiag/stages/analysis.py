@@ -207,6 +207,14 @@ def _collect_snapshot(services: Services, s: SessionRecord,
                                "memory_budget_bytes": settings.memory_budget_bytes,
                                "tool_timeout_s": settings.tool_timeout_s}
     if host_parts is None:
+
+        def windows_done(done: int, total: int) -> None:
+            # A large host converts window by window: the session's state says how far.
+            services.state.transition(s.run, s.session, ANALYZING, expect=[ANALYZING],
+                                      version=s.version, now=services.clock(),
+                                      progress=f"windows:{done}/{total}")
+
+        options["on_windows"] = windows_done
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         with services.storage.local_files(names, generations=_generations(s),
                                           max_bytes=settings.max_host_bytes) as local:

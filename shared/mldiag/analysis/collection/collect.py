@@ -735,6 +735,7 @@ def collect(
     memory_budget_bytes: int | None = None,
     tools: Sequence[str] = COLLECTION_TOOLS,
     host_parts: Mapping[str, Mapping[str, Any]] | None = None,
+    on_windows: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
@@ -748,6 +749,8 @@ def collect(
     `tools` restricts the snapshot to some tools (and the jobs they need), for benchmarks.
     `host_parts` (host → `collect_host` result) combines a fanned-out collection: the per-host
     jobs are taken from it, and `session_path` holds the converters' inputs of those hosts.
+    `on_windows(done, total)` is told each time a time window of a large host is converted
+    (the pipeline records it in the session's state).
     Raises ProfileUnreadable (one-line reason) when the input cannot be analysed, and
     SessionTooLarge when not even the op_stats build fits the budget.
     """
@@ -781,13 +784,19 @@ def collect(
     assembler = _Assembler(progress, tools)
     for outcome in premade:
         assembler.add(outcome)
+    window_jobs = [j.name for j in jobs if j.name.startswith("op_stats_window")]
+
+    def on_outcome(outcome: Outcome) -> None:
+        assembler.add(outcome)
+        if on_windows is not None and outcome.name in window_jobs:
+            on_windows(sum(n in assembler.outcomes for n in window_jobs), len(window_jobs))
     root = XprofWorkspace.create_root(session)
     try:
         outcomes = run_jobs(
             jobs, setup=f"{_JOBS}:attach", setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s,
             inputs_for=lambda j, o: _inputs_for(j, o, windows),
-            on_outcome=assembler.add, done={o.name: o for o in premade})
+            on_outcome=on_outcome, done={o.name: o for o in premade})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
