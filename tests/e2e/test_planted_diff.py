@@ -132,7 +132,11 @@ def test_a_change_that_recompiles_the_program_is_ranked_first_with_its_ms(
     # machine (seen +40 and -28 ms): whichever way the step moved, the dtype change is what
     # moved it. Its milliseconds: the time of the ops it regrouped on each side, most of the
     # step's change (the rest is the host wait and the other ops, which moved little).
-    assert top["delta_ms"] == pytest.approx(step["delta"], rel=0.5), (top, step)
+    # When the step itself moved less than its run-to-run variation (seen once on a loaded
+    # clean clone: +0.21 ms, the dtype ops +0.37 ms), there is no step change for the ops'
+    # milliseconds to be most of; the dtype change is still found and ranked first.
+    if step["significant"]:
+        assert top["delta_ms"] == pytest.approx(step["delta"], rel=0.5), (top, step)
     others = doc["explanation"][1:]
     assert all(abs(i["delta_ms"]) < abs(top["delta_ms"]) / 2 for i in others), others
     module = next(m for m in doc["hlo"]["modules"] if m["status"] == "changed")
