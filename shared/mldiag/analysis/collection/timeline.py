@@ -164,8 +164,10 @@ def _has_stat(scan: XSpaceScan, plane: Plane, line: Line, index: int, stat: str)
                for s, e in plane.event_metadata_stats.get(mid, ()))
 
 
-def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
-    parts = []
+def _host_spans(scan: XSpaceScan) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(start_ns, end_ns) of the host's steps, and of its compilation events (merged), from
+    one pass over the host threads' lines."""
+    step_parts, compile_starts, compile_ends = [], [], []
     for plane, line in scan.passing((p, ln) for p in scan.planes
                                     if p.name.startswith("/host:") for ln in p.lines):
         ev = line.events
@@ -173,14 +175,28 @@ def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
             continue
         # Whether an event is a step annotation (has step_num) is decided per metadata,
         # from its first occurrence: the column of metadata ids does the rest.
-        mids, first, _ = unique_ids(ev.metadata_id)
+        mids, first, inverse = unique_ids(ev.metadata_id)
         step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
                      if _has_stat(scan, plane, line, i, "step_num")]
-        if not step_mids:
-            continue
-        sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
-        start = line.start_ns()[sel]
-        parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
+        if step_mids:
+            sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
+            start = line.start_ns()[sel]
+            step_parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
+        hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
+                        for m in mids.tolist()])
+        if hit.any():
+            sel = hit[inverse] & (ev.duration_ps > 0)
+            start = line.start_ns()[sel]
+            compile_starts.append(start)
+            compile_ends.append(start + line.duration_ns()[sel])
+    compiles = np.zeros((0, 2))
+    if compile_starts:
+        seg_s, seg_e = _merge(np.concatenate(compile_starts), np.concatenate(compile_ends))
+        compiles = np.column_stack([seg_s, seg_e])
+    return _distinct_steps(step_parts), compiles
+
+
+def _distinct_steps(parts: list[NDArray[np.float64]]) -> NDArray[np.float64]:
     if not parts:
         return np.zeros((0, 2))
     steps = np.concatenate(parts)
@@ -195,29 +211,6 @@ def _step_events(scan: XSpaceScan) -> NDArray[np.float64]:
         else:
             reach = e
     return steps[keep]
-
-
-def _compile_spans(scan: XSpaceScan) -> NDArray[np.float64]:
-    """(start_ns, end_ns) of the compilation events on host threads, merged."""
-    starts, ends = [], []
-    for plane, line in scan.passing((p, ln) for p in scan.planes
-                                    if p.name.startswith("/host:") for ln in p.lines):
-        ev = line.events
-        if not len(ev):
-            continue
-        mids, _, inverse = unique_ids(ev.metadata_id)
-        hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
-                        for m in mids.tolist()])
-        if not hit.any():
-            continue
-        sel = hit[inverse] & (ev.duration_ps > 0)
-        start = line.start_ns()[sel]
-        starts.append(start)
-        ends.append(start + line.duration_ns()[sel])
-    if not starts:
-        return np.zeros((0, 2))
-    seg_s, seg_e = _merge(np.concatenate(starts), np.concatenate(ends))
-    return np.column_stack([seg_s, seg_e])
 
 
 def warmup_split(steps: NDArray[np.float64], compiles: NDArray[np.float64]
@@ -274,8 +267,7 @@ def analyze_host(path: Path, host: str) -> HostTimeline:
 def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     """`analyze_host` on a file already open (its decoded lines stay cached in `scan`)."""
     result = HostTimeline(host=host)
-    result.steps, result.excluded_steps = warmup_split(_step_events(scan),
-                                                       _compile_spans(scan))
+    result.steps, result.excluded_steps = warmup_split(*_host_spans(scan))
     source, lines = _compute_lines(scan)
     result.source = source
     starts, ends = [], []
