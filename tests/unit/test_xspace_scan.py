@@ -111,9 +111,9 @@ def test_busy_time_per_window_matches_a_brute_force_union():
 @pytest.mark.parametrize("plane,event", [(".*", ".*"), ("^/device:TPU:0$", "fusion"),
                                          ("^/host:CPU$", r"^\$")])
 def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
+    from mldiag.analysis.collection.event_aggregates import aggregate_events
     from mldiag.analysis.collection.profile_input import resolve_session
     from mldiag.analysis.collection.xprof_tools import XprofWorkspace
-    from mldiag.analysis.collection.xspace_scan import aggregate_events
 
     session = resolve_session(FIXTURES[-1].parent)
     with XprofWorkspace(session) as ws:

@@ -480,7 +480,7 @@ _PYTHON_EVENT_ROWS = 100
 def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
-    from mldiag.analysis.collection.xspace_scan import aggregate_scans
+    from mldiag.analysis.collection.event_aggregates import aggregate_scans
     from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS
 
     if not any(plane.name == "/host:CPU" and any(

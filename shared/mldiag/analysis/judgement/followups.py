@@ -178,7 +178,7 @@ class FollowUpRunner:
                                           max_duration_ps=max_duration_ps,
                                           start_time_ps=start_time_ps,
                                           end_time_ps=end_time_ps, **other)
-        from mldiag.analysis.collection.xspace_scan import aggregate_events
+        from mldiag.analysis.collection.event_aggregates import aggregate_events
 
         return aggregate_events(self.session.xplanes, plane_regex, event_regex,
                                 min_duration_ps=min_duration_ps,
