@@ -12,6 +12,7 @@ import pytest
 
 from mldiag.analysis.collection import collect as collect_mod
 from mldiag.analysis.collection import jobs
+from mldiag.analysis.collection import plan as plan_mod
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
@@ -44,9 +45,9 @@ def test_the_large_session_path_gives_the_small_session_path_s_snapshot(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, smart_events: bool) -> None:
     run = _fixture_copy(tmp_path, rename_smart_events=not smart_events)
     session = resolve_session(run)
-    monkeypatch.setattr(collect_mod, "REDUCE_MIN_BYTES", 1 << 40)
+    monkeypatch.setattr(plan_mod, "REDUCE_MIN_BYTES", 1 << 40)
     small = collect_mod.collect(session)
-    monkeypatch.setattr(collect_mod, "REDUCE_MIN_BYTES", 0)
+    monkeypatch.setattr(plan_mod, "REDUCE_MIN_BYTES", 0)
     large = collect_mod.collect(session)
     assert "reduce_for_converters" in large["collection"]["jobs"]
     assert "reduce_for_converters" not in small["collection"]["jobs"]

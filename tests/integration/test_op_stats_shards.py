@@ -94,16 +94,17 @@ def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
 def test_a_host_over_the_threshold_is_collected_in_windows(
         four_copies: Path, monkeypatch: pytest.MonkeyPatch, windows: int) -> None:
     from mldiag.analysis.collection import collect as collect_mod
+    from mldiag.analysis.collection import plan as plan_mod
 
     session = resolve_session(four_copies.parent)
     whole = collect_mod.collect(session)
-    monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
+    monkeypatch.setattr(plan_mod, "WINDOW_MIN_BYTES", 0)
     # The large-session path whole: the reduction and its memory copies, from which the
     # combined overview is read.
-    monkeypatch.setattr(collect_mod, "REDUCE_MIN_BYTES", 0)
-    monkeypatch.setattr(collect_mod, "WINDOW_BYTES",
+    monkeypatch.setattr(plan_mod, "REDUCE_MIN_BYTES", 0)
+    monkeypatch.setattr(plan_mod, "WINDOW_BYTES",
                         four_copies.stat().st_size // windows + 1)
-    assert collect_mod.op_stats_windows(session) == windows
+    assert plan_mod.op_stats_windows(session) == windows
     windowed = collect_mod.collect(session)
     (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
     assert f"{windows} time windows" in note["reason"]

@@ -565,11 +565,11 @@ def test_a_large_host_s_state_says_how_many_time_windows_are_converted(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A host over the window threshold (here: any) is converted window by window, and the
     session's state says how far (`progress` "windows:<done>/<total>") while it runs."""
-    from mldiag.analysis.collection import collect as collect_mod
+    from mldiag.analysis.collection import plan as plan_mod
 
     (xplane,) = tpu_eight_copies.glob("plugins/profile/*/*.xplane.pb")
-    monkeypatch.setattr(collect_mod, "WINDOW_MIN_BYTES", 0)
-    monkeypatch.setattr(collect_mod, "WINDOW_BYTES", xplane.stat().st_size // 4 + 1)
+    monkeypatch.setattr(plan_mod, "WINDOW_MIN_BYTES", 0)
+    monkeypatch.setattr(plan_mod, "WINDOW_BYTES", xplane.stat().st_size // 4 + 1)
     rt = make_runtime()
     seen: list[str] = []
     transition = rt.state.transition

@@ -1,0 +1,208 @@
+"""The collection's plan: which jobs a session needs, in which worker, after what, and the
+memory each is expected to take (per byte of xplane, measured), so that `workers.run_jobs`
+runs side by side only what fits the budget. Large single hosts are planned as time windows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mldiag.analysis.collection.jobs import has_counters, has_python_events
+from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.workers import Job
+
+# Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
+# on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
+# run side by side under the memory budget, and to skip what cannot fit at all.
+RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 14.0,
+                 # One time window's build, per byte of the window: 3.0 GB for a 122 MB
+                 # window of the 993 MB TPU-shaped profile (glibc's malloc).
+                 "op_stats_window": 24.0,
+                 # The one-pass window writer holds one line's columns and one plane's pages:
+                 # 1.2 GB on the 993 MB TPU-shaped profile (largest line 88 MB).
+                 "split_windows": 1.0,
+                 "utilization_viewer": 14.0,
+                 # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
+                 # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
+                 "smart_suggestions": 16.0,
+                 # Our timeline pass lets each line go once read (XSpaceScan.passing): what
+                 # it keeps is a few columns of the device events.
+                 "timeline": 2.0,
+                 # After the op_stats build, from the saved file and the memory copy (which
+                 # keeps the events it times): 314 MB at 94 MB TPU-shaped, the base's.
+                 "smart_suggestions_saved": 0.5,
+                 # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
+                 "memory_profile_copy": 0.5,
+                 # The async-overlap follow-up, computed in the timeline pass after its own
+                 # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
+                 # TPU-shaped profile, and no higher a peak than the pass's alone after it.
+                 "async_overlap": 2.0,
+                 # Two one-pass copies (XSpaceScan.write_split), one line at a time.
+                 "reduce_for_converters": 1.5}
+BASE_RSS = 320 * 1024**2
+# Below this many bytes of xplanes the converters read the files as they are: the copy
+# without Python-tracer events costs more than it saves.
+REDUCE_MIN_BYTES = 16 * 1024**2
+# A single host over this size has its op_stats built in time windows of about
+# WINDOW_BYTES each and combined (jobs.split_windows, jobs.op_stats_window): the build's
+# memory follows a window's size, not the host's (2.0-2.4 GB per window of about 120 MB).
+WINDOW_MIN_BYTES = 256 * 1024**2
+WINDOW_BYTES = 128 * 1024**2
+
+
+def op_stats_windows(session: ProfileSession, budget_bytes: int | None = None) -> int:
+    """How many time windows the op_stats build of `session` runs in (1: the whole file).
+
+    Windows are at most WINDOW_BYTES, and smaller when two builds side by side (one per
+    worker) would not fit half of `budget_bytes` each."""
+    if len(session.xplanes) != 1:
+        return 1
+    size = session.xplanes[0].stat().st_size
+    if size <= WINDOW_MIN_BYTES:
+        return 1
+    window = WINDOW_BYTES
+    if budget_bytes:
+        fits = int((budget_bytes / 2 - BASE_RSS) / RSS_PER_BYTE["op_stats_window"])
+        window = min(window, max(fits, 16 * 1024**2))
+    return -(-size // window)
+
+JOBS_MODULE = "mldiag.analysis.collection.jobs"
+
+
+def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
+          reduce: bool, windows: int = 1, combine: bool = False) -> list[Job]:
+    sizes = [p.stat().st_size for p in session.xplanes]
+    total, largest = sum(sizes), max(sizes)
+    # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
+    # build peaked at 20 bytes per original byte on a Python-traced 111 MB profile (29 per byte
+    # it read), and at 30 without the reduction.
+
+    def job(name: str, group: str, after: tuple[str, ...] = (), per_byte: float = 0.0,
+            bytes_read: int = 0, timeout: float | None = None, runner: str = "",
+            requires: tuple[str, ...] = ()) -> Job:
+        # Tools that read op_stats would rebuild them if the build failed: skip them instead.
+        requires = requires or tuple(d for d in after if d == "op_stats")
+        return Job(name=name, group=group, runner=f"{JOBS_MODULE}:{runner or name}", after=after,
+                   requires=requires, memory_bytes=int(BASE_RSS + per_byte * bytes_read),
+                   timeout_s=timeout)
+
+    pre: tuple[str, ...] = ("reduce_for_converters",) if reduce else ()
+    opstats = ("op_stats",)
+    jobs = []
+    if reduce:
+        # In the second worker, which then runs the smart suggestions and the timeline pass
+        # while the first builds op_stats from the reduced copy.
+        jobs.append(job("reduce_for_converters", "xplane", (), RSS_PER_BYTE[
+            "reduce_for_converters"], largest))
+    python = reduce and any(has_python_events(x) for x in session.xplanes)
+    if windows > 1:
+        # One large host: cut in time windows in one pass (bounded by a line's columns), the
+        # windows' op_stats built side by side in both workers, then combined. The cut
+        # starts at once in the first worker, beside the reduction, unless it must read the
+        # reduced copy (Python-tracer events to drop): at 1.9 GB the windows waited 68 s.
+        names = tuple(f"op_stats_window{k}" for k in range(windows))
+        jobs.append(job("split_windows", "xplane" if python else "xprof",
+                        pre if python else (), RSS_PER_BYTE["split_windows"], largest,
+                        prepare_timeout_s))
+        # Three windows in four to the first worker: the second also runs our passes
+        # (reduction, timeline) before its windows (see the end of the plan).
+        jobs += [job(name, "xplane" if k % 4 == 3 else "xprof", ("split_windows",),
+                     RSS_PER_BYTE["op_stats_window"], -(-total // windows), prepare_timeout_s,
+                     runner="op_stats_window", requires=("split_windows",))
+                 for k, name in enumerate(names)]
+        jobs.append(job("op_stats", "xprof", (*pre, *names), 0.0, 0, prepare_timeout_s,
+                        requires=names))
+    elif reduce:
+        # Built first (waiting for the reduction only when it has Python-tracer events to
+        # drop), then the overview read beside the memory copies (jobs.op_stats).
+        jobs.append(job("op_stats_build", "xprof", pre if python else (), RSS_PER_BYTE[
+            "op_stats_reduced" if python else "op_stats"], largest, prepare_timeout_s))
+        jobs.append(job("op_stats", "xprof", ("op_stats_build", *pre), 0.0, 0,
+                        prepare_timeout_s, requires=("op_stats_build",)))
+    else:
+        jobs.append(job("op_stats", "xprof", pre, RSS_PER_BYTE["op_stats"], largest,
+                        prepare_timeout_s))
+    jobs += [
+        # xprof's step trace in two halves, one per worker (jobs._step_trace_half).
+        job("step_trace_pods", "xprof", opstats),
+        job("device_information", "xprof", opstats),
+        job("hosts", "xprof", opstats),
+        job("roofline", "xprof", opstats),
+        job("op_profile", "xprof", opstats),
+        job("list_hlo_modules", "xprof", opstats),
+        job("hlo_texts", "xprof", ("op_stats", "list_hlo_modules")),
+        job("peak_allocations", "xprof", opstats),
+        job("kpi_metrics", "xprof", ("op_stats", "roofline", "memory_profile")),
+        # The second worker, beside the op_stats build: on small sessions the smart
+        # suggestions first (they build op_stats of their own in memory), the timeline pass
+        # (our own, on the original files), and the converters that read the xplanes rather
+        # than op_stats. The step trace's halves after the build stay in this worker: the
+        # xprof half beside the smart suggestions held 3.1 GB at 94 MB, in turn 2.0 GB.
+        *([] if reduce or combine else [
+            job("smart_suggestions", "xplane", pre, RSS_PER_BYTE["smart_suggestions"], total)]),
+        job("timeline_pass", "xplane", pre,
+            max(RSS_PER_BYTE["timeline"], RSS_PER_BYTE["async_overlap"]), largest),
+        # From the memory copies where the reduction wrote them (jobs._memory_copy).
+        job("memory_profile", "xplane", pre, RSS_PER_BYTE[
+            "memory_profile_copy" if reduce else "memory_profile"], largest),
+        # Without a TPU plane of counters it answers from the plane headers, reading nothing.
+        job("utilization_viewer", "xplane", pre, RSS_PER_BYTE["utilization_viewer"],
+            largest if any(has_counters(x) for x in session.xplanes) else 0),
+        # On large sessions after the op_stats build, reading them from the saved file and
+        # the rest from the memory copies: 5.3 s CPU became 0.3 s at 94 MB TPU-shaped.
+        *([job("smart_suggestions", "xplane", ("op_stats", *pre),
+               RSS_PER_BYTE["smart_suggestions_saved"], total)] if reduce else []),
+        # Combining a fanned-out session: after the op_stats build, from the saved file, and
+        # the hosts' traces one at a time (xprof reads a session's XSpaces in turn: two hosts
+        # of 73 and 98 MB peaked at the larger one's 1.37 GB).
+        *([job("smart_suggestions", "xplane", ("op_stats",),
+               RSS_PER_BYTE["smart_suggestions"], largest)] if combine else []),
+        job("xprof_step_trace", "xplane", opstats),
+    ]
+    # A worker runs its jobs in plan order, each once its inputs are done: the second
+    # worker's windows go after its own passes (which need no window) and before its first
+    # job that waits for the combined op_stats (which needs them all).
+    late = [j for j in jobs if j.group == "xplane" and j.name.startswith("op_stats_window")]
+    if late:
+        rest = [j for j in jobs if j not in late]
+        at = next((i for i, j in enumerate(rest)
+                   if j.group == "xplane" and "op_stats" in j.after), len(rest))
+        jobs = rest[:at] + late + rest[at:]
+    return jobs
+
+
+# Each collection tool and the jobs it is made of.
+TOOL_JOBS: dict[str, tuple[str, ...]] = {
+    "get_xprof_overview": ("op_stats",),
+    "get_step_trace": ("xprof_step_trace", "timeline_pass", "step_trace_pods"),
+    "get_kpi_metrics": ("kpi_metrics",),
+    "get_device_information": ("device_information",),
+    "get_hosts": ("hosts",),
+    "get_utilization_viewer": ("utilization_viewer",),
+    "get_smart_suggestions": ("smart_suggestions",),
+    "get_roofline_model": ("roofline",),
+    "get_hlo_op_profile": ("op_profile",),
+    "detect_layout_mismatch_copies": ("hlo_texts", "op_profile", "timeline_pass",
+                                      "list_hlo_modules"),
+    "detect_unfused_reshapes": ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+    "detect_unnecessary_convert_reduce": ("hlo_texts", "op_profile", "timeline_pass",
+                                          "list_hlo_modules"),
+    "list_hlo_modules": ("list_hlo_modules",),
+    "get_memory_profile": ("memory_profile",),
+    "get_peak_allocations": ("peak_allocations",),
+}
+def needed_jobs(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
+    """The jobs that `tools` need, with everything those jobs wait for."""
+    unknown = [t for t in tools if t not in TOOL_JOBS]
+    if unknown:
+        raise ValueError(f"unknown collection tool(s): {', '.join(unknown)}")
+    by_name = {j.name: j for j in jobs}
+    todo = [n for t in tools for n in TOOL_JOBS[t]]
+    keep: set[str] = set()
+    while todo:
+        name = todo.pop()
+        if name in keep or name not in by_name:
+            continue
+        keep.add(name)
+        todo.extend((*by_name[name].after, *by_name[name].requires))
+    return [j for j in jobs if j.name in keep]
