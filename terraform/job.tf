@@ -1,10 +1,15 @@
 # The collect job (DESIGN.md "Scale"): a session over the collect function's limits, in bytes
 # per host (var.collect_function_max_host_bytes) or hosts per session, is handed by the collect
 # stage to this Cloud Run job, which runs the same stage code (`python -m mldiag.job`) with
-# 16 GiB and an hour (a 1.9 GB host completes in under 3 minutes, BENCHMARKS.md). One task:
-# a large host's time windows are shared by the task's two worker processes, not by tasks. State transitions, claims and the messages it publishes are the
-# pipeline's own; a task that dies is retried (max_retries), and a session whose job never
-# finishes is re-queued by the sweeper after its deadline, which starts the job again.
+# 16 GiB and an hour per task. A large host's time windows are shared by the job's tasks
+# (var.collect_job_tasks, CLOUD_RUN_TASK_INDEX/COUNT): tasks 1..N-1 each convert their share
+# and publish it under the session's analysis/v<n>/windows/, task 0 runs the collection and
+# combines them (analysis/collection/window_tasks.py). Windows are claimed in the state store:
+# a task that dies stops renewing its claims, and task 0 takes its windows over once they
+# lapse; a task that exits non-zero is retried (max_retries), and published windows are
+# reused. State transitions, claims and the messages it publishes are the pipeline's own; a
+# session whose job never finishes is re-queued by the sweeper after its deadline, which starts
+# the job again.
 #
 # The image: `gcloud builds submit --tag ${var.region}-docker.pkg.dev/PROJECT/REPO/collect-job
 # -f deploy/collect-job/Dockerfile .` (docs/deploy-gcp.md).
@@ -23,7 +28,9 @@ resource "google_cloud_run_v2_job" "collect" {
   deletion_protection = false
 
   template {
-    task_count = 1
+    # Every task starts at once: the windows are shared by whoever is running.
+    task_count  = var.collect_job_tasks
+    parallelism = var.collect_job_tasks
     template {
       service_account = google_service_account.collect_job.email
       timeout         = "${var.collect_job_timeout_seconds}s"
@@ -40,6 +47,8 @@ resource "google_cloud_run_v2_job" "collect" {
         dynamic "env" {
           for_each = merge(local.environment, {
             MLDIAG_IN_JOB = "1"
+            # Cloud Run sets CLOUD_RUN_TASK_COUNT too; this says it where settings are read.
+            MLDIAG_COLLECT_JOB_TASKS = tostring(var.collect_job_tasks)
             # The workers' budget; the rest of the job's memory holds its files (variables.tf).
             MLDIAG_MEMORY_BUDGET = var.collect_job_memory_budget
           })

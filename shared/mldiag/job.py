@@ -6,6 +6,10 @@ functions (from the same settings, with `MLDIAG_IN_JOB=1` so it never hands the 
 again) and runs the same stage code: claims, state transitions and the messages it publishes
 are the pipeline's own. Exit status 0 when the message is handled (a bad session is recorded
 FAILED), 1 on a transient error, so Cloud Run retries the task.
+
+A job of several tasks (Cloud Run's `CLOUD_RUN_TASK_INDEX` and `CLOUD_RUN_TASK_COUNT`; the
+local runner sets the same) shares a large host's time windows: task 0 runs the stage, the
+others `stages.collect_windows`, their share of the windows (analysis/collection/window_tasks).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import sys
 
 from mldiag.errors import PoisonMessage
-from mldiag.messages import parse
+from mldiag.messages import AnalyzeSession, parse
 from mldiag.settings import Settings
 
 
@@ -27,7 +31,14 @@ def main() -> int:
     except PoisonMessage as e:
         print(f"mldiag job: bad MLDIAG_JOB_MESSAGE: {e}", file=sys.stderr)
         return 2
-    settings = Settings.from_env(in_job=True)
+    try:
+        task = int(os.environ.get("CLOUD_RUN_TASK_INDEX") or 0)
+        tasks = int(os.environ.get("CLOUD_RUN_TASK_COUNT") or 0) or None
+    except ValueError as e:
+        print(f"mldiag job: bad CLOUD_RUN_TASK_INDEX or CLOUD_RUN_TASK_COUNT: {e}",
+              file=sys.stderr)
+        return 2
+    settings = Settings.from_env(in_job=True, job_task=task, collect_job_tasks=tasks)
     from mldiag import stages
 
     if settings.backend == "gcp":
@@ -41,7 +52,14 @@ def main() -> int:
         # delivered by the `mldiag up` that started it. No worker thread runs here.
         services = bootstrap(settings).services
     try:
-        stages.handle(message, services)
+        if settings.job_task > 0:
+            if not isinstance(message, AnalyzeSession):
+                print(f"mldiag job task {task}: nothing to share in {type(message).__name__}",
+                      file=sys.stderr)
+                return 0
+            stages.collect_windows(message, services)
+        else:
+            stages.handle(message, services)
     except PoisonMessage as e:
         print(f"mldiag job: {e}", file=sys.stderr)
         return 2

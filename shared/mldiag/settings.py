@@ -92,6 +92,17 @@ class Settings:
     # The collect job: a Cloud Run job name on GCP, "local" for a separate local process;
     # empty: a session over the function limits is FAILED with the reason.
     collect_job: str = ""
+    # How many tasks the collect job runs: a large host's time windows are shared by them
+    # (analysis/collection/window_tasks.py). On GCP the job's task count (Cloud Run's
+    # CLOUD_RUN_TASK_COUNT, terraform's collect_job_tasks); locally, how many processes the
+    # local job runner starts.
+    collect_job_tasks: int = 1
+    # In the collect job: this task's index (Cloud Run's CLOUD_RUN_TASK_INDEX).
+    job_task: int = 0
+    # A single host over window_min_bytes is converted in time windows of at most
+    # window_bytes (0: the defaults, 256 MiB and 128 MiB; analysis/collection/plan.py).
+    window_min_bytes: int = 0
+    window_bytes: int = 0
     # The console. Locally it binds loopback only; on Cloud Run `--host 0.0.0.0 --port $PORT`.
     console_host: str = "127.0.0.1"
     console_port: int = 8790

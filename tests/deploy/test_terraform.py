@@ -794,3 +794,14 @@ def test_the_deployer_acts_only_as_the_accounts_terraform_creates(tf: Terraform)
         assert "time_sleep.iam_propagation" in _depends(tf.resource(kind, name)), name
     assert "google_service_account_iam_member.deployer_acts_as" in _depends(
         tf.resource("time_sleep", "iam_propagation"))
+
+
+def test_the_collect_job_runs_its_tasks_at_once_and_says_how_many(tf: Terraform) -> None:
+    """A large host's windows are shared by the job's tasks (window_tasks.py): every task
+    starts at once, and the count the job's settings read is the job's own."""
+    job = tf.resource("google_cloud_run_v2_job", "collect")
+    template = job["template"][0] if isinstance(job["template"], list) else job["template"]
+    assert template["task_count"] == template["parallelism"] == "${var.collect_job_tasks}"
+    assert "MLDIAG_COLLECT_JOB_TASKS" in str(job)
+    tasks = tf.variables["collect_job_tasks"]["default"]
+    assert tasks >= 2, "one task would leave every window to task 0"

@@ -118,3 +118,21 @@ def test_a_host_over_the_threshold_is_collected_in_windows(
                  "detect_layout_mismatch_copies", "get_smart_suggestions"):
         assert windowed["tools"][name]["status"] == whole["tools"][name]["status"], name
         assert windowed["tools"][name].get("data") == whole["tools"][name].get("data"), name
+
+
+def test_a_task_writes_only_its_own_windows_byte_for_byte(four_copies: Path,
+                                                           tmp_path: Path) -> None:
+    """A collect-job task cuts only the windows it claimed (`keep`): each is the same file as
+    in the cut of every window, and the extents (hence the idle between) are every window's."""
+    every = [tmp_path / f"all{k}.pb" for k in range(3)]
+    some = [tmp_path / "some2.pb", tmp_path / "some0.pb"]
+    with XSpaceScan(four_copies) as scan:
+        cuts = shards.module_cuts(scan, 3)
+        assert len(cuts) == 2
+        whole = shards.write_windows(scan, cuts, every)
+        kept = shards.write_windows(scan, cuts, some, keep=[2, 0])
+        with pytest.raises(ValueError, match="2 paths for 1 windows"):
+            shards.write_windows(scan, cuts, some, keep=[1])
+    assert some[0].read_bytes() == every[2].read_bytes()
+    assert some[1].read_bytes() == every[0].read_bytes()
+    assert kept == whole

@@ -174,3 +174,37 @@ def test_a_named_malloc_that_cannot_be_preloaded_leaves_the_worker_on_glibc(
     assert worker_allocator() == str(not_a_library)
     # ld.so ignores a preload that fails (with a message on stderr): the job still runs.
     assert "libbroken.so" not in _libs(_run([_job("libs", "mapped_libs")]))
+
+
+class _Elsewhere:
+    """RemoteJobs: `b` is another process's (never ours), `c` ours once asked twice."""
+
+    names = frozenset({"b", "c"})
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.polls = 0
+
+    def take(self, name: str) -> bool:
+        self.asked.append(name)
+        return name == "c" and self.asked.count("c") >= 2
+
+    def poll(self):
+        from mldiag.analysis.collection.workers import Outcome
+
+        self.polls += 1
+        return [Outcome("b", "DATA", {"from": "elsewhere"}, 1.0)] if self.polls == 20 else []
+
+
+def test_a_job_another_process_runs_is_waited_for_and_its_outcome_flows_on():
+    remote = _Elsewhere()
+    out = _run([_job("b", "echo"), _job("a", "echo"), _job("c", "echo"),
+                _job("d", "echo", "b", after=("b", "c"))], remote=remote,
+               inputs_for=lambda job, done: {"b": done["b"].value} if job.name == "d" else {})
+    # `b` never ran here: its outcome came from elsewhere, and `d` received it.
+    assert out["b"].value == {"from": "elsewhere"}
+    assert out["d"].value["b"] == {"from": "elsewhere"}
+    # `c` ran here once it could be taken; `a`, behind `b` in the queue, did not wait for it.
+    assert out["c"].status == "DATA" and "pid" in out["c"].value
+    assert out["a"].status == "DATA"
+    assert "b" in remote.asked

@@ -11,9 +11,11 @@ One module per concern; the imports point one way, from the registry down to the
 - capture: on_degradation_alert (the run's auto-capture policy), on_capture_request (a
   capture on the run's profiler targets) and continuous (start or stop the ring).
 - analysis: collect (the 15-tool health snapshot, then triage: OPTIMAL goes straight to the
-  report, anything else to investigation; collect_host for a fanned-out session),
+  report, anything else to investigation; collect_host for a fanned-out session;
+  collect_windows for the other tasks of a collect job sharing a large host's windows),
   investigate (the investigator and its follow-up calls), render_report (analysis.json and
   summary.html; the session is REPORTED) and prebuild_viewer.
+- window_shards: StoredWindows, where the collect job's tasks claim and publish windows.
 - registry: HANDLERS, the message type → stage registry; handle and dispatch route by it.
 - maintenance: the sweeper (sweep, rescan, requeue_stuck) and dead_lettered.
 
@@ -28,6 +30,7 @@ Services`); anything else is used, and patched in tests, in the module that defi
 from mldiag.stages.analysis import (
     collect,
     collect_host,
+    collect_windows,
     investigate,
     prebuild_viewer,
     render_report,
@@ -43,6 +46,7 @@ __all__ = [
     "Services",
     "collect",
     "collect_host",
+    "collect_windows",
     "continuous",
     "dead_lettered",
     "dispatch",

@@ -23,7 +23,9 @@ from mldiag import limits, regression
 from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.analysis.collection.collect import collect as collect_snapshot
 from mldiag.analysis.collection.collect import collect_host as collect_host_parts
+from mldiag.analysis.collection.plan import window_count
 from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.window_tasks import convert_windows, task_windows
 from mldiag.analysis.collection.workers import default_budget_bytes
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
@@ -49,6 +51,7 @@ from mldiag.model import (
 from mldiag.settings import Settings
 from mldiag.stages.claims import claimed, toucher
 from mldiag.stages.services import Services, fail, publish_or_undo
+from mldiag.stages.window_shards import StoredWindows
 
 log = logging.getLogger(__name__)
 
@@ -205,7 +208,9 @@ def _collect_snapshot(services: Services, s: SessionRecord,
     settings = services.settings
     options: dict[str, Any] = {"max_host_bytes": settings.max_host_bytes,
                                "memory_budget_bytes": settings.memory_budget_bytes,
-                               "tool_timeout_s": settings.tool_timeout_s}
+                               "tool_timeout_s": settings.tool_timeout_s,
+                               "window_min_bytes": settings.window_min_bytes or None,
+                               "window_bytes": settings.window_bytes or None}
     if host_parts is None:
 
         def windows_done(done: int, total: int) -> None:
@@ -216,9 +221,15 @@ def _collect_snapshot(services: Services, s: SessionRecord,
 
         options["on_windows"] = windows_done
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        with services.storage.local_files(names, generations=_generations(s),
-                                          max_bytes=settings.max_host_bytes) as local:
-            return collect_snapshot(_profile_session(s, local), **options)
+        exchange = _window_exchange(services, s)
+        try:
+            with services.storage.local_files(names, generations=_generations(s),
+                                              max_bytes=settings.max_host_bytes) as local:
+                return collect_snapshot(_profile_session(s, local), exchange=exchange,
+                                        **options)
+        finally:
+            if exchange is not None:
+                exchange.close()
     ok = {h: p for h, p in host_parts.items() if "failed" not in p}
     if not ok:
         raise ProfileUnreadable("no host could be analysed: " + short_reason(
@@ -242,6 +253,67 @@ def _collect_snapshot(services: Services, s: SessionRecord,
         "hosts": len(host_parts), "failed": sorted(h for h in host_parts if h not in ok),
         "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())}}
     return snapshot
+
+
+def _windows_of(services: Services, s: SessionRecord) -> int:
+    """How many time windows collect cuts this session's host in (1: none, or many hosts)."""
+    arrived = [r for r in s.hosts.values() if r.status == "ARRIVED"]
+    if len(arrived) != 1:
+        return 1
+    settings = services.settings
+    return window_count(arrived[0].size, settings.memory_budget_bytes or default_budget_bytes(),
+                        min_bytes=settings.window_min_bytes or None,
+                        window_bytes=settings.window_bytes or None)
+
+
+def _window_exchange(services: Services, s: SessionRecord) -> StoredWindows | None:
+    """In a collect job of several tasks, where a large host's windows are shared."""
+    settings = services.settings
+    windows = _windows_of(services, s)
+    if not settings.in_job or settings.collect_job_tasks < 2 or windows < 2:
+        return None
+    return StoredWindows(services, prefix=f"{_analysis_dir(s)}/v{s.version}/windows",
+                         claim_base=f"window:{s.run}/{s.session}#v{s.version}",
+                         windows=windows, task=settings.job_task)
+
+
+def collect_windows(msg: AnalyzeSession, services: Services) -> None:
+    """A task other than the first of a collect job of several (`settings.job_task` of
+    `settings.collect_job_tasks`): convert its share of a large host's time windows and
+    publish them for task 0, which runs the collection and combines them (`window_tasks`).
+    Nothing to do when the session has no windows to share."""
+    s = _current(services, msg, (CAPTURED, ANALYZING))
+    if s is None:
+        return
+    settings = services.settings
+    exchange = _window_exchange(services, s)
+    if exchange is None:
+        log.info("collect job task %d: session %s/%s has no time windows to share",
+                 settings.job_task, msg.run, msg.session)
+        return
+    windows = _windows_of(services, s)
+    # Claimed before the download: task 0 takes over only what nobody holds.
+    held = [k for k in task_windows(windows, settings.job_task, settings.collect_job_tasks)
+            if exchange.take(k)]
+    try:
+        if not held:
+            return
+        (record,) = [r for r in s.hosts.values() if r.status == "ARRIVED"]
+        with services.storage.local_files([record.object_name], generations=_generations(s),
+                                          max_bytes=settings.max_host_bytes) as local:
+            done = convert_windows(
+                local / record.object_name.rsplit("/", 1)[1], exchange, windows, held,
+                tool_timeout_s=settings.tool_timeout_s,
+                prepare_timeout_s=settings.tool_timeout_s,
+                max_host_bytes=settings.max_host_bytes,
+                memory_budget_bytes=settings.memory_budget_bytes)
+        log.info("collect job task %d of %s/%s: windows %s", settings.job_task, msg.run,
+                 msg.session, done["done"])
+    except ProfileUnreadable as e:
+        # Task 0 reads the same file and records the session FAILED with the reason.
+        log.warning("collect job task %d: %s", settings.job_task, e)
+    finally:
+        exchange.close()
 
 
 def _over_function_limits(settings: Settings, sizes: Sequence[int]) -> str:

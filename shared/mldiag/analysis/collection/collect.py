@@ -26,6 +26,7 @@ from mldiag.analysis.collection.profile_input import (
     resolve_session,
     validate_xplane,
 )
+from mldiag.analysis.collection.window_tasks import RemoteWindows, WindowExchange, window_of
 from mldiag.analysis.collection.workers import (
     Job,
     Outcome,
@@ -93,7 +94,7 @@ def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
     if job.name.startswith("op_stats_window"):
         split = outcomes["split_windows"].value
         return {"window": int(job.name.removeprefix("op_stats_window")),
-                "windows": int(split["windows"])}
+                "windows": int(split["windows"]), "cuts": list(split.get("cuts", []))}
     if job.name == "op_stats" and "op_stats_build" in job.after:
         reduced = outcomes.get("reduce_for_converters")
         return {"built": True,
@@ -370,7 +371,8 @@ def _program_of(module: str) -> str:
 
 
 def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
-             elapsed_ms: float, session_bytes: int, windows: int = 1) -> dict[str, Any]:
+             elapsed_ms: float, session_bytes: int, windows: int = 1,
+             by_task: Mapping[int, int] | None = None) -> dict[str, Any]:
     """The snapshot's `collection` block: what ran, how long, what was cut and why."""
     degraded = []
     split = outcomes.get("split_windows")
@@ -408,6 +410,9 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
                           **({"peak_rss_bytes": o.peak_rss_bytes} if o.peak_rss_bytes else {})}
                  for o in sorted(outcomes.values(), key=lambda o: o.name)},
         "degraded": degraded,
+        # A large host's windows shared by the collect job's tasks: which task built each.
+        **({"windows_by_task": {str(k): t for k, t in sorted(by_task.items())}}
+           if by_task else {}),
         "skipped": skipped,
         "killed": killed,
     }
@@ -539,6 +544,9 @@ def collect(
     tools: Sequence[str] = COLLECTION_TOOLS,
     host_parts: Mapping[str, Mapping[str, Any]] | None = None,
     on_windows: Callable[[int, int], None] | None = None,
+    exchange: WindowExchange | None = None,
+    window_min_bytes: int | None = None,
+    window_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
@@ -554,6 +562,10 @@ def collect(
     jobs are taken from it, and `session_path` holds the converters' inputs of those hosts.
     `on_windows(done, total)` is told each time a time window of a large host is converted
     (the pipeline records it in the session's state).
+    `exchange` shares a large host's time windows with the other tasks of the collect job
+    (`window_tasks`): the windows they publish are combined with those built here.
+    `window_min_bytes` and `window_bytes` override when a host is cut in time windows and
+    their size (`plan.window_count`).
     Raises ProfileUnreadable (one-line reason) when the input cannot be analysed, and
     SessionTooLarge when not even the op_stats build fits the budget.
     """
@@ -566,11 +578,13 @@ def collect(
         validate_xplane(xplane, max_bytes=max_host_bytes)
     budget = memory_budget_bytes or default_budget_bytes()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
-    windows = plan.op_stats_windows(session, budget) if host_parts is None else 1
+    windows = plan.op_stats_windows(session, budget, min_bytes=window_min_bytes,
+                                    window_bytes=window_bytes) if host_parts is None else 1
     jobs = plan.plan_jobs(session, tool_timeout_s=tool_timeout_s,
                           prepare_timeout_s=prepare_timeout_s,
                           reduce=session_bytes >= plan.REDUCE_MIN_BYTES and host_parts is None,
-                          windows=windows, combine=host_parts is not None)
+                          windows=windows, combine=host_parts is not None,
+                          windows_elsewhere=exchange is not None)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in plan.needed_jobs(jobs, tools) if j.name not in {o.name for o in premade}]
     core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
@@ -589,19 +603,31 @@ def collect(
     for outcome in premade:
         assembler.add(outcome)
     window_jobs = [j.name for j in jobs if j.name.startswith("op_stats_window")]
+    root = XprofWorkspace.create_root(session)
+    remote = (RemoteWindows(exchange, windows, root / "published")
+              if exchange is not None and window_jobs else None)
 
     def on_outcome(outcome: Outcome) -> None:
+        if remote is not None and outcome.name == "split_windows" and outcome.status == DATA:
+            if not remote.arrived(outcome.name):
+                remote.expect(outcome.value)
+        if remote is not None and outcome.name in window_jobs:
+            if remote.arrived(outcome.name):
+                # Published by another task: the window this task cut is not needed.
+                (root / f"window{window_of(outcome.name)}" / "plugins" / "profile" /
+                 session.name / session.xplanes[0].name).unlink(missing_ok=True)
+            else:
+                remote.built_here(outcome)
         assembler.add(outcome)
         if on_windows is not None and outcome.name in window_jobs:
             on_windows(sum(n in assembler.outcomes for n in window_jobs), len(window_jobs))
-    root = XprofWorkspace.create_root(session)
     try:
         outcomes = run_jobs(
             jobs, setup=f"{plan.JOBS_MODULE}:attach",
             setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s,
             inputs_for=lambda j, o: _inputs_for(j, o, windows),
-            on_outcome=on_outcome, done={o.name: o for o in premade})
+            on_outcome=on_outcome, done={o.name: o for o in premade}, remote=remote)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed_ms = (time.perf_counter() - started) * 1000.0
@@ -625,7 +651,8 @@ def collect(
         "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "elapsed_ms": round(elapsed_ms, 1),
         "collection": _summary(outcomes, budget, reduced.value if reduced else None,
-                               elapsed_ms, session_bytes, windows),
+                               elapsed_ms, session_bytes, windows,
+                               remote.by_task if remote is not None else None),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
         # mldiag's own passes by name (evidence.PASSES), each with what it was computed from.
         "passes": {name: assembler.passes[name] for name in _PASS_JOBS

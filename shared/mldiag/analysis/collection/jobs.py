@@ -298,27 +298,42 @@ def _window_path(ctx: Context, k: int) -> Path:
 def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """Cut one large host into `inputs["windows"]` time windows between module executions
     (`op_stats_shards`), each written to its own run directory, in one pass over the trace
-    (the converters' input: the reduced copy where the reduction made one)."""
+    (the converters' input: the reduced copy where the reduction made one). With
+    `inputs["keep"]`, only those windows are written (a task of the collect job converting
+    its share of them); the cuts and the idle time between windows are every window's."""
     from mldiag.analysis.collection import op_stats_shards as shards
 
     (xplane,) = ctx.session.xplanes
     with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
         cuts = shards.module_cuts(scan, int(inputs["windows"]))
-        paths = [_window_path(ctx, k) for k in range(len(cuts) + 1)]
+        keep = inputs.get("keep")
+        kept = [k for k in range(len(cuts) + 1) if keep is None or k in keep]
+        paths = [_window_path(ctx, k) for k in kept]
         for path in paths:
             path.unlink()  # a link to the trace: the window is written in its place
-        extents = shards.write_windows(scan, cuts, paths)
-    return {"windows": len(paths), "idle_between_ps": shards.idle_between(extents),
-            "window_bytes": [p.stat().st_size for p in paths]}
+        extents = shards.write_windows(scan, cuts, paths,
+                                       keep=None if keep is None else kept)
+    return {"windows": len(cuts) + 1, "cuts": cuts,
+            "idle_between_ps": shards.idle_between(extents),
+            "window_bytes": {str(k): p.stat().st_size for k, p in zip(kept, paths, strict=True)}}
 
 
 def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """xprof's op_stats of one time window (`split_windows`), saved in its run directory;
-    the window's trace is deleted once converted."""
+    the window's trace is deleted once converted. A window this worker's session did not cut
+    (another task of the collect job did, and died before publishing it) is cut here first,
+    alone, from `inputs["cuts"]`."""
+    from mldiag.analysis.collection import op_stats_shards as shards
+
     k = int(inputs["window"])
     if k >= int(inputs["windows"]):
         raise NoData(f"window {k}: the trace had fewer gaps between module executions")
     path = _window_path(ctx, k)
+    if path.is_symlink():  # still the whole trace: not cut in this session
+        (xplane,) = ctx.session.xplanes
+        with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
+            path.unlink()
+            shards.write_windows(scan, [int(c) for c in inputs["cuts"]], [path], keep=[k])
     _EXCLUSIVE["on"] = True
     try:
         ctx.ws.call("get_overview", run_dir=path.parent)

@@ -89,14 +89,23 @@ def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
     return cuts
 
 
-def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]]
-                  ) -> list[dict[str, tuple[int, int]]]:
+def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]],
+                  keep: Sequence[int] | None = None) -> list[dict[str, tuple[int, int]]]:
     """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
     with the events that start inside it; metadata and everything else copied whole. One pass
     over the trace, one line decoded at a time (`XSpaceScan.write_split`).
-    Returns each window's device planes' extents: plane → (first start, last end), in ps."""
+    With `keep`, only those windows are written, to `out` in that order (another task of the
+    collect job writes the others).
+    Returns each window's device planes' extents, every window's: plane → (first start,
+    last end), in ps."""
     cut_at = np.asarray(cuts, dtype=np.int64)
-    extents: list[dict[str, tuple[int, int]]] = [{} for _ in out]
+    extents: list[dict[str, tuple[int, int]]] = [{} for _ in range(len(cuts) + 1)]
+    kept = list(range(len(cuts) + 1)) if keep is None else list(keep)
+    if len(kept) != len(out):
+        raise ValueError(f"{len(out)} paths for {len(kept)} windows")
+    # Window index -> its copy among `out` (-1: not written here).
+    to_copy = np.full(len(cuts) + 1, -1, dtype=np.int32)
+    to_copy[kept] = np.arange(len(kept), dtype=np.int32)
 
     def window_of(plane: Plane, line: Line) -> Any:
         ev = line.events
@@ -111,7 +120,7 @@ def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.
                 first, last = int(start[mask].min()), int(end[mask].max())
                 was = extents[k].get(plane.name, (first, last))
                 extents[k][plane.name] = (min(was[0], first), max(was[1], last))
-        return part
+        return part if keep is None else to_copy[part]
 
     scan.write_split(out, window_of)
     return extents

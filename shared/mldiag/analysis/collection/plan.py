@@ -50,17 +50,27 @@ WINDOW_MIN_BYTES = 256 * 1024**2
 WINDOW_BYTES = 128 * 1024**2
 
 
-def op_stats_windows(session: ProfileSession, budget_bytes: int | None = None) -> int:
+def op_stats_windows(session: ProfileSession, budget_bytes: int | None = None, *,
+                     min_bytes: int | None = None, window_bytes: int | None = None) -> int:
     """How many time windows the op_stats build of `session` runs in (1: the whole file).
-
-    Windows are at most WINDOW_BYTES, and smaller when two builds side by side (one per
-    worker) would not fit half of `budget_bytes` each."""
+    See `window_count`."""
     if len(session.xplanes) != 1:
         return 1
-    size = session.xplanes[0].stat().st_size
-    if size <= WINDOW_MIN_BYTES:
+    return window_count(session.xplanes[0].stat().st_size, budget_bytes,
+                        min_bytes=min_bytes, window_bytes=window_bytes)
+
+
+def window_count(size: int, budget_bytes: int | None = None, *, min_bytes: int | None = None,
+                 window_bytes: int | None = None) -> int:
+    """How many time windows a single host of `size` bytes is converted in (1: whole).
+
+    Hosts over `min_bytes` (WINDOW_MIN_BYTES) are cut into windows of at most `window_bytes`
+    (WINDOW_BYTES), smaller when two builds side by side (one per worker) would not fit half
+    of `budget_bytes` each. A function of its arguments only: every task of the collect job
+    computes the same count from the session's record, before it has the file."""
+    if size <= (WINDOW_MIN_BYTES if min_bytes is None else min_bytes):
         return 1
-    window = WINDOW_BYTES
+    window = WINDOW_BYTES if window_bytes is None else window_bytes
     if budget_bytes:
         fits = int((budget_bytes / 2 - BASE_RSS) / RSS_PER_BYTE["op_stats_window"])
         window = min(window, max(fits, 16 * 1024**2))
@@ -70,7 +80,13 @@ JOBS_MODULE = "mldiag.analysis.collection.jobs"
 
 
 def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
-          reduce: bool, windows: int = 1, combine: bool = False) -> list[Job]:
+          reduce: bool, windows: int = 1, combine: bool = False,
+          windows_elsewhere: bool = False) -> list[Job]:
+    """The jobs of a collection, in plan order (a worker runs its jobs in that order).
+
+    `windows_elsewhere`: the other tasks of the collect job convert the time windows
+    (`window_tasks`), so the first worker, which would build them, runs the timeline pass
+    meanwhile, beside the second's reduction."""
     sizes = [p.stat().st_size for p in session.xplanes]
     total, largest = sum(sizes), max(sizes)
     # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
@@ -159,6 +175,12 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
                RSS_PER_BYTE["smart_suggestions"], largest)] if combine else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
+    if windows_elsewhere and windows > 1:
+        timeline = next(j for j in jobs if j.name == "timeline_pass")
+        jobs.remove(timeline)
+        at = next(i for i, j in enumerate(jobs) if j.name == "split_windows") + 1
+        jobs.insert(at, Job(name=timeline.name, group="xprof", runner=timeline.runner,
+                            memory_bytes=timeline.memory_bytes, timeout_s=timeline.timeout_s))
     # A worker runs its jobs in plan order, each once its inputs are done: the second
     # worker's windows go after its own passes (which need no window) and before its first
     # job that waits for the combined op_stats (which needs them all).
@@ -168,6 +190,21 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         at = next((i for i, j in enumerate(rest)
                    if j.group == "xplane" and "op_stats" in j.after), len(rest))
         jobs = rest[:at] + late + rest[at:]
+    return jobs
+
+
+def window_jobs(size: int, windows: int, held: Sequence[int], *,
+                prepare_timeout_s: float) -> list[Job]:
+    """A collect-job task's share of a large host (`window_tasks.convert_windows`): the cut
+    of the windows `held`, then their op_stats builds, alternating between the two workers."""
+    per_window = int(BASE_RSS + RSS_PER_BYTE["op_stats_window"] * -(-size // windows))
+    jobs = [Job(name="split_windows", group="xprof", runner=f"{JOBS_MODULE}:split_windows",
+                memory_bytes=int(BASE_RSS + RSS_PER_BYTE["split_windows"] * size),
+                timeout_s=prepare_timeout_s)]
+    jobs += [Job(name=f"op_stats_window{k}", group="xprof" if i % 2 == 0 else "xplane",
+                 runner=f"{JOBS_MODULE}:op_stats_window", after=("split_windows",),
+                 requires=("split_windows",), memory_bytes=per_window,
+                 timeout_s=prepare_timeout_s) for i, k in enumerate(held)]
     return jobs
 
 

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
 _POLL_S = 0.05
@@ -65,6 +65,22 @@ class Outcome:
     killed: str | None = None
     skipped: str | None = None
     peak_rss_bytes: int | None = None
+
+
+class RemoteJobs(Protocol):
+    """Jobs of a `run_jobs` list that other processes may run instead (the other tasks of the
+    collect job, each converting some time windows of one large host)."""
+
+    names: frozenset[str]
+
+    def take(self, name: str) -> bool:
+        """Whether this process is to run `name` now: True only once nobody else is on it
+        (the caller then runs it). May answer False again and again while another runs it."""
+        ...
+
+    def poll(self) -> Sequence[Outcome]:
+        """The outcomes of these jobs that others finished since the last call."""
+        ...
 
 
 @dataclass
@@ -290,11 +306,15 @@ def run_jobs(
     inputs_for: Callable[[Job, Mapping[str, Outcome]], Mapping[str, Any]] | None = None,
     on_outcome: Callable[[Outcome], None] | None = None,
     done: Mapping[str, Outcome] | None = None,
+    remote: RemoteJobs | None = None,
 ) -> dict[str, Outcome]:
     """Run `jobs` in one worker process per group and return every job's outcome.
 
     `done` holds outcomes obtained elsewhere (a fanned-out session's per-host jobs): jobs may
     wait on them and receive them as inputs; they are returned with the rest.
+    `remote` names jobs that other processes may run: such a job starts here only when
+    `remote.take` says so, and its outcome may arrive from `remote.poll` instead; the jobs
+    after it wait for it either way.
 
     `setup(setup_args, {"group": group})` builds each worker's context once, in the worker.
     A job starts when the jobs it is `after` are done (whatever their status) and its memory
@@ -303,6 +323,11 @@ def run_jobs(
     Always returns, with every job accounted for: done, failed, timed out, killed or skipped.
     """
     outcomes: dict[str, Outcome] = dict(done or {})
+    shared = remote.names if remote is not None else frozenset()
+
+    def mine(job: Job) -> bool:
+        return job.name not in shared or (remote is not None and remote.take(job.name))
+
     by_group: dict[str, list[Job]] = {}
     for job in jobs:
         by_group.setdefault(job.group, []).append(job)
@@ -344,6 +369,10 @@ def run_jobs(
             workers[group] = spawn(group, pending)
     try:
         while workers:
+            if remote is not None:
+                for o in remote.poll():
+                    if o.name not in outcomes:
+                        record(o)
             # Memory in use or promised: every worker's resident memory (a worker keeps what
             # its converters allocated), plus what running jobs are expected to add to it.
             rss = {g: rss_bytes(w.process.pid) for g, w in workers.items()}
@@ -370,12 +399,13 @@ def run_jobs(
                         f"({reason_of(outcomes[failed[0]])})")))
                     continue
                 need = max(0, job.memory_bytes - rss.get(w.group, 0))
-                if busy_any and committed + need > budget_bytes:
-                    # It waits until the running jobs have released their memory; a later job
-                    # of this worker that is ready and fits goes first meanwhile.
+                if busy_any and committed + need > budget_bytes or not mine(job):
+                    # It waits until the running jobs have released their memory (or another
+                    # process has run it); a later job of this worker that is ready and fits
+                    # goes first meanwhile.
                     later = next((j for j in w.queue[1:] if _ready(j, outcomes)
                                   and committed + max(0, j.memory_bytes - rss.get(w.group, 0))
-                                  <= budget_bytes), None)
+                                  <= budget_bytes and mine(j)), None)
                     if later is None:
                         continue
                     job, need = later, max(0, later.memory_bytes - rss.get(w.group, 0))
@@ -387,7 +417,9 @@ def run_jobs(
                 busy_any = True
             busy = [w for w in workers.values() if w.job is not None]
             if not busy:
-                if workers and all(w.job is None for w in workers.values()):
+                if any(n not in outcomes for n in shared):
+                    time.sleep(_POLL_S)  # waiting on what another process runs
+                elif workers and all(w.job is None for w in workers.values()):
                     _unblock(workers, outcomes, record)
                 continue
             ready = wait([w.conn for w in busy], timeout=_POLL_S)
@@ -397,8 +429,9 @@ def run_jobs(
                         name, status, value, elapsed = w.conn.recv()
                     except (EOFError, OSError):
                         continue  # the worker died: handled below, by its exit code
-                    record(Outcome(name, status, value, elapsed,
-                                   peak_rss_bytes=w.peak_rss or None))
+                    if name not in outcomes:  # else another process's came first
+                        record(Outcome(name, status, value, elapsed,
+                                       peak_rss_bytes=w.peak_rss or None))
                     w.job = None
             for w in busy:
                 if w.job is None:
