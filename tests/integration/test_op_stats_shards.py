@@ -136,3 +136,66 @@ def test_a_task_writes_only_its_own_windows_byte_for_byte(four_copies: Path,
     assert some[0].read_bytes() == every[2].read_bytes()
     assert some[1].read_bytes() == every[0].read_bytes()
     assert kept == whole
+
+
+def _without_times(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _without_times(v) for k, v in obj.items() if k != "elapsed_ms"}
+    if isinstance(obj, list):
+        return [_without_times(v) for v in obj]
+    return obj
+
+
+def test_a_large_host_s_timeline_from_its_windows_is_the_whole_file_s(
+        four_copies: Path) -> None:
+    """Our timeline pass measured window by window (in the window jobs) and combined, and
+    the async-overlap follow-up in a pass of its own, give the whole file's answers."""
+    from mldiag.analysis.collection.collect import collect
+
+    windowed = collect(four_copies, window_min_bytes=1,
+                       window_bytes=four_copies.stat().st_size // 2 + 1)
+    whole = collect(four_copies)
+    jobs = windowed["collection"]["jobs"]
+    assert "op_stats_window1" in jobs and "async_overlap" in jobs
+    assert "async_overlap" not in whole["collection"]["jobs"]
+    assert _without_times(windowed["passes"]) == _without_times(whole["passes"])
+    overlap = windowed["precomputed_follow_ups"]["analyze_async_overlap"]
+    assert overlap == whole["precomputed_follow_ups"]["analyze_async_overlap"]
+    assert overlap["data"]["summary"]["count"] > 0
+
+
+def test_windows_measured_against_the_host_s_steps_add_up(four_copies: Path,
+                                                          tmp_path: Path) -> None:
+    """Steps that straddle a cut: each window measures its busy time inside the host's
+    steps, and the sums are the whole file's (here five steps of equal length over the
+    capture, two of them across the cut)."""
+    import numpy as np
+
+    from mldiag.analysis.collection import timeline
+
+    with XSpaceScan(four_copies) as scan:
+        whole0 = timeline.analyze_scan(scan, "h")
+        cuts = shards.module_cuts(scan, 2)
+        paths = [tmp_path / f"w{k}.xplane.pb" for k in range(2)]
+        shards.write_windows(scan, cuts, paths)
+    edges = np.linspace(whole0.active_from_ns, whole0.active_to_ns, 6)
+    steps = (np.column_stack([edges[:-1], edges[1:]]), [])
+    with XSpaceScan(four_copies) as scan:
+        whole = timeline.analyze_scan(scan, "h", steps=steps)
+    parts = []
+    for path in paths:
+        with XSpaceScan(path) as scan:
+            parts.append(timeline.analyze_scan(scan, "h", steps=steps))
+    assert all(p.busy_per_step_ns.sum() > 0 for p in parts)
+    combined = timeline.combine_windows(parts)
+    np.testing.assert_allclose(combined.busy_per_step_ns, whole.busy_per_step_ns, rtol=1e-12)
+    assert combined.busy_per_step_ns.sum() > 0
+    assert dict(combined.op_time_ns) == pytest.approx(dict(whole.op_time_ns), rel=1e-12)
+    assert dict(combined.op_count) == dict(whole.op_count)
+    assert dict(combined.op_lines) == dict(whole.op_lines)
+    assert [(n, c) for n, _, c in combined.devices] == [(n, c) for n, _, c in whole.devices]
+    assert [b for _, b, _ in combined.devices] == pytest.approx(
+        [b for _, b, _ in whole.devices], rel=1e-12)
+    assert combined.active_span_ns == whole.active_span_ns
+    assert combined.busy_in_span_ns == pytest.approx(whole.busy_in_span_ns, rel=1e-12)
+    assert timeline.summarize([combined]) == timeline.summarize([whole])

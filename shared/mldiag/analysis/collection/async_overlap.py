@@ -15,7 +15,7 @@ Per-host partials combine into the multi-host answer as xprof's does (hosts neve
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -96,24 +96,26 @@ class _Column:
                      for i in range(3))
 
 
-def _events_by_line(scan: XSpaceScan) -> dict[str, dict[str, _Column]]:
-    """Plane name → line name → events, for the lines xprof's analysis reads (empty lines
-    are absent, as in xprof's grouping)."""
+def _events_by_line(scan: XSpaceScan) -> Iterator[tuple[str, dict[str, _Column]]]:
+    """(plane name, line name → events) for the lines xprof's analysis reads, plane by plane
+    in the order of their names (empty lines and planes are absent, as in xprof's grouping).
+    One plane's events are held at a time: the caller keeps what it needs of each."""
     xp = _xprof()
-    out: dict[str, dict[str, _Column]] = {}
-    for plane, line in scan.passing((p, ln) for p in scan.planes for ln in p.lines
+    for plane in sorted(scan.planes, key=lambda p: p.name):
+        out: dict[str, _Column] = {}
+        for _, line in scan.passing((plane, ln) for ln in plane.lines
                                     if ln.name in xp.LINE_NAMES):
-        ev = line.events
-        if not len(ev):
-            continue
-        # xprof's times: the event's start in ns (a double) times 1000, truncated.
-        start = (line.start_ns() * 1000).astype(np.int64)
-        dur = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(np.int64)
-        mids, _, inverse = unique_ids(ev.metadata_id)
-        names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
-        col = out.setdefault(plane.name, {}).setdefault(line.name, _Column())
-        col.add(names, inverse, start, start + dur)
-    return out
+            ev = line.events
+            if not len(ev):
+                continue
+            # xprof's times: the event's start in ns (a double) times 1000, truncated.
+            start = (line.start_ns() * 1000).astype(np.int64)
+            dur = ((ev.duration_ps.astype(np.float64) / 1000.0) * 1000).astype(np.int64)
+            mids, _, inverse = unique_ids(ev.metadata_id)
+            names = [plane.event_names.get(int(m), "") for m in mids.tolist()]
+            out.setdefault(line.name, _Column()).add(names, inverse, start, start + dur)
+        if out:
+            yield plane.name, out
 
 
 def _pairs(keys: I64, starts: NDArray[np.bool_]) -> tuple[I64, I64, int]:
@@ -179,7 +181,6 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
     hidden_t = xp.DEFAULT_HIDDEN_THRESHOLD if hidden_threshold is None else hidden_threshold
     exposed_t = (xp.DEFAULT_EXPOSED_THRESHOLD if exposed_threshold is None
                  else exposed_threshold)
-    by_line = _events_by_line(scan)
     summary = _bucket()
     summary["unpaired_ops"] = 0
     by_op: dict[str, dict[str, Any]] = {}
@@ -187,8 +188,9 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
     busy: dict[tuple[str, str], tuple[I64, I64]] = {}
     rows: list[tuple[I64, ...]] = []
     row_meta: list[tuple[str, list[str], list[str]]] = []
-    for rank, plane in enumerate(sorted(by_line)):
-        lines = by_line[plane]
+    events = False
+    for rank, (plane, lines) in enumerate(_events_by_line(scan)):
+        events = True
         op_cols = [(ln, lines[ln].columns(), lines[ln].names) for ln in sorted(xp.OPS_LINES)
                    if ln in lines]
         for ln, (_, lo, hi), _ in op_cols:
@@ -256,7 +258,7 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
         rows.append((np.full(len(span), rank), w_lo, span, exposed, covered, label, w_idx,
                      np.full(len(span), len(row_meta))))
         row_meta.append((plane, w_names, families))
-    return {"events": bool(by_line), "summary": summary, "by_op": by_op, "by_plane": by_plane,
+    return {"events": events, "summary": summary, "by_op": by_op, "by_plane": by_plane,
             "top_exposed": _top_rows(rows, row_meta, top_k), "concurrency": _concurrency(busy),
             "thresholds": {"hidden": hidden_t, "exposed": exposed_t}}
 

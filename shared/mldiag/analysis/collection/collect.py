@@ -87,14 +87,21 @@ _DETECTORS = {
 }
 
 
-def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1
-                ) -> dict[str, Any]:
+def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1,
+                timeline_by_window: bool = False) -> dict[str, Any]:
     if job.name == "split_windows":
         return {"windows": windows}
     if job.name.startswith("op_stats_window"):
         split = outcomes["split_windows"].value
         return {"window": int(job.name.removeprefix("op_stats_window")),
-                "windows": int(split["windows"]), "cuts": list(split.get("cuts", []))}
+                "windows": int(split["windows"]), "cuts": list(split.get("cuts", [])),
+                "timeline": timeline_by_window, "steps": split.get("steps", []),
+                "excluded_steps": split.get("excluded_steps", [])}
+    if job.runner.endswith(":timeline_from_windows"):
+        overlap = outcomes.get("async_overlap")
+        return {"parts": [outcomes[n].value for n in job.after
+                          if n.startswith("op_stats_window") and outcomes[n].status == DATA],
+                "async_overlap": overlap.value if overlap and overlap.status == DATA else None}
     if job.name == "op_stats" and "op_stats_build" in job.after:
         reduced = outcomes.get("reduce_for_converters")
         return {"built": True,
@@ -603,6 +610,7 @@ def collect(
     for outcome in premade:
         assembler.add(outcome)
     window_jobs = [j.name for j in jobs if j.name.startswith("op_stats_window")]
+    timeline_by_window = any(j.runner.endswith(":timeline_from_windows") for j in jobs)
     root = XprofWorkspace.create_root(session)
     remote = (RemoteWindows(exchange, windows, root / "published")
               if exchange is not None and window_jobs else None)
@@ -626,7 +634,7 @@ def collect(
             jobs, setup=f"{plan.JOBS_MODULE}:attach",
             setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s,
-            inputs_for=lambda j, o: _inputs_for(j, o, windows),
+            inputs_for=lambda j, o: _inputs_for(j, o, windows, timeline_by_window),
             on_outcome=on_outcome, done={o.name: o for o in premade}, remote=remote)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -313,7 +313,11 @@ def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             path.unlink()  # a link to the trace: the window is written in its place
         extents = shards.write_windows(scan, cuts, paths,
                                        keep=None if keep is None else kept)
+        # The host's steps, for each window's timeline to be measured against (host lines
+        # only: decoded again, one at a time).
+        steps, excluded = timeline.host_steps(scan)
     return {"windows": len(cuts) + 1, "cuts": cuts,
+            "steps": steps.tolist(), "excluded_steps": excluded,
             "idle_between_ps": shards.idle_between(extents),
             "window_bytes": {str(k): p.stat().st_size for k, p in zip(kept, paths, strict=True)}}
 
@@ -322,7 +326,8 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """xprof's op_stats of one time window (`split_windows`), saved in its run directory;
     the window's trace is deleted once converted. A window this worker's session did not cut
     (another task of the collect job did, and died before publishing it) is cut here first,
-    alone, from `inputs["cuts"]`."""
+    alone, from `inputs["cuts"]`. With `inputs["timeline"]`, the window's share of our
+    timeline pass comes first, from the same file (`timeline_from_windows` combines them)."""
     from mldiag.analysis.collection import op_stats_shards as shards
 
     k = int(inputs["window"])
@@ -334,6 +339,13 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
             path.unlink()
             shards.write_windows(scan, [int(c) for c in inputs["cuts"]], [path], keep=[k])
+    parts: dict[str, Any] = {}
+    if inputs.get("timeline"):
+        steps = (np.asarray(inputs["steps"], dtype=np.float64).reshape(-1, 2),
+                 list(inputs["excluded_steps"]))
+        with XSpaceScan(path) as scan:
+            parts["timeline"] = timeline.analyze_scan(scan, ctx.session.hosts[0],
+                                                      steps=steps).to_json()
     _EXCLUSIVE["on"] = True
     try:
         ctx.ws.call("get_overview", run_dir=path.parent)
@@ -341,7 +353,38 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         _EXCLUSIVE["on"] = False
     path.unlink()
     saved = path.parent / OP_STATS_FILE
-    return {"window": k, "op_stats": str(saved), "bytes": saved.stat().st_size}
+    return {"window": k, "op_stats": str(saved), "bytes": saved.stat().st_size, **parts}
+
+
+def timeline_from_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
+    """Our timeline pass of one large host from its time windows' shares (`op_stats_window`),
+    combined: what `timeline_pass` answers on the whole file, without holding the whole
+    host's device events (the windows are cut between module executions, so every figure
+    adds up exactly). The async-overlap follow-up comes from its own pass over the whole
+    host (`async_overlap_pass`): its copies are paired first-in first-out over the whole
+    trace, and a copy in flight across a cut would pair differently in a window."""
+    parts = [p for p in inputs["parts"] if p.get("timeline") is not None]
+    if not parts:
+        raise NoData("no time window was measured")
+    summary = timeline.summarize([timeline.combine_windows(
+        [timeline.HostTimeline.from_json(p["timeline"]) for p in parts])])
+    overlap = inputs.get("async_overlap")
+    if overlap:
+        summary["precomputed"] = {"analyze_async_overlap": combine_async_overlap(
+            [(overlap["label"], overlap["part"])])}
+    return summary
+
+
+def async_overlap_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The async-overlap follow-up's share of one large host (`async_overlap_part`), in a
+    pass of its own, one device plane at a time; None without XLA op lines."""
+    from xprof.cli.internal.trace_selection import trace_labels
+
+    ((xplane, label),) = zip(ctx.session.xplanes, trace_labels(ctx.session.xplanes),
+                             strict=True)
+    with XSpaceScan(xplane) as scan:
+        part = async_overlap_part(scan)
+    return None if part is None else {"label": label, "part": part}
 
 
 def step_trace_pods(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:

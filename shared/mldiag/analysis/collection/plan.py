@@ -85,8 +85,8 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
     """The jobs of a collection, in plan order (a worker runs its jobs in that order).
 
     `windows_elsewhere`: the other tasks of the collect job convert the time windows
-    (`window_tasks`), so the first worker, which would build them, runs the timeline pass
-    meanwhile, beside the second's reduction."""
+    (`window_tasks`), so the first worker, which would build them, runs a whole-host
+    timeline pass meanwhile, beside the second's reduction."""
     sizes = [p.stat().st_size for p in session.xplanes]
     total, largest = sum(sizes), max(sizes)
     # Per byte of the original file: with the Python-tracer events dropped, xprof's op_stats
@@ -111,6 +111,10 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         jobs.append(job("reduce_for_converters", "xplane", (), RSS_PER_BYTE[
             "reduce_for_converters"], largest))
     python = reduce and any(has_python_events(x) for x in session.xplanes)
+    # A large host without Python-tracer events has its timeline measured window by window,
+    # in the window jobs (the windows are its events, cut), and combined: that pass's memory
+    # then follows a window's size, not the host's.
+    windowed_timeline = windows > 1 and not python
     if windows > 1:
         # One large host: cut in time windows in one pass (bounded by a line's columns), the
         # windows' op_stats built side by side in both workers, then combined. The cut
@@ -128,6 +132,9 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
                  for k, name in enumerate(names)]
         jobs.append(job("op_stats", "xprof", (*pre, *names), 0.0, 0, prepare_timeout_s,
                         requires=names))
+        if windowed_timeline:
+            jobs.append(job("timeline_pass", "xprof", (*names, "async_overlap"), 0.0, 0,
+                            runner="timeline_from_windows", requires=names))
     elif reduce:
         # Built first (waiting for the reduction only when it has Python-tracer events to
         # drop), then the overview read beside the memory copies (jobs.op_stats).
@@ -156,6 +163,8 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         # xprof half beside the smart suggestions held 3.1 GB at 94 MB, in turn 2.0 GB.
         *([] if reduce or combine else [
             job("smart_suggestions", "xplane", pre, RSS_PER_BYTE["smart_suggestions"], total)]),
+        job("async_overlap", "xplane", pre, RSS_PER_BYTE["async_overlap"], largest,
+            runner="async_overlap_pass") if windowed_timeline else
         job("timeline_pass", "xplane", pre,
             max(RSS_PER_BYTE["timeline"], RSS_PER_BYTE["async_overlap"]), largest),
         # From the memory copies where the reduction wrote them (jobs._memory_copy).
@@ -176,7 +185,9 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         job("xprof_step_trace", "xplane", opstats),
     ]
     if windows_elsewhere and windows > 1:
-        timeline = next(j for j in jobs if j.name == "timeline_pass")
+        # The whole-host pass: the timeline's, or with windowed timelines the async overlap's.
+        timeline = next(j for j in jobs if j.group == "xplane" and j.name in (
+            "timeline_pass", "async_overlap"))
         jobs.remove(timeline)
         at = next(i for i, j in enumerate(jobs) if j.name == "split_windows") + 1
         jobs.insert(at, Job(name=timeline.name, group="xprof", runner=timeline.runner,

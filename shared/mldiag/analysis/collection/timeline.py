@@ -76,6 +76,10 @@ class HostTimeline:
     # Compile and warm-up steps inside the window, left out of `steps` and every step figure:
     # {step_index (in the window), step_time_ms, compile_ms, reason}.
     excluded_steps: list[dict[str, Any]] = field(default_factory=list)
+    # The first start and last end of the active span (ns; 0 when nothing ran): what time
+    # windows of one host need to combine their spans (`combine_windows`).
+    active_from_ns: float = 0.0
+    active_to_ns: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -87,7 +91,8 @@ class HostTimeline:
                 "events_scanned": self.events_scanned,
                 "devices": [list(d) for d in self.devices],
                 "programs_in_steps": sorted(self.programs_in_steps),
-                "excluded_steps": self.excluded_steps}
+                "excluded_steps": self.excluded_steps,
+                "active_from_ns": self.active_from_ns, "active_to_ns": self.active_to_ns}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -99,7 +104,9 @@ class HostTimeline:
                 events_scanned=int(d.get("events_scanned", 0)),
                 devices=[(str(n), float(b), int(c)) for n, b, c in d.get("devices", [])],
                 programs_in_steps={str(p) for p in d.get("programs_in_steps", [])},
-                excluded_steps=list(d.get("excluded_steps", [])))
+                excluded_steps=list(d.get("excluded_steps", [])),
+                active_from_ns=float(d.get("active_from_ns", 0.0)),
+                active_to_ns=float(d.get("active_to_ns", 0.0)))
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -264,10 +271,22 @@ def analyze_host(path: Path, host: str) -> HostTimeline:
         return analyze_scan(scan, host)
 
 
-def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
-    """`analyze_host` on a file already open (its decoded lines stay cached in `scan`)."""
+def host_steps(scan: XSpaceScan) -> tuple[NDArray[np.float64], list[dict[str, Any]]]:
+    """The host's steps to judge, and its compile and warm-up steps left out (with why),
+    from its host threads' lines alone."""
+    return warmup_split(*_host_spans(scan))
+
+
+def analyze_scan(scan: XSpaceScan, host: str,
+                 steps: tuple[NDArray[np.float64], list[dict[str, Any]]] | None = None
+                 ) -> HostTimeline:
+    """`analyze_host` on a file already open (its decoded lines stay cached in `scan`).
+
+    `steps` (`host_steps` of the whole host) measures a time window of the host against
+    the host's steps rather than its own: the windows' results then add up
+    (`combine_windows`)."""
     result = HostTimeline(host=host)
-    result.steps, result.excluded_steps = warmup_split(*_host_spans(scan))
+    result.steps, result.excluded_steps = steps if steps is not None else host_steps(scan)
     source, lines = _compute_lines(scan)
     result.source = source
     starts, ends = [], []
@@ -330,10 +349,45 @@ def analyze_scan(scan: XSpaceScan, host: str) -> HostTimeline:
     else:
         seg_s = seg_e = np.zeros(0)
     if len(seg_s):
+        result.active_from_ns, result.active_to_ns = float(seg_s[0]), float(seg_e[-1])
         result.active_span_ns = float(seg_e[-1] - seg_s[0])
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
     result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
     return result
+
+
+def combine_windows(parts: list[HostTimeline]) -> HostTimeline:
+    """One host's timeline from its time windows' (`analyze_scan` of each window against the
+    host's steps). The windows are cut between module executions, so no execution spans two
+    of them: times, counts, busy time (per step, per device, in the span) add up, and an op's
+    concurrency is its largest in any window."""
+    if not parts:
+        raise ValueError("no windows to combine")
+    first = parts[0]
+    out = HostTimeline(host=first.host, source=next((p.source for p in parts if p.source), ""),
+                       steps=first.steps, excluded_steps=first.excluded_steps)
+    out.busy_per_step_ns = np.sum([p.busy_per_step_ns for p in parts], axis=0) if len(
+        first.steps) else np.zeros(0)
+    devices: dict[str, list[float]] = {}
+    for p in parts:
+        for key, t in p.op_time_ns.items():
+            out.op_time_ns[key] += t
+            out.op_count[key] += p.op_count[key]
+            out.op_lines[key] = max(out.op_lines.get(key, 0), p.op_lines.get(key, 1))
+        out.events_scanned += p.events_scanned
+        out.busy_in_span_ns += p.busy_in_span_ns
+        out.programs_in_steps |= p.programs_in_steps
+        for name, busy, count in p.devices:
+            acc = devices.setdefault(name, [0.0, 0])
+            acc[0] += busy
+            acc[1] += count
+    ran = [p for p in parts if p.active_to_ns > p.active_from_ns or p.busy_in_span_ns]
+    if ran:
+        out.active_from_ns = min(p.active_from_ns for p in ran)
+        out.active_to_ns = max(p.active_to_ns for p in ran)
+        out.active_span_ns = out.active_to_ns - out.active_from_ns
+    out.devices = sorted((name, float(b), int(c)) for name, (b, c) in devices.items())
+    return out
 
 
 def _max_concurrency(op_ids: dict[tuple[str, str], int],

@@ -78,8 +78,12 @@ def window_of(name: str) -> int:
 def window_meta(outcome: Outcome, split: Mapping[str, Any], task: int) -> dict[str, Any]:
     """What a task publishes with a window it built: enough for task 0 to check that it cut
     the same windows (their count and the cut times), and the window's own result."""
+    value = outcome.value if isinstance(outcome.value, Mapping) else {}
     return {"window": window_of(outcome.name), "windows": int(split["windows"]),
             "cuts": [int(c) for c in split["cuts"]],
+            "steps": split.get("steps", []), "excluded_steps": split.get("excluded_steps", []),
+            # The window's share of the timeline pass and of the async-overlap follow-up.
+            "timeline": value.get("timeline"), "async_overlap": value.get("async_overlap"),
             "idle_between_ps": int(split["idle_between_ps"]), "status": outcome.status,
             "reason": (outcome.value or {}).get("reason") if outcome.status == NO_DATA else None,
             "bytes": (outcome.value or {}).get("bytes") if outcome.status == DATA else None,
@@ -161,7 +165,8 @@ class RemoteWindows:
             split: dict[str, Any] = {
                 "windows": int(first["windows"]), "cuts": list(first["cuts"]),
                 "idle_between_ps": int(first["idle_between_ps"]), "window_bytes": {},
-                "task": first.get("task")}
+                "steps": first.get("steps", []),
+                "excluded_steps": first.get("excluded_steps", []), "task": first.get("task")}
             self.expect(split)
             out.append(Outcome(SPLIT_JOB, DATA, split, 0.0))
         assert self._cuts is not None
@@ -182,6 +187,7 @@ class RemoteWindows:
             self.exchange.fetch(k, dest)
             out.append(Outcome(job_name(k), DATA, {
                 "window": k, "op_stats": str(dest), "bytes": dest.stat().st_size,
+                "timeline": meta.get("timeline"), "async_overlap": meta.get("async_overlap"),
                 "task": meta.get("task")}, elapsed,
                 peak_rss_bytes=meta.get("peak_rss_bytes")))
         return out
@@ -258,7 +264,9 @@ def convert_windows(
         if job.name == "split_windows":
             return {"windows": windows, "keep": list(held)}
         return {"window": window_of(job.name), "windows": int(split.get("windows", windows)),
-                "cuts": list(split.get("cuts", []))}
+                "cuts": list(split.get("cuts", [])), "timeline": True,
+                "steps": split.get("steps", []),
+                "excluded_steps": split.get("excluded_steps", [])}
 
     root = XprofWorkspace.create_root(session)
     started = time.perf_counter()
