@@ -152,6 +152,12 @@ locals {
     MLDIAG_FUNCTION_MAX_HOSTS      = tostring(var.collect_function_max_hosts)
   }
 
+  # Where prebuild_viewer sends a session whose viewer conversions need more memory than it
+  # has (job.tf: the job sets its own MLDIAG_VIEWER_MEMORY_BUDGET).
+  viewer_environment = {
+    MLDIAG_COLLECT_JOB = "${var.prefix}collect"
+  }
+
   # objectUser on the XProf viewer's caches only (mldiag.viewer.cache_prefix:
   # <session dir>/analysis/xprof_cache/<key>/...), for prebuild_viewer and the console. The
   # session directory is any depth under the bucket (an optional prefix, then the run), so the
@@ -445,7 +451,7 @@ resource "google_cloudfunctions2_function" "pubsub" {
     ingress_settings               = "ALLOW_INTERNAL_ONLY"
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.function[each.key].email
-    environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {}, each.key == "collect" ? local.collect_environment : {})
+    environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {}, each.key == "collect" ? local.collect_environment : {}, each.key == "prebuild_viewer" ? local.viewer_environment : {})
     vpc_connector                  = each.key == "on_capture_request" ? var.capture_vpc_connector : null
     vpc_connector_egress_settings  = each.key == "on_capture_request" && var.capture_vpc_connector != null ? "PRIVATE_RANGES_ONLY" : null
   }

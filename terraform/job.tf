@@ -49,6 +49,8 @@ resource "google_cloud_run_v2_job" "collect" {
             MLDIAG_IN_JOB = "1"
             # Cloud Run sets CLOUD_RUN_TASK_COUNT too; this says it where settings are read.
             MLDIAG_COLLECT_JOB_TASKS = tostring(var.collect_job_tasks)
+            # A viewer prebuild handed over by prebuild_viewer runs alone in task 0.
+            MLDIAG_VIEWER_MEMORY_BUDGET = var.collect_job_viewer_memory_budget
             # The workers' budget; the rest of the job's memory holds its files (variables.tf).
             MLDIAG_MEMORY_BUDGET = var.collect_job_memory_budget
           })
@@ -103,7 +105,16 @@ resource "google_pubsub_topic_iam_member" "collect_job_publishes" {
   member   = google_service_account.collect_job.member
 }
 
-# Only the collect function may start the job (with its message as an env override).
+# prebuild_viewer starts it too, for a session whose viewer conversions need more memory
+# than the function has (stages.prebuild_viewer).
+resource "google_cloud_run_v2_job_iam_member" "viewer_runs_job" {
+  name     = google_cloud_run_v2_job.collect.name
+  location = google_cloud_run_v2_job.collect.location
+  role     = "roles/run.developer"
+  member   = google_service_account.function["prebuild_viewer"].member
+}
+
+# The collect function starts the job (with its message as an env override).
 resource "google_cloud_run_v2_job_iam_member" "collect_runs_job" {
   name     = google_cloud_run_v2_job.collect.name
   location = google_cloud_run_v2_job.collect.location

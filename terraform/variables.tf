@@ -157,6 +157,12 @@ variable "collect_job_cpu" {
   default     = "4"
 }
 
+variable "collect_job_viewer_memory_budget" {
+  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt; a 2 GB host would need about 35 GiB, over Cloud Run's 32 GiB, and is skipped with the reason."
+  type        = string
+  default     = "14Gi"
+}
+
 variable "collect_job_tasks" {
   description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 77 s against 146 s in one task, every task's process tree under 5.1 GiB. Each task has collect_job_memory and collect_job_cpu."
   type        = number

@@ -122,6 +122,10 @@ class Settings:
     viewer_keep: int = 8
     # Build each REPORTED session's viewer caches in the pipeline (the prebuild_viewer stage).
     prebuild_viewer: bool = True
+    # The memory the viewer prebuild may use (bytes, or "14G"); empty: memory_budget. A
+    # session whose prebuild needs more goes to the collect job, which sets its own (its
+    # container's memory: no collection workers run beside a prebuild).
+    viewer_memory_budget: str = ""
     # Where the capture stage may connect (target records are workload-written data):
     # comma-separated CIDRs (default: the private ranges), ports ("a-b,c"), and whether
     # loopback is allowed ("auto": only with the local backend).
@@ -151,6 +155,14 @@ class Settings:
         from mldiag.analysis.collection.workers import parse_bytes
 
         return parse_bytes(self.memory_budget)
+
+    @property
+    def viewer_memory_budget_bytes(self) -> int | None:
+        if not self.viewer_memory_budget:
+            return self.memory_budget_bytes
+        from mldiag.analysis.collection.workers import parse_bytes
+
+        return parse_bytes(self.viewer_memory_budget)
 
     @property
     def console_url(self) -> str:
@@ -200,4 +212,9 @@ class Settings:
             settings.memory_budget_bytes  # noqa: B018 - a bad size fails here, with its name
         except ValueError as e:
             raise ValueError(f"MLDIAG_MEMORY_BUDGET={settings.memory_budget!r}: {e}") from e
+        try:
+            settings.viewer_memory_budget_bytes  # noqa: B018
+        except ValueError as e:
+            raise ValueError(
+                f"MLDIAG_VIEWER_MEMORY_BUDGET={settings.viewer_memory_budget!r}: {e}") from e
         return settings

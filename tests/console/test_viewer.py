@@ -271,10 +271,93 @@ def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
 
 
 class _FixedState:
-    """A state store that knows one session (the rest of the store's API is not needed)."""
+    """A state store that knows one session; claims and the rest go to `inner`."""
 
-    def __init__(self, session: SessionRecord) -> None:
+    def __init__(self, session: SessionRecord, inner: Any = None) -> None:
         self.session = session
+        self.inner = inner
 
     def get_session(self, run: str, session: str) -> SessionRecord | None:
         return self.session
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _Jobs:
+    """A JobRunner that records what it was asked to start."""
+
+    def __init__(self) -> None:
+        self.started: list[Any] = []
+
+    def run(self, message: Any) -> str:
+        self.started.append(message)
+        return f"executions/e{len(self.started)}"
+
+
+def _unbuilt(site: Site, tag: str) -> SessionRecord:
+    """The reported session under a version whose caches were never built."""
+    from dataclasses import replace
+
+    reported = site.runtime.state.get_session("tpu", "s1")
+    assert reported is not None
+    big = copy.deepcopy(reported)
+    big.hosts = {h: replace(r, generation=f"{r.generation}-{tag}") for h, r in big.hosts.items()}
+    # A version of its own: the original's prebuild claim is done.
+    big.version = reported.version + 1 + sum(map(ord, tag))
+    return big
+
+
+def test_a_session_too_large_for_the_function_s_prebuild_goes_to_the_collect_job(
+        site: Site) -> None:
+    """Over the function's memory, with a collect job: the job is started on the message,
+    once (a redelivery finds the hand-off claimed), and nothing is written here."""
+    from dataclasses import replace
+
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+
+    big = _unbuilt(site, "job")
+    jobs = _Jobs()
+    services = replace(site.runtime.services, jobs=jobs,
+                       settings=replace(site.runtime.services.settings, memory_budget="16M"),
+                       state=_FixedState(big, site.runtime.state))
+    message = PrebuildViewer(run="tpu", session="s1", version=big.version)
+    stages.prebuild_viewer(message, services)
+    stages.prebuild_viewer(message, services)
+    assert jobs.started == [message]
+    prefix = cache_prefix(big)
+    storage = site.runtime.storage
+    assert storage.stat(f"{prefix}/{MANIFEST}") is None
+    assert storage.stat(f"{prefix}/{viewer_module.SKIPPED}") is None
+
+
+def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Site) -> None:
+    """In the job, the prebuild's budget is MLDIAG_VIEWER_MEMORY_BUDGET (the job's memory,
+    no workers beside it): within it the caches are built; over it, skipped with the reason
+    naming the job's budget."""
+    from dataclasses import replace
+
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+
+    storage = site.runtime.storage
+    settings = replace(site.runtime.services.settings, memory_budget="16M", in_job=True,
+                       viewer_memory_budget="4G")
+    built = _unbuilt(site, "in-job")
+    services = replace(site.runtime.services, jobs=_Jobs(), settings=settings,
+                       state=_FixedState(built, site.runtime.state))
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=built.version),
+                           services)
+    manifest = json.loads(storage.read_bytes(f"{cache_prefix(built)}/{MANIFEST}"))
+    assert any(b.startswith("data?") and "overview_page" in b for b in manifest["built"])
+    assert services.jobs.started == []  # type: ignore[union-attr]
+
+    over = _unbuilt(site, "over-job")
+    services = replace(services, settings=replace(settings, viewer_memory_budget="32M"),
+                       state=_FixedState(over, site.runtime.state))
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=over.version),
+                           services)
+    note = json.loads(storage.read_bytes(f"{cache_prefix(over)}/{viewer_module.SKIPPED}"))
+    assert "over the collect job's memory budget of 0.0 GiB" in note["reason"]
+    assert note["budget_bytes"] == 32 * 1024**2

@@ -805,3 +805,17 @@ def test_the_collect_job_runs_its_tasks_at_once_and_says_how_many(tf: Terraform)
     assert "MLDIAG_COLLECT_JOB_TASKS" in str(job)
     tasks = tf.variables["collect_job_tasks"]["default"]
     assert tasks >= 2, "one task would leave every window to task 0"
+
+
+def test_prebuild_viewer_may_hand_a_large_session_to_the_collect_job(tf: Terraform) -> None:
+    """A session whose viewer conversions need more than the function's memory is prebuilt
+    in the collect job (stages.prebuild_viewer): the function knows the job and may start
+    it, and the job says how much memory a prebuild may use there."""
+    functions = tf.resource("google_cloudfunctions2_function", "pubsub")
+    assert 'each.key == "prebuild_viewer" ? local.viewer_environment' in str(functions)
+    assert tf.locals["viewer_environment"]["MLDIAG_COLLECT_JOB"] == "${var.prefix}collect"
+    runs = tf.resource("google_cloud_run_v2_job_iam_member", "viewer_runs_job")
+    assert runs["role"] == "roles/run.developer"
+    assert "prebuild_viewer" in runs["member"]
+    assert "MLDIAG_VIEWER_MEMORY_BUDGET" in str(tf.resource("google_cloud_run_v2_job", "collect"))
+    assert tf.variables["collect_job_viewer_memory_budget"]["default"] == "14Gi"

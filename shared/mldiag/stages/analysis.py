@@ -557,7 +557,11 @@ def _what_changed(services: Services, s: SessionRecord, snapshot: Mapping[str, A
 
 def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
     """Build the XProf viewer's caches of a REPORTED session into the bucket, once per
-    version, so that the first open in the console is warm (see mldiag.viewer)."""
+    version, so that the first open in the console is warm (see mldiag.viewer).
+
+    A session whose conversions need more than this instance's memory goes to the collect job
+    (task 0 runs this stage there, with the job's `MLDIAG_VIEWER_MEMORY_BUDGET`); one over
+    that too is not prebuilt, and `skipped.json` says why."""
     s = services.state.get_session(msg.run, msg.session)
     if s is None or s.state != REPORTED or s.version != msg.version:
         return  # a newer version (or none) supersedes it: nothing to build
@@ -570,13 +574,28 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
            for name in (viewer.MANIFEST, viewer.SKIPPED)):
         return
     need = viewer.prebuild_memory_bytes(s)
-    budget = services.settings.memory_budget_bytes or default_budget_bytes()
+    settings = services.settings
+    budget = settings.viewer_memory_budget_bytes or default_budget_bytes()
+    if need > budget and services.jobs is not None and not settings.in_job:
+        # The collect job has the memory (its container's, without collection workers).
+        key = f"viewer-job:{msg.run}/{msg.session}/v{msg.version}"
+        if services.state.claim(key, services.owner, settings.stuck_after_s, services.clock()):
+            try:
+                execution = services.jobs.run(msg)
+            except BaseException:
+                services.state.release(key, services.owner)
+                raise
+            log.info("viewer caches of %s/%s v%d handed to the collect job (%s): they need "
+                     "about %.1f GiB, over this instance's %.1f GiB", msg.run, msg.session,
+                     msg.version, execution, need / 1024**3, budget / 1024**3)
+        return
     if need > budget:
         # xprof's converters would take this instance down, and the redelivery after it: say
         # so once, where the console looks; its first open converts on demand.
         largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
+        where = "the collect job's" if settings.in_job else "this instance's"
         why = (f"not prebuilt: its largest host is {largest / 1024**2:,.1f} MB, and xprof's "
-               f"viewer conversions need about {need / 1024**3:.1f} GiB, over this instance's "
+               f"viewer conversions need about {need / 1024**3:.1f} GiB, over {where} "
                f"memory budget of {budget / 1024**3:.1f} GiB")
         services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
             {"reason": why, "needs_bytes": need, "budget_bytes": budget,

@@ -35,7 +35,7 @@ whole-host numbers.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -90,12 +90,16 @@ def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
 
 
 def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]],
-                  keep: Sequence[int] | None = None) -> list[dict[str, tuple[int, int]]]:
+                  keep: Sequence[int] | None = None,
+                  each_line: Callable[[Plane, Line], None] | None = None
+                  ) -> list[dict[str, tuple[int, int]]]:
     """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
     with the events that start inside it; metadata and everything else copied whole. One pass
     over the trace, one line decoded at a time (`XSpaceScan.write_split`).
     With `keep`, only those windows are written, to `out` in that order (another task of the
     collect job writes the others).
+    `each_line(plane, line)` sees every line with its events decoded, once (what another
+    pass over the trace would have decoded again).
     Returns each window's device planes' extents, every window's: plane → (first start,
     last end), in ps."""
     cut_at = np.asarray(cuts, dtype=np.int64)
@@ -109,6 +113,8 @@ def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.
 
     def window_of(plane: Plane, line: Line) -> Any:
         ev = line.events
+        if each_line is not None:
+            each_line(plane, line)
         if not len(ev):
             return None
         start = line.timestamp_ns * 1000 + ev.offset_ps

@@ -171,36 +171,60 @@ def _has_stat(scan: XSpaceScan, plane: Plane, line: Line, index: int, stat: str)
                for s, e in plane.event_metadata_stats.get(mid, ()))
 
 
-def _host_spans(scan: XSpaceScan) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
-    """(start_ns, end_ns) of the host's steps, and of its compilation events (merged), from
-    one pass over the host threads' lines."""
-    step_parts, compile_starts, compile_ends = [], [], []
-    for plane, line in scan.passing((p, ln) for p in scan.planes
-                                    if p.name.startswith("/host:") for ln in p.lines):
+class HostSpans:
+    """The host's steps and compilation spans, gathered line by line from its host threads'
+    lines (`add` each one, decoded); `host_steps` of the lines added so far."""
+
+    def __init__(self, scan: XSpaceScan) -> None:
+        self._scan = scan
+        self._steps: list[NDArray[np.float64]] = []
+        self._compile_starts: list[NDArray[np.float64]] = []
+        self._compile_ends: list[NDArray[np.float64]] = []
+
+    def add(self, plane: Plane, line: Line) -> None:
+        if not plane.name.startswith("/host:"):
+            return
         ev = line.events
         if not len(ev):
-            continue
+            return
         # Whether an event is a step annotation (has step_num) is decided per metadata,
         # from its first occurrence: the column of metadata ids does the rest.
         mids, first, inverse = unique_ids(ev.metadata_id)
         step_mids = [m for m, i in zip(mids.tolist(), first.tolist(), strict=True)
-                     if _has_stat(scan, plane, line, i, "step_num")]
+                     if _has_stat(self._scan, plane, line, i, "step_num")]
         if step_mids:
             sel = np.isin(ev.metadata_id, step_mids) & (ev.duration_ps > 0)
             start = line.start_ns()[sel]
-            step_parts.append(np.column_stack([start, start + line.duration_ns()[sel]]))
+            self._steps.append(np.column_stack([start, start + line.duration_ns()[sel]]))
         hit = np.array([bool(_COMPILE_EVENT.search(plane.event_names.get(int(m), "")))
                         for m in mids.tolist()])
         if hit.any():
             sel = hit[inverse] & (ev.duration_ps > 0)
             start = line.start_ns()[sel]
-            compile_starts.append(start)
-            compile_ends.append(start + line.duration_ns()[sel])
-    compiles = np.zeros((0, 2))
-    if compile_starts:
-        seg_s, seg_e = _merge(np.concatenate(compile_starts), np.concatenate(compile_ends))
-        compiles = np.column_stack([seg_s, seg_e])
-    return _distinct_steps(step_parts), compiles
+            self._compile_starts.append(start)
+            self._compile_ends.append(start + line.duration_ns()[sel])
+
+    def spans(self) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+        """(start_ns, end_ns) of the steps, and of the compilation events (merged)."""
+        compiles = np.zeros((0, 2))
+        if self._compile_starts:
+            seg_s, seg_e = _merge(np.concatenate(self._compile_starts),
+                                  np.concatenate(self._compile_ends))
+            compiles = np.column_stack([seg_s, seg_e])
+        return _distinct_steps(self._steps), compiles
+
+    def host_steps(self) -> tuple[NDArray[np.float64], list[dict[str, Any]]]:
+        return warmup_split(*self.spans())
+
+
+def _host_spans(scan: XSpaceScan) -> tuple[NDArray[np.float64], NDArray[np.float64]]:
+    """(start_ns, end_ns) of the host's steps, and of its compilation events (merged), from
+    one pass over the host threads' lines."""
+    spans = HostSpans(scan)
+    for plane, line in scan.passing((p, ln) for p in scan.planes
+                                    if p.name.startswith("/host:") for ln in p.lines):
+        spans.add(plane, line)
+    return spans.spans()
 
 
 def _distinct_steps(parts: list[NDArray[np.float64]]) -> NDArray[np.float64]:
