@@ -164,7 +164,7 @@ variable "collect_job_viewer_memory_budget" {
 }
 
 variable "collect_job_tasks" {
-  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 77 s against 146 s in one task, every task's process tree under 5.1 GiB. Each task has collect_job_memory and collect_job_cpu."
+  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 82 s against 141 s in one task, every task's process tree under 4.4 GiB. Each task has collect_job_memory and collect_job_cpu."
   type        = number
   default     = 4
 
