@@ -137,7 +137,10 @@ def test_a_change_that_recompiles_the_program_is_ranked_first_with_its_ms(
     # milliseconds to be most of; the dtype change is still found and ranked first.
     if step["significant"]:
         assert top["delta_ms"] == pytest.approx(step["delta"], rel=0.5), (top, step)
-    others = doc["explanation"][1:]
+    # The other op changes moved little: the recompile was not split into a "new fusion" and
+    # "the other ops". The host wait is the machine's, not the program's: on a loaded clean
+    # clone it once moved +0.78 ms (0.18 → 0.96 ms), more than half the fusion change.
+    others = [i for i in doc["explanation"][1:] if i["kind"] != "host_wait"]
     assert all(abs(i["delta_ms"]) < abs(top["delta_ms"]) / 2 for i in others), others
     module = next(m for m in doc["hlo"]["modules"] if m["status"] == "changed")
     (group,) = module["pairing"]["groups"]

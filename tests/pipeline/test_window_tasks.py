@@ -5,6 +5,7 @@ its windows to task 0 once their claims lapse; published windows are reused."""
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -62,6 +63,11 @@ def test_the_collect_job_s_tasks_share_a_large_host_s_windows(
     # The same figures as the windows converted in one process.
     alone = collect(large_host, tools=("get_hlo_op_profile",), **_windows(large_host))
     assert _op_profile(snapshot) == _op_profile(alone)
+    # The report says who converted the windows.
+    summary = html.unescape((base / "summary.html").read_text())
+    counts = ", ".join(f"task {t}: {list(by_task.values()).count(t)}"
+                       for t in sorted(set(by_task.values())))
+    assert f"its 4 time windows were converted by the collect job's tasks ({counts})" in summary
 
 
 def _exchange(rt: object, task: int) -> StoredWindows:

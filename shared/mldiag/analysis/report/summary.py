@@ -224,6 +224,16 @@ def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -
     job = as_map(info.get("collect_job"))
     if job:
         line += [" in the collect job (a Cloud Run job), because ", Prose(text(job.get("why")))]
+    by_task = as_map(info.get("windows_by_task"))
+    if by_task:
+        # A large host's windows shared by the collect job's tasks: who converted how many.
+        counts: dict[str, int] = {}
+        for task in by_task.values():
+            counts[str(task)] = counts.get(str(task), 0) + 1
+        shares = ", ".join(f"task {t}: {n}" for t, n in sorted(counts.items(),
+                                                               key=lambda kv: int(kv[0])))
+        line.append(f"; its {len(by_task)} time windows were converted by the collect job's "
+                    f"tasks ({shares})")
     if peak is not None and budget is not None:
         line.append(f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
                     f"(memory budget {budget / 1024**3:,.2f} GiB)")
