@@ -309,14 +309,18 @@ def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         keep = inputs.get("keep")
         kept = [k for k in range(len(cuts) + 1) if keep is None or k in keep]
         paths = [_window_path(ctx, k) for k in kept]
-        for path in paths:
-            path.unlink()  # a link to the trace: the window is written in its place
+        # Written beside the link to the trace, then put in its place: a window job that
+        # finds the link (the cut not done here, its window taken over from another task of
+        # the collect job) cuts its window alone, never reads a half-written one.
+        cutting = [p.with_name(f"{p.name}.cutting") for p in paths]
         # The host's steps, for each window's timeline to be measured against, from the
         # host lines as the cut decodes them (another pass took 23 s at 2 GB).
         host = timeline.HostSpans(scan)
-        extents = shards.write_windows(scan, cuts, paths,
+        extents = shards.write_windows(scan, cuts, cutting,
                                        keep=None if keep is None else kept, each_line=host.add)
         steps, excluded = host.host_steps()
+        for tmp, path in zip(cutting, paths, strict=True):
+            tmp.replace(path)
     return {"windows": len(cuts) + 1, "cuts": cuts,
             "steps": steps.tolist(), "excluded_steps": excluded,
             "idle_between_ps": shards.idle_between(extents),
@@ -337,9 +341,10 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     path = _window_path(ctx, k)
     if path.is_symlink():  # still the whole trace: not cut in this session
         (xplane,) = ctx.session.xplanes
+        alone = path.with_name(f"{path.name}.alone")
         with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
-            path.unlink()
-            shards.write_windows(scan, [int(c) for c in inputs["cuts"]], [path], keep=[k])
+            shards.write_windows(scan, [int(c) for c in inputs["cuts"]], [alone], keep=[k])
+        alone.replace(path)
     parts: dict[str, Any] = {}
     if inputs.get("timeline"):
         steps = (np.asarray(inputs["steps"], dtype=np.float64).reshape(-1, 2),
