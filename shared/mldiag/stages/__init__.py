@@ -15,7 +15,8 @@ One module per concern; the imports point one way, from the registry down to the
   collect_windows for the other tasks of a collect job sharing a large host's windows),
   investigate (the investigator and its follow-up calls), render_report (analysis.json and
   summary.html; the session is REPORTED) and prebuild_viewer.
-- window_shards: StoredWindows, where the collect job's tasks claim and publish windows.
+- window_shards: where the collect job's tasks share a large host's windows (StoredWindows:
+  claims in the state store, windows in the bucket; window_exchange, window_count_of).
 - registry: HANDLERS, the message type → stage registry; handle and dispatch route by it.
 - maintenance: the sweeper (sweep, rescan, requeue_stuck) and dead_lettered.
 

@@ -23,7 +23,6 @@ from mldiag import limits, regression
 from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.analysis.collection.collect import collect as collect_snapshot
 from mldiag.analysis.collection.collect import collect_host as collect_host_parts
-from mldiag.analysis.collection.plan import window_count
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.window_tasks import convert_windows, task_windows
 from mldiag.analysis.collection.workers import default_budget_bytes
@@ -51,7 +50,7 @@ from mldiag.model import (
 from mldiag.settings import Settings
 from mldiag.stages.claims import claimed, toucher
 from mldiag.stages.services import Services, fail, publish_or_undo
-from mldiag.stages.window_shards import StoredWindows
+from mldiag.stages.window_shards import window_count_of, window_exchange
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +220,7 @@ def _collect_snapshot(services: Services, s: SessionRecord,
 
         options["on_windows"] = windows_done
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        exchange = _window_exchange(services, s)
+        exchange = window_exchange(services, s, _analysis_dir(s))
         try:
             with services.storage.local_files(names, generations=_generations(s),
                                               max_bytes=settings.max_host_bytes) as local:
@@ -255,28 +254,6 @@ def _collect_snapshot(services: Services, s: SessionRecord,
     return snapshot
 
 
-def _windows_of(services: Services, s: SessionRecord) -> int:
-    """How many time windows collect cuts this session's host in (1: none, or many hosts)."""
-    arrived = [r for r in s.hosts.values() if r.status == "ARRIVED"]
-    if len(arrived) != 1:
-        return 1
-    settings = services.settings
-    return window_count(arrived[0].size, settings.memory_budget_bytes or default_budget_bytes(),
-                        min_bytes=settings.window_min_bytes or None,
-                        window_bytes=settings.window_bytes or None)
-
-
-def _window_exchange(services: Services, s: SessionRecord) -> StoredWindows | None:
-    """In a collect job of several tasks, where a large host's windows are shared."""
-    settings = services.settings
-    windows = _windows_of(services, s)
-    if not settings.in_job or settings.collect_job_tasks < 2 or windows < 2:
-        return None
-    return StoredWindows(services, prefix=f"{_analysis_dir(s)}/v{s.version}/windows",
-                         claim_base=f"window:{s.run}/{s.session}#v{s.version}",
-                         windows=windows, task=settings.job_task)
-
-
 def collect_windows(msg: AnalyzeSession, services: Services) -> None:
     """A task other than the first of a collect job of several (`settings.job_task` of
     `settings.collect_job_tasks`): convert its share of a large host's time windows and
@@ -286,12 +263,12 @@ def collect_windows(msg: AnalyzeSession, services: Services) -> None:
     if s is None:
         return
     settings = services.settings
-    exchange = _window_exchange(services, s)
+    exchange = window_exchange(services, s, _analysis_dir(s))
     if exchange is None:
         log.info("collect job task %d: session %s/%s has no time windows to share",
                  settings.job_task, msg.run, msg.session)
         return
-    windows = _windows_of(services, s)
+    windows = window_count_of(services, s)
     # Claimed before the download: task 0 takes over only what nobody holds.
     held = [k for k in task_windows(windows, settings.job_task, settings.collect_job_tasks)
             if exchange.take(k)]

@@ -17,6 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mldiag.analysis.collection.plan import window_count
+from mldiag.analysis.collection.workers import default_budget_bytes
+from mldiag.model import SessionRecord
 from mldiag.stages.services import Services
 
 log = logging.getLogger(__name__)
@@ -140,3 +143,29 @@ class StoredWindows:
 
         self._beat = threading.Thread(target=run, name="window claims", daemon=True)
         self._beat.start()
+
+
+def window_count_of(services: Services, s: SessionRecord) -> int:
+    """How many time windows collect cuts the session's host in (1: none, or many hosts):
+    from the session's record alone, so every task of the collect job counts the same before
+    it has the file."""
+    arrived = [r for r in s.hosts.values() if r.status == "ARRIVED"]
+    if len(arrived) != 1:
+        return 1
+    settings = services.settings
+    return window_count(arrived[0].size, settings.memory_budget_bytes or default_budget_bytes(),
+                        min_bytes=settings.window_min_bytes or None,
+                        window_bytes=settings.window_bytes or None)
+
+
+def window_exchange(services: Services, s: SessionRecord, analysis_dir: str
+                    ) -> StoredWindows | None:
+    """Where a large host's windows are shared, in a collect job of several tasks (None
+    otherwise: one process converts them all). `analysis_dir` is the session's."""
+    settings = services.settings
+    windows = window_count_of(services, s)
+    if not settings.in_job or settings.collect_job_tasks < 2 or windows < 2:
+        return None
+    return StoredWindows(services, prefix=f"{analysis_dir}/v{s.version}/windows",
+                         claim_base=f"window:{s.run}/{s.session}#v{s.version}",
+                         windows=windows, task=settings.job_task)
