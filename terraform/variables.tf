@@ -140,7 +140,7 @@ variable "collect_job_image" {
 }
 
 variable "collect_job_memory" {
-  description = "Memory of the collect job (Cloud Run allows up to 32Gi, with 8 CPUs). Its files are in memory too: a 2 GiB host is 2 GiB downloaded, 2 GiB of time windows and, with Python-tracer events, a 2 GiB reduced copy, beside the workers' budget (collect_job_memory_budget)."
+  description = "Memory of each collect job task (Cloud Run allows up to 32Gi, with 8 CPUs). Its files are in memory too: a 2 GiB host is 2 GiB downloaded, up to 2 GiB of time windows and, with Python-tracer events, a 2 GiB reduced copy, beside the workers' budget (collect_job_memory_budget). BENCHMARKS.md, \"The collect job's tasks\": at 2.0 GB each task's process tree peaked at 4.0-4.4 GiB. A viewer prebuild in the job uses up to collect_job_viewer_memory_budget (14Gi) of it."
   type        = string
   default     = "16Gi"
 }
