@@ -2,9 +2,9 @@
 
 On Google Cloud the collect job runs several tasks (Cloud Run's task index and count). Task 0
 runs the whole collection (`collect(exchange=...)`); the others each convert a share of the
-host's time windows (`convert_windows`) and publish every window's op_stats as soon as it is
-built. Task 0 combines them with its own once all are there. Locally, the same windows are
-jobs of the one process pool.
+host's time windows (`convert_windows`) and publish every window's op_stats (and its share of
+our timeline pass) as soon as it is built. Task 0 combines them with its own once all are
+there. Locally, the same windows are jobs of the one process pool.
 
 Who converts a window is decided by claims (`WindowExchange.take`): a task claims its share
 before it has even downloaded the file, and holds the claims while it works. A task that
@@ -82,8 +82,8 @@ def window_meta(outcome: Outcome, split: Mapping[str, Any], task: int) -> dict[s
     return {"window": window_of(outcome.name), "windows": int(split["windows"]),
             "cuts": [int(c) for c in split["cuts"]],
             "steps": split.get("steps", []), "excluded_steps": split.get("excluded_steps", []),
-            # The window's share of the timeline pass and of the async-overlap follow-up.
-            "timeline": value.get("timeline"), "async_overlap": value.get("async_overlap"),
+            # The window's share of our timeline pass (`jobs.timeline_from_windows`).
+            "timeline": value.get("timeline"),
             "idle_between_ps": int(split["idle_between_ps"]), "status": outcome.status,
             "reason": (outcome.value or {}).get("reason") if outcome.status == NO_DATA else None,
             "bytes": (outcome.value or {}).get("bytes") if outcome.status == DATA else None,
@@ -187,7 +187,7 @@ class RemoteWindows:
             self.exchange.fetch(k, dest)
             out.append(Outcome(job_name(k), DATA, {
                 "window": k, "op_stats": str(dest), "bytes": dest.stat().st_size,
-                "timeline": meta.get("timeline"), "async_overlap": meta.get("async_overlap"),
+                "timeline": meta.get("timeline"),
                 "task": meta.get("task")}, elapsed,
                 peak_rss_bytes=meta.get("peak_rss_bytes")))
         return out
