@@ -85,8 +85,8 @@ def window_meta(outcome: Outcome, split: Mapping[str, Any], task: int) -> dict[s
             # The window's share of our timeline pass (`jobs.timeline_from_windows`).
             "timeline": value.get("timeline"),
             "idle_between_ps": int(split["idle_between_ps"]), "status": outcome.status,
-            "reason": (outcome.value or {}).get("reason") if outcome.status == NO_DATA else None,
-            "bytes": (outcome.value or {}).get("bytes") if outcome.status == DATA else None,
+            "reason": value.get("reason") if outcome.status == NO_DATA else None,
+            "bytes": value.get("bytes") if outcome.status == DATA else None,
             "elapsed_ms": outcome.elapsed_ms, "peak_rss_bytes": outcome.peak_rss_bytes,
             "task": task}
 
