@@ -233,19 +233,19 @@ def _collect_snapshot(services: Services, s: SessionRecord,
     if not ok:
         raise ProfileUnreadable("no host could be analysed: " + short_reason(
             *(f"{h}: {p['failed']}" for h, p in sorted(host_parts.items()))))
-    # The converters read each host's reduced copy where collect_host made one.
-    base = _analysis_dir(s)
-    inputs = {h: (f"{base}/v{s.version}/hosts/{h}.converter-input.pb"
-                  if p["parts"].get("converter_input") == "reduced" else s.hosts[h].object_name)
-              for h, p in ok.items()}
-    with services.storage.local_files(list(inputs.values())) as local:
+    # The converters read each host's memory copy, beside the session's op_stats combined
+    # from the hosts' own (`collect_host`).
+    inputs = {h: _host_file(s, h, "converter-input.pb") for h in ok}
+    built = {h: _host_file(s, h, "op_stats.pb") for h in ok}
+    with services.storage.local_files([*inputs.values(), *built.values()]) as local:
         view = Path(tempfile.mkdtemp(prefix="mldiag-combine-"))
         try:
             for h, name in inputs.items():
                 (view / f"{h}.xplane.pb").symlink_to(local / name.rsplit("/", 1)[1])
             session = ProfileSession(run=s.run, name=s.session, path=view, xplanes=tuple(
                 view / f"{h}.xplane.pb" for h in sorted(ok)))
-            snapshot = collect_snapshot(session, host_parts=ok, **options)
+            snapshot = collect_snapshot(session, host_parts=ok, host_op_stats={
+                h: local / name.rsplit("/", 1)[1] for h, name in built.items()}, **options)
         finally:
             shutil.rmtree(view, ignore_errors=True)
     snapshot["collection"]["fanned_out"] = {
@@ -353,6 +353,10 @@ def _host_part_name(s: SessionRecord, host: str) -> str:
     return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.json"
 
 
+def _host_file(s: SessionRecord, host: str, suffix: str) -> str:
+    return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.{suffix}"
+
+
 def _hosts_done(services: Services, s: SessionRecord, hosts: Sequence[str]) -> set[str]:
     """The hosts whose collect_host result is written."""
     present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
@@ -408,15 +412,18 @@ def collect_host(msg: CollectHost, services: Services) -> None:
                 result = collect_host_parts(
                     xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
                     max_host_bytes=settings.max_host_bytes,
-                    memory_budget_bytes=settings.memory_budget_bytes)
+                    memory_budget_bytes=settings.memory_budget_bytes,
+                    window_min_bytes=settings.window_min_bytes or None,
+                    window_bytes=settings.window_bytes or None)
             except ProfileUnreadable as e:
                 # This host is left out of the report, which names it and says why.
                 result = {"host": msg.host, "failed": str(e)}
-            reduced = Path(out) / f"{msg.host}.xplane.pb"
-            if reduced.exists():
-                services.storage.write_bytes(
-                    f"{_analysis_dir(s)}/v{s.version}/hosts/{msg.host}.converter-input.pb",
-                    reduced.read_bytes(), content_type="application/octet-stream")
+            if "failed" not in result:
+                # Its op_stats and the copy the combine step's converters read beside them.
+                for suffix, local_name in (("op_stats.pb", f"{msg.host}.op_stats.pb"),
+                                           ("converter-input.pb", f"{msg.host}.xplane.pb")):
+                    services.storage.put_file(_host_file(s, msg.host, suffix),
+                                              Path(out) / local_name)
         services.storage.write_bytes(_host_part_name(s, msg.host),
                                      json.dumps(result, default=str).encode(),
                                      content_type="application/json")

@@ -19,7 +19,7 @@ from typing import Any
 
 import mldiag
 from mldiag.analysis.collection import detectors, hlo_digest, plan
-from mldiag.analysis.collection.jobs import pick_step_trace
+from mldiag.analysis.collection.jobs import has_python_events, pick_step_trace
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -433,41 +433,70 @@ def collect_host(
     tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
     max_host_bytes: int = DEFAULT_MAX_HOST_BYTES,
     memory_budget_bytes: int | None = None,
+    window_min_bytes: int | None = None,
+    window_bytes: int | None = None,
 ) -> dict[str, Any]:
     """One host's share of a fanned-out collection (see `collect(host_parts=...)`).
 
-    Runs the per-host jobs (timeline pass, memory profile, utilization, and on large files the
-    copy without Python-tracer events) in a worker process, and writes the file the combine
-    step's converters should read to `out_dir/<host>.xplane.pb` when it differs from the
-    original. Returns the parts, JSON-able. Raises ProfileUnreadable for an unusable xplane.
+    Runs the host's jobs (`plan.host_jobs`) in worker processes: its op_stats, built whole
+    or, over the window size, in time windows combined as one host; its timeline pass, async
+    overlap share, memory profile and utilization; and its memory copy. Writes the op_stats
+    to `out_dir/<host>.op_stats.pb` and the copy the combine step's converters read beside
+    them to `out_dir/<host>.xplane.pb`. Returns the parts, JSON-able. Raises
+    ProfileUnreadable for an unusable xplane, or when the host's op_stats could not be
+    built (the combine step then leaves the host out, naming it and why).
     """
     validate_xplane(xplane, max_bytes=max_host_bytes)
     session = ProfileSession(run="", name="host", path=xplane.parent, xplanes=(xplane,))
     budget = memory_budget_bytes or default_budget_bytes()
     size = xplane.stat().st_size
-    reduce = size >= plan.REDUCE_MIN_BYTES
-    job = Job(name="host_parts", group="host", runner=f"{plan.JOBS_MODULE}:host_parts",
-              memory_bytes=int(plan.BASE_RSS + plan.RSS_PER_BYTE["memory_profile"] * size))
+    windows = plan.window_count(size, budget, min_bytes=window_min_bytes,
+                                window_bytes=window_bytes)
+    python = size >= plan.REDUCE_MIN_BYTES and has_python_events(xplane)
+    jobs = plan.host_jobs(size, windows, python=python, tool_timeout_s=tool_timeout_s,
+                          prepare_timeout_s=tool_timeout_s)
+    op_stats_out = out_dir / f"{host}.op_stats.pb"
+    windowed = windows > 1 and not python
+
+    def inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
+        if job.name == "host_parts":
+            return {"windowed": windowed, "reduce": python}
+        if job.name == "host_op_stats" and windows > 1:
+            return {"out": str(op_stats_out), "parts": [
+                outcomes[n].value for n in job.after if outcomes[n].status == DATA],
+                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"]}
+        if job.name == "host_op_stats":
+            return {"out": str(op_stats_out)}
+        return _inputs_for(job, outcomes, windows, windowed)
+
     root = XprofWorkspace.create_root(session)
     started = time.perf_counter()
     try:
-        outcomes = run_jobs([job], setup=f"{plan.JOBS_MODULE}:attach",
+        outcomes = run_jobs(jobs, setup=f"{plan.JOBS_MODULE}:attach",
                             setup_args={"root": str(root), "session": session},
                             budget_bytes=budget, default_timeout_s=tool_timeout_s,
-                            inputs_for=lambda j, o: {"reduce": reduce})
+                            inputs_for=inputs_for)
+        built = outcomes["host_op_stats"]
+        if built.status != DATA:
+            raise ProfileUnreadable(f"its op_stats could not be built: {reason_of(built)}")
         o = outcomes["host_parts"]
         if o.status != DATA:
-            reason = reason_of(o)
-            parts: dict[str, Any] = {name: {"status": ERROR, "value": reason} for name in (
+            parts: dict[str, Any] = {name: {"status": ERROR, "value": reason_of(o)} for name in (
                 "timeline", "memory_profile", "utilization_viewer")}
         else:
             parts = dict(o.value)
-            converted = Path(parts.pop("converter_input"))
-            if reduce and parts.get("reduce", {}).get("status") == DATA and not (
-                    converted.is_symlink()):
-                out_dir.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(converted, out_dir / f"{host}.xplane.pb")
-                parts["converter_input"] = "reduced"
+        if windowed:
+            line = built.value.get("timeline")
+            parts["timeline"] = {"status": DATA, "value": line} if line is not None else {
+                "status": ERROR, "value": "a time window's share of the timeline is missing"}
+        parts["op_stats"] = {"windows": built.value["windows"], "bytes": built.value["bytes"]}
+        copy = parts.pop("converter_input", None)
+        if copy is None:
+            raise ProfileUnreadable("its memory copy could not be written: "
+                                    f"{parts.get('reduce', {}).get('value')}")
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(copy, out_dir / f"{host}.xplane.pb")
+        parts["converter_input"] = "memory_copy"
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"host": host, "bytes": size, "elapsed_ms": round(
@@ -522,8 +551,10 @@ def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Out
     else:
         reasons = "; ".join(f"{h}: {_partreason_of(u)}" for h, u in util)
         out.append(Outcome("utilization_viewer", NO_DATA, {"reason": reasons}, elapsed))
-    reduced = {h: p["reduce"]["value"] for h, p in parts.items()
-               if p.get("reduce", {}).get("status") == DATA}
+    # The combine step's converters read each host's memory copy as its trace (no copy of
+    # their own to look for): the jobs that would are told there is none.
+    reduced = {h: {k: v for k, v in p["reduce"]["value"].items() if k != "memory_copy_bytes"}
+               for h, p in parts.items() if p.get("reduce", {}).get("status") == DATA}
     if reduced:
         out.append(Outcome("reduce_for_converters", DATA, reduced, elapsed))
     return out
@@ -550,6 +581,7 @@ def collect(
     memory_budget_bytes: int | None = None,
     tools: Sequence[str] = COLLECTION_TOOLS,
     host_parts: Mapping[str, Mapping[str, Any]] | None = None,
+    host_op_stats: Mapping[str, Path] | None = None,
     on_windows: Callable[[int, int], None] | None = None,
     exchange: WindowExchange | None = None,
     window_min_bytes: int | None = None,
@@ -567,6 +599,9 @@ def collect(
     `tools` restricts the snapshot to some tools (and the jobs they need), for benchmarks.
     `host_parts` (host → `collect_host` result) combines a fanned-out collection: the per-host
     jobs are taken from it, and `session_path` holds the converters' inputs of those hosts.
+    With `host_op_stats` (host → its op_stats file, from `collect_host`), the session's
+    op_stats are those combined as xprof combines hosts (`op_stats_hosts`), not built from
+    the hosts' traces, which are then the hosts' memory copies.
     `on_windows(done, total)` is told each time a time window of a large host is converted
     (the pipeline records it in the session's state).
     `exchange` shares a large host's time windows with the other tasks of the collect job
@@ -591,7 +626,8 @@ def collect(
                           prepare_timeout_s=prepare_timeout_s,
                           reduce=session_bytes >= plan.REDUCE_MIN_BYTES and host_parts is None,
                           windows=windows, combine=host_parts is not None,
-                          windows_elsewhere=exchange is not None)
+                          windows_elsewhere=exchange is not None,
+                          hosts_built=host_op_stats is not None)
     premade = _combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in plan.needed_jobs(jobs, tools) if j.name not in {o.name for o in premade}]
     core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
@@ -634,7 +670,9 @@ def collect(
             jobs, setup=f"{plan.JOBS_MODULE}:attach",
             setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s,
-            inputs_for=lambda j, o: _inputs_for(j, o, windows, timeline_by_window),
+            inputs_for=lambda j, o: {**_inputs_for(j, o, windows, timeline_by_window), **(
+                {"host_op_stats": [str(host_op_stats[h]) for h in session.hosts]}
+                if j.name == "op_stats" and host_op_stats is not None else {})},
             on_outcome=on_outcome, done={o.name: o for o in premade}, remote=remote)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -224,10 +224,21 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
 
     With `inputs["windows"]` (one large host cut in time windows by `split_windows`), the
     windows' op_stats (`op_stats_window`, built side by side in both workers) are combined
-    and adopted instead, so no process builds the whole host's op_stats."""
+    and adopted instead, so no process builds the whole host's op_stats; with
+    `inputs["host_op_stats"]` (a fanned-out session), the hosts' op_stats are."""
     _EXCLUSIVE["on"] = True
     try:
         parts = inputs.get("window_parts")
+        if inputs.get("host_op_stats"):
+            # A fanned-out session whose hosts built their own op_stats: combined as xprof
+            # combines hosts; the run directory's traces are the hosts' memory copies.
+            from mldiag.analysis.collection import op_stats_hosts
+            from mldiag.analysis.collection import op_stats_shards as shards
+
+            ctx.ws.adopt_op_stats(op_stats_hosts.combine_hosts(
+                [shards.read(p) for p in inputs["host_op_stats"]]).SerializeToString())
+            ctx.ws.ensure_hlo_protos()
+            return dict(ctx.ws.call("get_overview"))
         if inputs.get("built"):
             # `op_stats_build` saved them in the run directory.
             return _overview_beside(ctx, (ctx.ws.run_dir / OP_STATS_FILE).read_bytes(),
@@ -653,35 +664,6 @@ def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any
         except NoData as e:
             reasons.append(f"{host}: {e}")
     raise NoData("; ".join(reasons))
-
-
-def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
-    """A one-host session's share of a fanned-out collection, in one job: its timeline pass,
-    memory profile and utilization, and the reduced copy that the combine step converts.
-
-    Each part is {"status", "value"} so a host's NO_DATA or failure travels to the combine.
-    """
-    (xplane,) = ctx.session.xplanes
-    parts: dict[str, Any] = {}
-
-    def part(name: str, fn: Any) -> None:
-        try:
-            parts[name] = {"status": "DATA", "value": fn()}
-        except NoData as e:
-            parts[name] = {"status": "NO_DATA", "value": {"reason": str(e)}}
-        except Exception as e:  # noqa: BLE001 - recorded per part; the combine says which
-            parts[name] = {"status": "ERROR", "value": f"{type(e).__name__}: {e}"[:500]}
-
-    with XSpaceScan(xplane) as scan:
-        part("timeline", lambda: timeline.analyze_scan(scan, ctx.session.hosts[0]).to_json())
-        part("async_overlap", lambda: async_overlap_part(scan))
-        if inputs.get("reduce"):
-            part("reduce", lambda: _reduce_one(ctx, scan, xplane, ctx.session.hosts[0]))
-    part("memory_profile", lambda: ctx.ws.call("get_memory_profile")
-         if has_memory_events(xplane) else None)
-    part("utilization_viewer", lambda: utilization_viewer(ctx, inputs))
-    parts["converter_input"] = str(ctx.ws.run_dir / xplane.name)
-    return parts
 
 
 def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:

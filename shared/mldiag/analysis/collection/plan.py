@@ -83,8 +83,12 @@ JOBS_MODULE = "mldiag.analysis.collection.jobs"
 
 def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,
           reduce: bool, windows: int = 1, combine: bool = False,
-          windows_elsewhere: bool = False) -> list[Job]:
+          windows_elsewhere: bool = False, hosts_built: bool = False) -> list[Job]:
     """The jobs of a collection, in plan order (a worker runs its jobs in that order).
+
+    `hosts_built`: a fanned-out session whose hosts' op_stats were built by their own
+    `collect_host` (`host_jobs`); the op_stats job combines them, and the traces are the
+    hosts' memory copies.
 
     `windows_elsewhere`: the other tasks of the collect job convert the time windows
     (`window_tasks`), so the first worker, which would build them, runs a whole-host
@@ -144,6 +148,9 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
             "op_stats_reduced" if python else "op_stats"], largest, prepare_timeout_s))
         jobs.append(job("op_stats", "xprof", ("op_stats_build", *pre), 0.0, 0,
                         prepare_timeout_s, requires=("op_stats_build",)))
+    elif hosts_built:
+        jobs.append(job("op_stats", "xprof", (), RSS_PER_BYTE["smart_suggestions_saved"],
+                        total, prepare_timeout_s))
     else:
         jobs.append(job("op_stats", "xprof", pre, RSS_PER_BYTE["op_stats"], largest,
                         prepare_timeout_s))
@@ -182,8 +189,9 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         # Combining a fanned-out session: after the op_stats build, from the saved file, and
         # the hosts' traces one at a time (xprof reads a session's XSpaces in turn: two hosts
         # of 73 and 98 MB peaked at the larger one's 1.37 GB).
-        *([job("smart_suggestions", "xplane", ("op_stats",),
-               RSS_PER_BYTE["smart_suggestions"], largest)] if combine else []),
+        *([job("smart_suggestions", "xplane", ("op_stats",), RSS_PER_BYTE[
+            "smart_suggestions_saved" if hosts_built else "smart_suggestions"],
+            total if hosts_built else largest)] if combine else []),
         job("xprof_step_trace", "xplane", opstats),
     ]
     if windows_elsewhere and windows > 1:
@@ -219,6 +227,36 @@ def window_jobs(size: int, windows: int, held: Sequence[int], *,
                  requires=("split_windows",), memory_bytes=per_window,
                  timeout_s=prepare_timeout_s) for i, k in enumerate(held)]
     return jobs
+
+
+HOST_JOBS_MODULE = "mldiag.analysis.collection.host_jobs"
+
+
+def host_jobs(size: int, windows: int, *, python: bool, tool_timeout_s: float,
+              prepare_timeout_s: float) -> list[Job]:
+    """One host's share of a fanned-out collection (`host_jobs`): its op_stats, whole or in
+    `windows` time windows combined as one host (each window's build in either worker, as
+    in `plan_jobs`), beside its passes and per-host tools, which read the whole trace one
+    line at a time (the timeline's or async overlap's columns, the copies' one line)."""
+    passes = ("async_overlap", "reduce_for_converters") if windows > 1 and not python else (
+        "timeline", "async_overlap", "reduce_for_converters")
+    parts = Job(name="host_parts", group="xplane", runner=f"{HOST_JOBS_MODULE}:host_parts",
+                memory_bytes=int(BASE_RSS + max(RSS_PER_BYTE[p] for p in passes) * size),
+                timeout_s=tool_timeout_s)
+    if windows <= 1:
+        # With Python-tracer events, after the copy without them (`host_parts` writes it).
+        return [Job(name="host_op_stats", group="xprof",
+                    runner=f"{HOST_JOBS_MODULE}:host_op_stats",
+                    after=("host_parts",) if python else (),
+                    memory_bytes=int(BASE_RSS + RSS_PER_BYTE[
+                        "op_stats_reduced" if python else "op_stats"] * size),
+                    timeout_s=prepare_timeout_s), parts]
+    cut, *builds = window_jobs(size, windows, range(windows),
+                               prepare_timeout_s=prepare_timeout_s)
+    names = tuple(j.name for j in builds)
+    return [cut, parts, *builds, Job(
+        name="host_op_stats", group="xprof", runner=f"{HOST_JOBS_MODULE}:host_windows",
+        after=names, requires=names, memory_bytes=BASE_RSS, timeout_s=prepare_timeout_s)]
 
 
 # Each collection tool and the jobs it is made of.
