@@ -96,7 +96,7 @@ def main() -> int:
     if snapshot.is_file():
         collection = json.loads(snapshot.read_text()).get("collection", {})
         row["collection"] = {k: collection.get(k) for k in (
-            "elapsed_ms", "fanout", "skipped", "degraded", "killed", "worker_peak_rss_bytes")}
+            "elapsed_ms", "fanned_out", "skipped", "degraded", "killed", "worker_peak_rss_bytes")}
     print(json.dumps(row, indent=1))
     write_results(args.json, [row])
     return 0 if row["state"] == "REPORTED" else 1

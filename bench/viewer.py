@@ -75,26 +75,31 @@ class Profile:
 Query = tuple[str, dict[str, str]]
 
 
-def overview_queries(p: Profile) -> list[Query]:
-    """What the frontend asks for when it opens a session (its default tool, the overview)."""
+def overview_queries(p: Profile, host: str = "") -> list[Query]:
+    """What the frontend asks for when it opens a session (its default tool, the overview),
+    on the first host the `hosts` route lists (`host`; a large host viewed in time windows
+    is listed as its windows)."""
     return [("runs", {}), ("run_tools", {"run": p.session}),
             ("hosts", {"run": p.session, "tag": "overview_page"}),
-            ("data", {"run": p.session, "tag": "overview_page", "host": p.host})]
+            ("data", {"run": p.session, "tag": "overview_page", "host": host or p.host})]
 
 
-def trace_query(p: Profile) -> dict[str, str]:
-    return {"run": p.session, "tag": "trace_viewer@", "host": p.host, "hosts": p.host,
+def trace_query(p: Profile, host: str = "") -> dict[str, str]:
+    host = host or p.host
+    return {"run": p.session, "tag": "trace_viewer@", "host": host, "hosts": host,
             "replace_model": "true", "new_backend": "false", "resolution": RESOLUTION}
 
 
-def trace_queries(p: Profile) -> list[Query]:
+def trace_queries(p: Profile, host: str = "") -> list[Query]:
     """What it asks for when the user then picks the trace viewer."""
-    return [("hosts", {"run": p.session, "tag": "trace_viewer@"}), ("data", trace_query(p))]
+    return [("hosts", {"run": p.session, "tag": "trace_viewer@"}),
+            ("data", trace_query(p, host))]
 
 
-def prebuilt_trace_query(p: Profile) -> dict[str, str]:
-    """The trace request that `mldiag.viewer.default_queries` prebuilds as a whole response."""
-    return {"run": p.session, "tag": "trace_viewer@", "host": p.host}
+def prebuilt_trace_query(p: Profile, host: str = "") -> dict[str, str]:
+    """The trace request that `mldiag.viewer_prebuild.default_queries` prebuilds as a whole
+    response."""
+    return {"run": p.session, "tag": "trace_viewer@", "host": host or p.host}
 
 
 # Processes and requests
@@ -200,6 +205,16 @@ class Server:
     def get(self, route: str, query: dict[str, str] | None = None) -> tuple[int, float, int]:
         return get(self.url(route, query), self.headers)
 
+    def first_host(self, p: Profile, tag: str) -> str:
+        """The host the frontend shows first for `tag`: the first the `hosts` route lists."""
+        try:
+            status, body = fetch(self.url("hosts", {"run": p.session, "tag": tag}),
+                                 self.headers)
+            listed = json.loads(body) if status == 200 else []
+        except (OSError, ValueError):
+            listed = []
+        return str(listed[0]["hostname"]) if listed else p.host
+
     def peak_rss_mb(self) -> int:
         return round(max(self._peak_kb, status_kb(self.proc.pid, "VmHWM")) / 1024)
 
@@ -261,10 +276,13 @@ class Bench:
 # Setting up our side: `mldiag up` analyses each session, then (by default) prebuilds
 
 
+BUDGETS: dict[str, str] = {}  # MLDIAG_MEMORY_BUDGET / MLDIAG_VIEWER_MEMORY_BUDGET, if given
+
+
 def analyse(home: Path, profiles: list[Profile], *, prebuild: bool) -> dict[str, Any]:
     """Drop each profile into `mldiag up`'s bucket, one at a time, and wait until it is REPORTED
     and, with `prebuild`, until its viewer manifest is in the bucket."""
-    env = clean_env(home, **({} if prebuild else {"MLDIAG_PREBUILD_VIEWER": "0"}))
+    env = clean_env(home, **BUDGETS, **({} if prebuild else {"MLDIAG_PREBUILD_VIEWER": "0"}))
     proc = subprocess.Popen([str(BIN / "mldiag"), "up", "--port", "0"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[str] = []
@@ -324,7 +342,8 @@ def analyse(home: Path, profiles: list[Profile], *, prebuild: bool) -> dict[str,
                            cache_files=len(manifest["files"]),
                            cache_mb=round(sum(f.stat().st_size for f in cache.rglob("*")
                                               if f.is_file()) / 1024**2, 1),
-                           prebuilt_queries=manifest["built"])
+                           prebuilt_queries=manifest["built"],
+                           view=manifest.get("view"))
             else:
                 time.sleep(1.0)
                 row["manifest_present"] = any(session_dir.glob("analysis/xprof_cache/*/*.json"))
@@ -356,8 +375,10 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
                              "s": round(secs, 3), "bytes": size})
         return time.perf_counter() - start
 
-    overview_s = run(overview_queries(p))
-    trace_s = run(trace_queries(p))
+    # The frontend picks the first host the hosts route lists (timed in `run` as it asks).
+    host = server.first_host(p, "overview_page") if server.proc.poll() is None else p.host
+    overview_s = run(overview_queries(p, host))
+    trace_s = run(trace_queries(p, host))
     out = {"overview_s": round(overview_s, 3), "trace_s": round(trace_s, 3),
            "trace_data_s": requests[-1]["s"],
            "overview_wire_mb": round(requests[3]["bytes"] / 1024**2, 2),
@@ -367,12 +388,12 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
            "peak_rss_mb": server.peak_rss_mb(), "requests": requests}
     # The same trace at another window width, now that the process has loaded xprof and the
     # trace's SSTABLE exists: what a cached-response miss costs without the first-use imports.
-    status, secs, _ = server.get("data", {**trace_query(p), "resolution": "4000"})
+    status, secs, _ = server.get("data", {**trace_query(p, host), "resolution": "4000"})
     out["trace_other_width_s"] = round(secs, 3) if status == 200 else f"HTTP {status}"
     if prebuilt:
         # For comparison: the trace request that the pipeline did prebuild, now that the
         # workspace is open.
-        status, secs, _ = server.get("data", prebuilt_trace_query(p))
+        status, secs, _ = server.get("data", prebuilt_trace_query(p, host))
         out["prebuilt_trace_data_s"] = round(secs, 3) if status == 200 else f"HTTP {status}"
     if server.killed_at_limit:
         out["killed_at_rss_limit"] = True
@@ -381,6 +402,7 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
 
 def burst(server: Server, p: Profile, clients: int) -> dict[str, Any]:
     """`clients` trace requests at once, on a session this server never opened."""
+    host = server.first_host(p, "trace_viewer@")
     barrier = threading.Barrier(clients + 1)
     results: list[tuple[int, float]] = [(0, 0.0)] * clients
     t0 = [0.0]
@@ -388,7 +410,7 @@ def burst(server: Server, p: Profile, clients: int) -> dict[str, Any]:
     def one(i: int) -> None:
         barrier.wait()
         try:
-            status, _, _ = server.get("data", trace_query(p))
+            status, _, _ = server.get("data", trace_query(p, host))
         except OSError:
             status = -1  # the connection closed without an answer
         results[i] = (status, time.perf_counter() - t0[0])
@@ -408,7 +430,7 @@ def burst(server: Server, p: Profile, clients: int) -> dict[str, Any]:
     after: int | str = "server gone"
     after_s = 0.0
     if server.proc.poll() is None:
-        after, after_s, _ = server.get("data", trace_query(p))
+        after, after_s, _ = server.get("data", trace_query(p, host))
     out = {"all_done_s": round(done[-1], 3), "first_done_s": round(done[0], 3),
            "non_200": sum(n for s, n in statuses.items() if s != 200),
            "statuses": {str(s): n for s, n in sorted(statuses.items())},
@@ -521,9 +543,17 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--rss-limit", default="12G",
                         help="kill a server under test past this RSS (default 12G)")
+    parser.add_argument("--memory-budget", help="MLDIAG_MEMORY_BUDGET of the pipeline")
+    parser.add_argument("--viewer-budget",
+                        help="MLDIAG_VIEWER_MEMORY_BUDGET of the prebuild (the collect job's "
+                             "on Google Cloud: 14G)")
     parser.add_argument("--no-frontend", action="store_true",
                         help="skip checking the bench's queries against the real frontend")
     args = parser.parse_args()
+    if args.memory_budget:
+        BUDGETS["MLDIAG_MEMORY_BUDGET"] = args.memory_budget
+    if args.viewer_budget:
+        BUDGETS["MLDIAG_VIEWER_MEMORY_BUDGET"] = args.viewer_budget
     work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-viewer-bench-"))
     work.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)

@@ -124,7 +124,9 @@ class Settings:
     prebuild_viewer: bool = True
     # The memory the viewer prebuild may use (bytes, or "14G"); empty: memory_budget. A
     # session whose prebuild needs more goes to the collect job, which sets its own (its
-    # container's memory: no collection workers run beside a prebuild).
+    # container's memory: no collection workers run beside a prebuild); over that, its large
+    # hosts are viewed in time windows. In the console: the most one conversion may take
+    # (empty: memory_budget, else the container's); more is refused with a 503.
     viewer_memory_budget: str = ""
     # Where the capture stage may connect (target records are workload-written data):
     # comma-separated CIDRs (default: the private ranges), ports ("a-b,c"), and whether

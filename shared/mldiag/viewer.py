@@ -10,9 +10,14 @@ Caches, so that a first open is fast and several people can open at once:
 - the plugin's own (trace-viewer SSTABLEs, op_stats, HLO protos) in the workspace;
 - whole responses of the requests that do not depend on a view window (the tool list, the
   overview, op profile, ...), on disk by their sanitised query;
-- both prebuilt by the pipeline when a session is REPORTED (`prebuild`) and kept in the
-  bucket under the session (`analysis/xprof_cache/<key>/`). The key covers the hosts'
-  generations and the xprof version, so a new host or a new xprof never reads a stale cache.
+- both prebuilt by the pipeline when a session is REPORTED (`viewer_prebuild.prebuild`) and
+  kept in the bucket under the session (`analysis/xprof_cache/<key>/`). The key covers the
+  hosts' generations and the xprof version, so a new host or a new xprof never reads a stale
+  cache. A host too large to convert whole is viewed window by window (the manifest's
+  `view`): its time windows are the workspace's hosts, `<host>.window<k>`.
+
+A conversion that would need more memory than the console has (`memory_budget`) is refused
+with a 503 that says so, rather than taking the console, and everyone's sessions, down.
 
 One build per workspace at a time: a request that would convert (a cache miss) holds the
 workspace's lock, and those waiting behind it then find the cache warm. That is what the
@@ -30,11 +35,10 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,6 +95,13 @@ _WINDOWED = frozenset({"start_time_ms", "end_time_ms", "event_name", "search_pre
                        "search_metadata", "unique_id", "duration_ms", "refresh_suggestion"})
 _SAFE_RUN = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 MANIFEST = "manifest.json"
+# In a workspace: the hosts of its windowed view (the manifest's `view`).
+VIEW_HOSTS = ".view.json"
+
+
+def window_host(host: str, k: int) -> str:
+    """The name a large host's time window `k` is viewed under (its file's stem)."""
+    return f"{host}.window{k:02d}"
 GZIP_MIN_BYTES = 1024
 
 
@@ -184,6 +195,13 @@ class Workspace:
         self.run_dir = root / "plugins" / "profile" / self.run
         self.responses = root / "responses"
         self.hosts = list(arrived_hosts(session))
+        # Hosts viewed whole and their sizes: a conversion is refused when the largest would
+        # not fit `memory_budget` (the console's), rather than take the console down.
+        self.sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
+        self.memory_budget: int | None = None
+        view = root / VIEW_HOSTS
+        if view.is_file():
+            self.view(json.loads(view.read_text()))
         self.lock = threading.Lock()
         self._plugin: Any = None
         self._modules: list[str] | None = None
@@ -191,18 +209,27 @@ class Workspace:
 
     # Building
 
-    def materialise(self, session: SessionRecord, storage: Storage) -> None:
-        """Fetch the hosts' xplanes, and the prebuilt caches when the bucket has them."""
+    def materialise(self, session: SessionRecord, storage: Storage, *,
+                    skip: Collection[str] = ()) -> None:
+        """Fetch the hosts' xplanes, and the prebuilt caches when the bucket has them (with
+        the windows of the hosts viewed window by window instead of those hosts). `skip`:
+        hosts not to fetch (the prebuild cuts them into windows itself)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.responses.mkdir(exist_ok=True)
         prefix = cache_prefix(session)
         manifest: dict[str, Any] | None = None
         if storage.stat(f"{prefix}/{MANIFEST}") is not None:
             manifest = json.loads(storage.read_bytes(f"{prefix}/{MANIFEST}"))
+        windowed = set((manifest or {}).get("view", {}).get("windows", {})) | set(skip)
         for host, name in arrived_hosts(session).items():
-            storage.fetch_to(name, self.run_dir / f"{host}.xplane.pb")
+            if host not in windowed:
+                storage.fetch_to(name, self.run_dir / f"{host}.xplane.pb")
         if manifest is None:
             return
+        if isinstance(manifest.get("view"), dict):
+            # Large hosts are viewed window by window: their windows are among the files.
+            self.view(manifest["view"])
+            (self.root / VIEW_HOSTS).write_text(json.dumps(manifest["view"]))
         for rel in manifest.get("files", []):
             if not isinstance(rel, str) or ".." in rel.split("/") or rel.startswith("/"):
                 continue
@@ -219,6 +246,28 @@ class Workspace:
                 data = dest.read_bytes()
                 dest.unlink()
                 dest.write_bytes(data)
+
+    def view(self, view: Mapping[str, Any]) -> None:
+        """Take the hosts of a windowed view (`viewer_prebuild`): each large host's windows
+        stand for it, named `<host>.window<k>`."""
+        windows = {str(h): int(n) for h, n in (view.get("windows") or {}).items()}
+        self.hosts = [w for h in self.hosts for w in (
+            [window_host(h, k) for k in range(windows[h])] if h in windows else [h])]
+        for h in windows:
+            self.sizes.pop(h, None)
+
+    def too_large(self) -> str | None:
+        """Why this workspace must not convert (a host viewed whole that xprof's converters
+        would need more than `memory_budget` for), or None."""
+        if self.memory_budget is None or not self.sizes:
+            return None
+        host, size = max(self.sizes.items(), key=lambda kv: kv[1])
+        need = PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size
+        if need <= self.memory_budget:
+            return None
+        return (f"host {host} is {size / 1024**2:,.1f} MB: xprof's viewer conversions need "
+                f"about {need / 1024**3:.1f} GiB, over this console's "
+                f"{self.memory_budget / 1024**3:.1f} GiB; its caches are not prebuilt yet")
 
     @property
     def plugin(self) -> Any:
@@ -347,6 +396,8 @@ class Workspace:
             return response
 
     def _convert(self, route: str, q: Mapping[str, str]) -> Response:
+        if route == "data" and (why := self.too_large()):
+            raise ViewerError(f"not converted: {why}", 503)
         plugin, request = self.plugin, self._request(q)
         if route == "run_tools":
             return Response(json.dumps(plugin.run_tools_imp(self.run, request)).encode(),
@@ -383,23 +434,6 @@ class Workspace:
         return Response(body, content_type or "application/json", encoding)
 
 
-# What a first open asks for, as the official frontend asks it: built by the pipeline. The
-# trace viewer's first request names its window's resolution
-# (`tag=trace_viewer@&host=H&hosts=H&resolution=3240&...`), rounded up by `sanitise`.
-def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
-    first = ws.hosts[0] if ws.hosts else ""
-    out: list[tuple[str, dict[str, str]]] = [("run_tools", {"run": ws.run})]
-    for tool in ("overview_page", "trace_viewer@", "op_profile", "input_pipeline_analyzer",
-                 "framework_op_stats", "hlo_stats", "roofline_model", "memory_profile"):
-        out.append(("hosts", {"run": ws.run, "tag": tool}))
-    out.append(("data", {"run": ws.run, "tag": "overview_page", "host": first}))
-    out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": first}))
-    for resolution in PREBUILT_RESOLUTIONS:
-        out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": first,
-                             "resolution": str(resolution)}))
-    return out
-
-
 # Why a session's caches were not prebuilt (JSON), beside where the manifest would be.
 SKIPPED = "skipped.json"
 # The prebuild's peak resident memory per byte of the largest host, over a base: xprof's
@@ -418,46 +452,19 @@ def prebuild_memory_bytes(session: SessionRecord) -> int:
     return int(PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * max(sizes) + sum(sizes))
 
 
-def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None
-             ) -> dict[str, Any]:
-    """Build a session's viewer caches and store them in the bucket; returns the manifest.
-
-    The manifest is written last, so a reader never sees half a cache."""
-    prefix = cache_prefix(session)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
-        ws = Workspace(Path(tmp), session)
-        ws.materialise(session, storage)
-        built: list[str] = []
-        for route, query in default_queries(ws):
-            try:
-                ws.answer(route, query)
-                built.append(f"{route}?{urlencode(sorted(query.items()))}")
-            except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
-                log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
-        files: list[str] = []
-        for path in sorted(Path(tmp).rglob("*")):
-            if not path.is_file() or path.name.endswith(".xplane.pb"):
-                continue
-            rel = path.relative_to(tmp).as_posix()
-            if any(part.startswith(".") for part in rel.split("/")):
-                continue  # xprof's tool-list cache keys on file mtimes: ours replaces it
-            storage.put_file(f"{prefix}/{rel}", path)
-            files.append(rel)
-        manifest = {"key": ws.key, "xprof": xprof_version(), "files": files, "built": built,
-                    "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
-        storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
-                            content_type="application/json")
-    return manifest
-
 
 class Viewers:
     """The console's workspaces, one per session version, least recently used evicted."""
 
-    def __init__(self, storage: Storage, root: Path, *, keep: int = 8) -> None:
+    def __init__(self, storage: Storage, root: Path, *, keep: int = 8,
+                 memory_budget: int | None = None) -> None:
+        """`memory_budget`: what one conversion may take here; a session whose host viewed
+        whole needs more gets a 503 saying so for what is not cached, instead of a conversion
+        that would take the console down (None: no limit)."""
         self.storage = storage
         self.root = root
         self.keep = keep
+        self.memory_budget = memory_budget
         self._lock = threading.Lock()
         self._open: OrderedDict[str, Workspace] = OrderedDict()
         self._opening: dict[str, threading.Lock] = {}
@@ -490,6 +497,7 @@ class Viewers:
                     done.write_text(str(time.time()))
                 else:
                     ws = Workspace(root, session)
+            ws.memory_budget = self.memory_budget
             with self._lock:
                 self._open[key] = ws
                 self._opening.pop(key, None)

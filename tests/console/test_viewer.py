@@ -253,9 +253,10 @@ def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
     # The same session under a version whose caches were never built.
     big = copy.deepcopy(reported)
     big.hosts = {h: replace(r, generation=f"{r.generation}-big") for h, r in big.hosts.items()}
+    big.version = reported.version + 2  # a version of its own: the claims are its own
     services = replace(site.runtime.services,
                        settings=replace(site.runtime.services.settings, memory_budget="16M"),
-                       state=_FixedState(big))
+                       state=_FixedState(big, site.runtime.state))
     message = PrebuildViewer(run="tpu", session="s1", version=big.version)
     stages.prebuild_viewer(message, services)
     prefix = cache_prefix(big)
@@ -361,3 +362,76 @@ def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Sit
     note = json.loads(storage.read_bytes(f"{cache_prefix(over)}/{viewer_module.SKIPPED}"))
     assert "over the collect job's memory budget of 0.0 GiB" in note["reason"]
     assert note["budget_bytes"] == 32 * 1024**2
+
+
+def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site) -> None:
+    """Over the prebuild's budget, the host is cut in time windows, each prebuilt as a host
+    of its own (its trace warm), with the session's op_stats from the collection beside
+    them: the overview shows the whole host's figures; the console fetches the windows, not
+    the host."""
+    from dataclasses import replace
+
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+    from mldiag.stages.analysis import op_stats_name
+
+    storage = site.runtime.storage
+    reported = site.runtime.state.get_session("tpu", "s1")
+    assert reported is not None
+    big = _unbuilt(site, "windows")
+    storage.write_bytes(op_stats_name(big), storage.read_bytes(op_stats_name(reported)))
+    settings = replace(site.runtime.services.settings, in_job=True,
+                       viewer_memory_budget="310M", window_bytes=300_000)
+    services = replace(site.runtime.services, jobs=_Jobs(), settings=settings,
+                       state=_FixedState(big, site.runtime.state))
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=big.version),
+                           services)
+    manifest = json.loads(storage.read_bytes(f"{cache_prefix(big)}/{MANIFEST}"))
+    windows = manifest["view"]["windows"][HOST]
+    assert windows >= 2
+    names = [f"{HOST}.window{k:02d}" for k in range(windows)]
+    for name in names:
+        assert f"plugins/profile/s1/{name}.xplane.pb" in manifest["files"]
+        assert f"plugins/profile/s1/{name}.SSTABLE" in manifest["files"]
+        assert any(f"host={name}" in b and "trace_viewer" in b for b in manifest["built"])
+    assert "plugins/profile/s1/ALL_HOSTS.op_stats_v2.pb" in manifest["files"]
+
+    # A console instance that never saw the session: every host is a window, every first
+    # open a warm hit, the overview the whole host's.
+    viewers = Viewers(storage, Path(site.home) / "fresh-viewers", memory_budget=1)
+    ws = viewers.workspace(big)
+    assert ws.hosts == names
+    assert not (ws.run_dir / f"{HOST}.xplane.pb").exists()
+    overview = ws.answer("data", {"run": "s1", "tag": "overview_page", "host": names[0]})
+    whole = viewers.storage  # the same bucket: the original version's prebuilt overview
+    original = Viewers(whole, Path(site.home) / "fresh-original").workspace(reported)
+    expected = original.answer("data", {"run": "s1", "tag": "overview_page", "host": HOST})
+    assert json.loads(_body(overview)) == json.loads(_body(expected))
+    trace = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
+                               "resolution": "4096"})
+    assert b"traceEvents" in _body(trace)
+    # Nothing converts here (a budget of 1 byte would refuse it): all of it was prebuilt.
+    hosts = ws.answer("hosts", {"run": "s1", "tag": "trace_viewer@"})
+    assert [h["hostname"] for h in json.loads(_body(hosts))] == names
+
+
+def test_a_host_too_large_for_the_console_to_convert_gets_a_503_with_the_reason(
+        site: Site) -> None:
+    """A session not prebuilt (yet) whose host would need more memory than the console has:
+    the console says so for what is not cached, instead of converting and going down."""
+    big = _unbuilt(site, "refused")
+    viewers = Viewers(site.runtime.storage, Path(site.home) / "small-viewers",
+                      memory_budget=64 * 1024**2)
+    ws = viewers.workspace(big)
+    with pytest.raises(ViewerError) as e:
+        ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": HOST,
+                           "resolution": "4096"})
+    assert e.value.status == 503
+    assert f"host {HOST} is 0.8 MB" in str(e.value) and "over this console's" in str(e.value)
+
+
+def _body(response: Any) -> bytes:
+    import gzip
+
+    body = response.body
+    return bytes(gzip.decompress(body) if response.content_encoding == "gzip" else body)

@@ -3,6 +3,7 @@ analysis; a session over the collect function's limits goes to the collect job."
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -162,3 +163,30 @@ def test_a_session_over_the_memory_budget_goes_to_the_collect_job_when_there_is_
     wait_until(lambda: (s := rt.state.get_session(RUN, SESSION)) is not None
                and s.progress == "job:executions/e2", what="the hand-off to the collect job")
     assert len(jobs.started) == 1 and session_of(rt).state == ANALYZING
+
+
+def test_in_the_collect_job_the_tasks_share_a_fanned_out_session_s_hosts(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    """A session over the function's limits that fans out: its hosts never go to a function
+    instance (no CollectHost on the bus); the job's two tasks take them, task 0 combines."""
+    hosts = HOSTS[:6]
+    rt = make_runtime(function_max_host_bytes=100_000, collect_job="local",
+                      collect_job_tasks=2, fanout_min_hosts=4)
+    rt.start()
+    _drop(rt, hosts, default=xplane_bytes)
+    wait_state(rt, REPORTED, timeout=240)
+    log = (rt.services.settings.home / "collect-job.log").read_text()
+    assert "Traceback" not in log
+    assert bus_messages(rt.state, "host-analysis-requests") == []
+    snapshot = json.loads((analysis_dir(rt) / "health_snapshot.json").read_text())
+    fanned = snapshot["collection"]["fanned_out"]
+    assert fanned["hosts"] == 6 and fanned["failed"] == []
+    by_task = fanned["hosts_by_task"]
+    assert sorted(by_task) == hosts and set(by_task.values()) <= {0, 1}
+    assert 1 in by_task.values(), by_task  # task 1 took its share
+    assert fanned["op_stats_windows"] == {h: 1 for h in hosts}
+    assert snapshot["tools"]["get_xprof_overview"]["status"] == "DATA"
+    assert snapshot["collection"]["skipped"] == [] and snapshot["collection"]["killed"] == []
+    summary = html.unescape((analysis_dir(rt) / "summary.html").read_text())
+    assert "its 6 hosts were collected one by one and their op_stats combined as xprof " \
+           "combines hosts, by the collect job's tasks (task 0: " in summary

@@ -10,9 +10,14 @@ One module per concern; the imports point one way, from the registry down to the
   AnalyzeSession.
 - capture: on_degradation_alert (the run's auto-capture policy), on_capture_request (a
   capture on the run's profiler targets) and continuous (start or stop the ring).
+- sessions: whether a message is still its session's current work, where its analysis
+  objects live, which generations of its hosts to read.
+- fanout: collect_host, one host of a many-host or large session, and where the hosts'
+  shares run (one function instance each, or shared by the collect job's tasks).
 - analysis: collect (the 15-tool health snapshot, then triage: OPTIMAL goes straight to the
-  report, anything else to investigation; collect_host for a fanned-out session;
-  collect_windows for the other tasks of a collect job sharing a large host's windows),
+  report, anything else to investigation; the combine of a fanned-out session;
+  collect_windows for the other tasks of a collect job sharing a large host's windows or
+  a fanned-out session's hosts),
   investigate (the investigator and its follow-up calls), render_report (analysis.json and
   summary.html; the session is REPORTED) and prebuild_viewer.
 - window_shards: where the collect job's tasks share a large host's windows (StoredWindows:
@@ -30,13 +35,13 @@ Services`); anything else is used, and patched in tests, in the module that defi
 
 from mldiag.stages.analysis import (
     collect,
-    collect_host,
     collect_windows,
     investigate,
     prebuild_viewer,
     render_report,
 )
 from mldiag.stages.capture import continuous, on_capture_request, on_degradation_alert
+from mldiag.stages.fanout import collect_host
 from mldiag.stages.intake import on_profile_object
 from mldiag.stages.maintenance import dead_lettered, requeue_stuck, rescan, sweep
 from mldiag.stages.registry import HANDLERS, dispatch, handle

@@ -17,12 +17,11 @@ import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from mldiag import limits, regression
 from mldiag.analysis.collection.collect import SessionTooLarge
 from mldiag.analysis.collection.collect import collect as collect_snapshot
-from mldiag.analysis.collection.collect import collect_host as collect_host_parts
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.window_tasks import convert_windows, task_windows
 from mldiag.analysis.collection.workers import default_budget_bytes
@@ -30,14 +29,12 @@ from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.analysis.report.summary import render_summary_html
-from mldiag.errors import MldiagError, PoisonMessage, ProfileUnreadable
+from mldiag.errors import MldiagError, ProfileUnreadable
 from mldiag.messages import (
     AnalyzeSession,
-    CollectHost,
     InvestigateSession,
     PrebuildViewer,
     RenderReport,
-    SessionMessage,
 )
 from mldiag.model import (
     ANALYZING,
@@ -49,46 +46,22 @@ from mldiag.model import (
 )
 from mldiag.settings import Settings
 from mldiag.stages.claims import claimed, toucher
+from mldiag.stages.fanout import fan_out, fans_out, host_file, host_parts, share_hosts
 from mldiag.stages.services import Services, fail, publish_or_undo
+from mldiag.stages.sessions import (
+    analysis_dir,
+    current,
+    generations,
+    profile_session,
+    read_json,
+    stage_key,
+)
 from mldiag.stages.window_shards import window_count_of, window_exchange
 
 log = logging.getLogger(__name__)
 
 
 # collect
-
-
-def _stage_key(stage: str, msg: SessionMessage) -> str:
-    return f"{stage}:{msg.run}/{msg.session}#v{msg.version}"
-
-
-def _current(services: Services, msg: SessionMessage,
-             states: tuple[str, ...]) -> SessionRecord | None:
-    """The session if this message is still its current work, else None (a duplicate)."""
-    if services.state.get_run(msg.run) is None:
-        raise PoisonMessage(f"unknown run {msg.run!r}")
-    s = services.state.get_session(msg.run, msg.session)
-    if s is None:
-        raise PoisonMessage(f"unknown session {msg.run}/{msg.session}")
-    if s.version != msg.version or s.state not in states:
-        return None
-    return s
-
-
-def _profile_session(s: SessionRecord, local_dir: Path) -> ProfileSession:
-    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
-    paths = tuple(local_dir / s.hosts[h].object_name.rsplit("/", 1)[1] for h in hosts)
-    return ProfileSession(run=s.run, name=s.session, path=local_dir, xplanes=paths)
-
-
-def _generations(s: SessionRecord) -> dict[str, str]:
-    """object name -> the generation registered for this version (what it must read)."""
-    return {r.object_name: r.generation for r in s.hosts.values() if r.generation}
-
-
-def _analysis_dir(s: SessionRecord) -> str:
-    any_host = next(iter(s.hosts.values()))
-    return f"{any_host.object_name.rsplit('/', 1)[0]}/analysis"
 
 
 def _write_json(services: Services, s: SessionRecord, filename: str,
@@ -99,7 +72,7 @@ def _write_json(services: Services, s: SessionRecord, filename: str,
 
 def _write_artifact(services: Services, s: SessionRecord, filename: str, data: bytes,
                     content_type: str) -> str:
-    base = _analysis_dir(s)
+    base = analysis_dir(s)
     # The latest version at analysis/<file>; every version also keeps analysis/v<n>/<file>.
     services.storage.write_bytes(f"{base}/v{s.version}/{filename}", data,
                                  content_type=content_type)
@@ -118,7 +91,7 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
     A session over this instance's limits goes to the collect job; a large or many-host one
     fans out (one `collect_host` per host) and is combined here when every host is done.
     """
-    s = _current(services, msg, (CAPTURED, ANALYZING))
+    s = current(services, msg, (CAPTURED, ANALYZING))
     if s is None:
         return
     if s.progress.startswith("collected:"):
@@ -142,19 +115,23 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
     if over and not settings.in_job:
         _hand_to_job(services, msg, s, over)
         return
-    host_parts = None
-    if _fans_out(settings, sizes):
-        host_parts = _host_parts(services, s, sorted(arrived))
-        if host_parts is None:
-            _fan_out(services, msg, s, sorted(arrived))
+    parts = None
+    if fans_out(settings, sizes):
+        parts = host_parts(services, s, sorted(arrived))
+        if parts is None and settings.in_job:
+            # The job's tasks share the hosts: no function instance gets one it cannot hold.
+            share_hosts(services, msg, s, sorted(arrived), wait=True)
+            parts = host_parts(services, s, sorted(arrived))
+        if parts is None:
+            fan_out(services, msg, s, sorted(arrived))
             return
-    key = "combine" if host_parts is not None else "collect"
+    key = "combine" if parts is not None else "collect"
     try:
-        with claimed(services, _stage_key(key, msg), keep_alive=toucher(
+        with claimed(services, stage_key(key, msg), keep_alive=toucher(
                 services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
             if not mine:
                 return
-            _collect_claimed(services, msg, host_parts)
+            _collect_claimed(services, msg, parts)
     except _TooLargeHere as e:
         # The claim was released: the collect job takes the session with its own.
         _hand_to_job(services, msg, s, str(e))
@@ -184,7 +161,7 @@ def _collect_claimed(services: Services, msg: AnalyzeSession,
         # Bad input: FAILED with the reason, acknowledged.
         fail(services, msg.run, msg.session, str(e), msg.version)
         return
-    snapshot["session"]["path"] = services.storage.uri(_analysis_dir(s).rsplit("/", 1)[0])
+    snapshot["session"]["path"] = services.storage.uri(analysis_dir(s).rsplit("/", 1)[0])
     snapshot["session"]["version"] = s.version
     failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
     failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
@@ -202,14 +179,35 @@ def _collect_claimed(services: Services, msg: AnalyzeSession,
     _route_after_collect(services, msg, status)
 
 
+def op_stats_name(s: SessionRecord) -> str:
+    """Where the session's op_stats are kept (the viewer's prebuild reads them)."""
+    return f"{analysis_dir(s)}/v{s.version}/op_stats.pb"
+
+
 def _collect_snapshot(services: Services, s: SessionRecord,
                       host_parts: Mapping[str, Mapping[str, Any]] | None) -> dict[str, Any]:
+    """The health snapshot; the session's op_stats as xprof's tools read them are kept
+    beside it (`op_stats_name`)."""
+    keep = Path(tempfile.mkdtemp(prefix="mldiag-op-stats-"))
+    try:
+        snapshot = _snapshot(services, s, host_parts, keep / "op_stats.pb")
+        if (keep / "op_stats.pb").is_file():
+            services.storage.put_file(op_stats_name(s), keep / "op_stats.pb")
+        return snapshot
+    finally:
+        shutil.rmtree(keep, ignore_errors=True)
+
+
+def _snapshot(services: Services, s: SessionRecord,
+              host_parts: Mapping[str, Mapping[str, Any]] | None,
+              op_stats_out: Path) -> dict[str, Any]:
     settings = services.settings
     options: dict[str, Any] = {"max_host_bytes": settings.max_host_bytes,
                                "memory_budget_bytes": settings.memory_budget_bytes,
                                "tool_timeout_s": settings.tool_timeout_s,
                                "window_min_bytes": settings.window_min_bytes or None,
-                               "window_bytes": settings.window_bytes or None}
+                               "window_bytes": settings.window_bytes or None,
+                               "op_stats_out": op_stats_out}
     if host_parts is None:
 
         def windows_done(done: int, total: int) -> None:
@@ -220,11 +218,11 @@ def _collect_snapshot(services: Services, s: SessionRecord,
 
         options["on_windows"] = windows_done
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
-        exchange = window_exchange(services, s, _analysis_dir(s))
+        exchange = window_exchange(services, s, analysis_dir(s))
         try:
-            with services.storage.local_files(names, generations=_generations(s),
+            with services.storage.local_files(names, generations=generations(s),
                                               max_bytes=settings.max_host_bytes) as local:
-                return collect_snapshot(_profile_session(s, local), exchange=exchange,
+                return collect_snapshot(profile_session(s, local), exchange=exchange,
                                         **options)
         finally:
             if exchange is not None:
@@ -235,8 +233,8 @@ def _collect_snapshot(services: Services, s: SessionRecord,
             *(f"{h}: {p['failed']}" for h, p in sorted(host_parts.items()))))
     # The converters read each host's memory copy, beside the session's op_stats combined
     # from the hosts' own (`collect_host`).
-    inputs = {h: _host_file(s, h, "converter-input.pb") for h in ok}
-    built = {h: _host_file(s, h, "op_stats.pb") for h in ok}
+    inputs = {h: host_file(s, h, "converter-input.pb") for h in ok}
+    built = {h: host_file(s, h, "op_stats.pb") for h in ok}
     with services.storage.local_files([*inputs.values(), *built.values()]) as local:
         view = Path(tempfile.mkdtemp(prefix="mldiag-combine-"))
         try:
@@ -250,7 +248,15 @@ def _collect_snapshot(services: Services, s: SessionRecord,
             shutil.rmtree(view, ignore_errors=True)
     snapshot["collection"]["fanned_out"] = {
         "hosts": len(host_parts), "failed": sorted(h for h in host_parts if h not in ok),
-        "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())}}
+        "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())},
+        "per_host_worker_peak_rss_bytes": {h: p.get("worker_peak_rss_bytes")
+                                           for h, p in sorted(ok.items())},
+        # How each host's op_stats were built (1: whole), and by which task of the collect
+        # job when its tasks shared the hosts.
+        "op_stats_windows": {h: p["parts"].get("op_stats", {}).get("windows")
+                             for h, p in sorted(ok.items())},
+        "hosts_by_task": {h: p["job_task"] for h, p in sorted(host_parts.items())
+                          if "job_task" in p}}
     return snapshot
 
 
@@ -259,11 +265,15 @@ def collect_windows(msg: AnalyzeSession, services: Services) -> None:
     `settings.collect_job_tasks`): convert its share of a large host's time windows and
     publish them for task 0, which runs the collection and combines them (`window_tasks`).
     Nothing to do when the session has no windows to share."""
-    s = _current(services, msg, (CAPTURED, ANALYZING))
+    s = current(services, msg, (CAPTURED, ANALYZING))
     if s is None:
         return
     settings = services.settings
-    exchange = window_exchange(services, s, _analysis_dir(s))
+    arrived = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
+    if fans_out(settings, [s.hosts[h].size for h in arrived]):
+        share_hosts(services, msg, s, arrived, wait=False)
+        return
+    exchange = window_exchange(services, s, analysis_dir(s))
     if exchange is None:
         log.info("collect job task %d: session %s/%s has no time windows to share",
                  settings.job_task, msg.run, msg.session)
@@ -276,7 +286,7 @@ def collect_windows(msg: AnalyzeSession, services: Services) -> None:
         if not held:
             return
         (record,) = [r for r in s.hosts.values() if r.status == "ARRIVED"]
-        with services.storage.local_files([record.object_name], generations=_generations(s),
+        with services.storage.local_files([record.object_name], generations=generations(s),
                                           max_bytes=settings.max_host_bytes) as local:
             done = convert_windows(
                 local / record.object_name.rsplit("/", 1)[1], exchange, windows, held,
@@ -311,7 +321,7 @@ def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
         fail(services, msg.run, msg.session, f"session too large for the collect function: "
              f"{why}, and no collect job is configured (MLDIAG_COLLECT_JOB)", msg.version)
         return
-    key = _stage_key("job", msg)
+    key = stage_key("job", msg)
     if not services.state.claim(key, services.owner, services.settings.stuck_after_s,
                                 services.clock()):
         return
@@ -332,7 +342,7 @@ def _hand_to_job(services: Services, msg: AnalyzeSession, s: SessionRecord,
 
 
 def _job_note_name(s: SessionRecord) -> str:
-    return f"{_analysis_dir(s)}/v{s.version}/collect-job.json"
+    return f"{analysis_dir(s)}/v{s.version}/collect-job.json"
 
 
 def _job_note(services: Services, s: SessionRecord) -> dict[str, Any] | None:
@@ -342,95 +352,6 @@ def _job_note(services: Services, s: SessionRecord) -> dict[str, Any] | None:
     except (FileNotFoundError, ValueError):
         return None
     return {"why": str(note.get("why", ""))} if isinstance(note, dict) else None
-
-
-def _fans_out(settings: Settings, sizes: Sequence[int]) -> bool:
-    return len(sizes) >= max(settings.fanout_min_hosts, 2) or (
-        len(sizes) >= 2 and sum(sizes) >= settings.fanout_min_bytes)
-
-
-def _host_part_name(s: SessionRecord, host: str) -> str:
-    return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.json"
-
-
-def _host_file(s: SessionRecord, host: str, suffix: str) -> str:
-    return f"{_analysis_dir(s)}/v{s.version}/hosts/{host}.{suffix}"
-
-
-def _hosts_done(services: Services, s: SessionRecord, hosts: Sequence[str]) -> set[str]:
-    """The hosts whose collect_host result is written."""
-    present = {o.name for o in services.storage.list(f"{_analysis_dir(s)}/v{s.version}/hosts/")}
-    return {h for h in hosts if _host_part_name(s, h) in present}
-
-
-def _host_parts(services: Services, s: SessionRecord,
-                hosts: Sequence[str]) -> dict[str, dict[str, Any]] | None:
-    """Every host's collect_host result, or None while any is missing."""
-    if len(_hosts_done(services, s, hosts)) < len(hosts):
-        return None
-    return {h: _read_json(services, _host_part_name(s, h)) for h in hosts}
-
-
-def _fan_out(services: Services, msg: AnalyzeSession, s: SessionRecord,
-             hosts: Sequence[str]) -> None:
-    """Ask for every host's collect_host. Once fanned out, a repeat of the request (the
-    sweeper's, for a session stuck past its deadline) asks again for the hosts still missing:
-    a host whose instance died is retried, and the claims keep the others from running twice.
-    """
-    if not s.progress.startswith("fanout:"):
-        moved = services.state.transition(msg.run, msg.session, ANALYZING,
-                                          expect=[CAPTURED, ANALYZING], version=msg.version,
-                                          now=services.clock(), progress=f"fanout:{len(hosts)}")
-        if moved is None:
-            return
-    done = _hosts_done(services, s, hosts)
-    for host in hosts:
-        if host not in done:
-            services.bus.publish(CollectHost(run=msg.run, session=msg.session,
-                                             version=msg.version, host=host))
-
-
-def collect_host(msg: CollectHost, services: Services) -> None:
-    """One host of a fanned-out session: its per-host jobs, written to analysis/v<N>/hosts/;
-    the host that completes the set asks for the combine step."""
-    s = _current(services, msg, (ANALYZING,))
-    if s is None or msg.host not in s.hosts or s.hosts[msg.host].status != "ARRIVED":
-        return
-    with claimed(services, f"collect_host:{msg.run}/{msg.session}#v{msg.version}/"
-                           f"{msg.host}", keep_alive=toucher(
-                               services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
-        if not mine:
-            return
-        settings = services.settings
-        record = s.hosts[msg.host]
-        with services.storage.local_files(
-                [record.object_name], generations=_generations(s),
-                max_bytes=settings.max_host_bytes) as local, \
-                tempfile.TemporaryDirectory(prefix="mldiag-host-") as out:
-            xplane = local / record.object_name.rsplit("/", 1)[1]
-            try:
-                result = collect_host_parts(
-                    xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
-                    max_host_bytes=settings.max_host_bytes,
-                    memory_budget_bytes=settings.memory_budget_bytes,
-                    window_min_bytes=settings.window_min_bytes or None,
-                    window_bytes=settings.window_bytes or None)
-            except ProfileUnreadable as e:
-                # This host is left out of the report, which names it and says why.
-                result = {"host": msg.host, "failed": str(e)}
-            if "failed" not in result:
-                # Its op_stats and the copy the combine step's converters read beside them.
-                for suffix, local_name in (("op_stats.pb", f"{msg.host}.op_stats.pb"),
-                                           ("converter-input.pb", f"{msg.host}.xplane.pb")):
-                    services.storage.put_file(_host_file(s, msg.host, suffix),
-                                              Path(out) / local_name)
-        services.storage.write_bytes(_host_part_name(s, msg.host),
-                                     json.dumps(result, default=str).encode(),
-                                     content_type="application/json")
-    hosts = sorted(h for h, r in s.hosts.items() if r.status == "ARRIVED")
-    if len(_hosts_done(services, s, hosts)) == len(hosts):
-        services.bus.publish(AnalyzeSession(run=msg.run, session=msg.session,
-                                            version=msg.version))
 
 
 def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
@@ -447,31 +368,27 @@ def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -
     publish_or_undo(services, moved, ANALYZING, message)
 
 
-def _read_json(services: Services, name: str) -> dict[str, Any]:
-    return cast(dict[str, Any], json.loads(services.storage.read_bytes(name)))
-
-
 def investigate(msg: InvestigateSession, services: Services) -> None:
     """Run the investigator on the snapshot and write investigation.json."""
-    s = _current(services, msg, (INVESTIGATING,))
+    s = current(services, msg, (INVESTIGATING,))
     if s is None:
         return
     if s.progress == "investigated":
         services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
         return
-    with claimed(services, _stage_key("investigate", msg), keep_alive=toucher(
+    with claimed(services, stage_key("investigate", msg), keep_alive=toucher(
             services, msg.run, msg.session, msg.version, INVESTIGATING)) as mine:
         if not mine:
             return
-        base = _analysis_dir(s)
-        snapshot = _read_json(services, f"{base}/v{s.version}/health_snapshot.json")
+        base = analysis_dir(s)
+        snapshot = read_json(services, f"{base}/v{s.version}/health_snapshot.json")
         result = triage(snapshot)
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         # The follow-ups read the generations collect analysed, each under the per-host cap.
-        with services.storage.local_files(names, generations=_generations(s),
+        with services.storage.local_files(names, generations=generations(s),
                                           max_bytes=services.settings.max_host_bytes) as local:
             investigation = run_investigator(snapshot, result, services.investigator,
-                                             session=_profile_session(s, local))
+                                             session=profile_session(s, local))
         _write_json(services, s, "investigation.json",
                     {**investigation, "triage": result.to_dict()})
         services.state.transition(msg.run, msg.session, INVESTIGATING, expect=[INVESTIGATING],
@@ -483,17 +400,17 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
 
 def render_report(msg: RenderReport, services: Services) -> None:
     """Write analysis.json and summary.html; mark the session REPORTED."""
-    s = _current(services, msg, (ANALYZING, INVESTIGATING))
+    s = current(services, msg, (ANALYZING, INVESTIGATING))
     if s is None:
         return
-    with claimed(services, _stage_key("render", msg)) as mine:
+    with claimed(services, stage_key("render", msg)) as mine:
         if not mine:
             return
-        base = f"{_analysis_dir(s)}/v{s.version}"
-        snapshot = _read_json(services, f"{base}/health_snapshot.json")
+        base = f"{analysis_dir(s)}/v{s.version}"
+        snapshot = read_json(services, f"{base}/health_snapshot.json")
         result = triage(snapshot)
         if services.storage.stat(f"{base}/investigation.json") is not None:
-            investigation = _read_json(services, f"{base}/investigation.json")
+            investigation = read_json(services, f"{base}/investigation.json")
         else:
             # Only an OPTIMAL triage comes here without an investigation: the engine then makes
             # no follow-up call, so no profile files are needed.
@@ -544,8 +461,9 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
     version, so that the first open in the console is warm (see mldiag.viewer).
 
     A session whose conversions need more than this instance's memory goes to the collect job
-    (task 0 runs this stage there, with the job's `MLDIAG_VIEWER_MEMORY_BUDGET`); one over
-    that too is not prebuilt, and `skipped.json` says why."""
+    (task 0 runs this stage there, with the job's `MLDIAG_VIEWER_MEMORY_BUDGET`); over that
+    too, its large hosts are viewed in time windows (`viewer_prebuild`), and when not even
+    those fit, `skipped.json` says why."""
     s = services.state.get_session(msg.run, msg.session)
     if s is None or s.state != REPORTED or s.version != msg.version:
         return  # a newer version (or none) supersedes it: nothing to build
@@ -573,22 +491,33 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
                      "about %.1f GiB, over this instance's %.1f GiB", msg.run, msg.session,
                      msg.version, execution, need / 1024**3, budget / 1024**3)
         return
-    if need > budget:
-        # xprof's converters would take this instance down, and the redelivery after it: say
-        # so once, where the console looks; its first open converts on demand.
-        largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
-        where = "the collect job's" if settings.in_job else "this instance's"
-        why = (f"not prebuilt: its largest host is {largest / 1024**2:,.1f} MB, and xprof's "
-               f"viewer conversions need about {need / 1024**3:.1f} GiB, over {where} "
-               f"memory budget of {budget / 1024**3:.1f} GiB")
-        services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
-            {"reason": why, "needs_bytes": need, "budget_bytes": budget,
-             "at": services.clock()}).encode(), content_type="application/json")
-        log.warning("viewer caches of %s/%s v%d %s", msg.run, msg.session, msg.version, why)
-        return
     with claimed(services, f"viewer:{msg.run}/{msg.session}/v{msg.version}") as mine:
         if not mine:
             return
-        manifest = viewer.prebuild(s, services.storage)
+        from mldiag import viewer_prebuild
+
+        try:
+            # Hosts whose conversions would not fit the budget are viewed in time windows.
+            manifest = viewer_prebuild.prebuild(s, services.storage, budget_bytes=budget,
+                                                op_stats_name=op_stats_name(s),
+                                                window_bytes=settings.window_bytes or None)
+        except viewer_prebuild.NotPrebuilt as e:
+            # Said once, where the console looks: its first open then says why it cannot
+            # convert what xprof would need more memory for.
+            largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
+            where = "the collect job's" if settings.in_job else "this instance's"
+            why = (f"not prebuilt: its largest host is {largest / 1024**2:,.1f} MB, and "
+                   f"xprof's viewer conversions need about {need / 1024**3:.1f} GiB, over "
+                   f"{where} memory budget of {budget / 1024**3:.1f} GiB, and {e}")
+            services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
+                {"reason": why, "needs_bytes": need, "budget_bytes": budget,
+                 "at": services.clock()}).encode(), content_type="application/json")
+            log.warning("viewer caches of %s/%s v%d %s", msg.run, msg.session, msg.version,
+                        why)
+            return
+        if manifest.get("view"):
+            log.info("viewer caches of %s/%s v%d: hosts viewed in time windows %s (whole, "
+                     "they need about %.1f GiB, over %.1f GiB)", msg.run, msg.session,
+                     msg.version, manifest["view"]["windows"], need / 1024**3, budget / 1024**3)
         log.info("viewer caches of %s/%s v%d built in %.1f s (%d files)", msg.run, msg.session,
                  msg.version, manifest["elapsed_ms"] / 1000, len(manifest["files"]))

@@ -30,12 +30,12 @@ from mldiag.messages import (
 )
 from mldiag.stages.analysis import (
     collect,
-    collect_host,
     investigate,
     prebuild_viewer,
     render_report,
 )
 from mldiag.stages.capture import on_capture_request, on_degradation_alert
+from mldiag.stages.fanout import collect_host
 from mldiag.stages.intake import on_profile_object
 from mldiag.stages.services import Services, fail
 

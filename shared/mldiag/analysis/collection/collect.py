@@ -35,7 +35,12 @@ from mldiag.analysis.collection.workers import (
     run_jobs,
     worker_allocator,
 )
-from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace, xprof_installed_version
+from mldiag.analysis.collection.xprof_tools import (
+    OP_STATS_FILE,
+    NoData,
+    XprofWorkspace,
+    xprof_installed_version,
+)
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.errors import ProfileUnreadable
 
@@ -499,8 +504,12 @@ def collect_host(
         parts["converter_input"] = "memory_copy"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    peaks = [o.peak_rss_bytes for o in outcomes.values() if o.peak_rss_bytes]
     return {"host": host, "bytes": size, "elapsed_ms": round(
-        (time.perf_counter() - started) * 1000.0, 1), "parts": parts}
+        (time.perf_counter() - started) * 1000.0, 1), "parts": parts,
+        "worker_peak_rss_bytes": max(peaks, default=None),
+        "jobs": {n: {"status": o.status, "elapsed_ms": round(o.elapsed_ms, 1),
+                     "peak_rss_bytes": o.peak_rss_bytes} for n, o in outcomes.items()}}
 
 
 def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outcome]:
@@ -586,6 +595,7 @@ def collect(
     exchange: WindowExchange | None = None,
     window_min_bytes: int | None = None,
     window_bytes: int | None = None,
+    op_stats_out: Path | None = None,
 ) -> dict[str, Any]:
     """Run the 15 collection tools on a session and return the health snapshot.
 
@@ -608,6 +618,9 @@ def collect(
     (`window_tasks`): the windows they publish are combined with those built here.
     `window_min_bytes` and `window_bytes` override when a host is cut in time windows and
     their size (`plan.window_count`).
+    `op_stats_out`: where to keep the session's op_stats as xprof's tools read them (built,
+    or combined from windows or hosts), for the viewer's prebuild; not written when the
+    op_stats job did not complete.
     Raises ProfileUnreadable (one-line reason) when the input cannot be analysed, and
     SessionTooLarge when not even the op_stats build fits the budget.
     """
@@ -674,6 +687,11 @@ def collect(
                 {"host_op_stats": [str(host_op_stats[h]) for h in session.hosts]}
                 if j.name == "op_stats" and host_op_stats is not None else {})},
             on_outcome=on_outcome, done={o.name: o for o in premade}, remote=remote)
+        saved = root / "plugins" / "profile" / session.name / OP_STATS_FILE
+        if op_stats_out is not None and saved.is_file() and outcomes.get(
+                "op_stats", Outcome("op_stats", ERROR, None, 0.0)).status == DATA:
+            op_stats_out.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(saved, op_stats_out)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     elapsed_ms = (time.perf_counter() - started) * 1000.0

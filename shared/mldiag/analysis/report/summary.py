@@ -234,6 +234,7 @@ def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -
                                                                key=lambda kv: int(kv[0])))
         line.append(f"; its {len(by_task)} time windows were converted by the collect job's "
                     f"tasks ({shares})")
+    line += _fan_out_note(as_map(info.get("fanned_out")))
     if peak is not None and budget is not None:
         line.append(f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
                     f"(memory budget {budget / 1024**3:,.2f} GiB)")
@@ -246,6 +247,30 @@ def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -
     if not items:
         return why(parts(*line, "; no tool was skipped, stopped or degraded."))
     return Callout(parts(*line, ". What collection had to cut"), items)
+
+
+def _fan_out_note(fanned: Mapping[str, Any]) -> list[Cell]:
+    """A fanned-out session: each host collected on its own (its op_stats whole or in time
+    windows), combined as xprof combines hosts; who collected them in the collect job."""
+    if not fanned:
+        return []
+    windows = [w for w in as_map(fanned.get("op_stats_windows")).values()
+               if isinstance(w, int)]
+    line = f"; its {fanned.get('hosts')} hosts were collected one by one"
+    cut = sum(1 for w in windows if w > 1)
+    if cut:
+        line += (f" ({cut} of them converted in time windows, "
+                 f"{sum(w for w in windows if w > 1)} in all)")
+    line += " and their op_stats combined as xprof combines hosts"
+    by_task = as_map(fanned.get("hosts_by_task"))
+    if by_task:
+        counts: dict[str, int] = {}
+        for task in by_task.values():
+            counts[str(task)] = counts.get(str(task), 0) + 1
+        shares = ", ".join(f"task {t}: {n}" for t, n in sorted(counts.items(),
+                                                               key=lambda kv: int(kv[0])))
+        line += f", by the collect job's tasks ({shares})"
+    return [line]
 
 
 def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Summary:

@@ -1,0 +1,189 @@
+"""A REPORTED session's viewer caches, built into the bucket so that a first open is warm
+(`prebuild`; the pipeline's prebuild_viewer stage calls it).
+
+What a first open asks for is answered once, here (`default_queries`), and every file the
+plugin wrote (trace-viewer SSTABLEs, op_stats, HLO protos) and every whole answer is put
+under `analysis/xprof_cache/<key>/` with a manifest, written last.
+
+**Large hosts, window by window.** xprof's viewer conversions read a whole host in memory,
+about 17.5 bytes per byte (`viewer.PREBUILD_RSS_PER_BYTE`): a 2 GB host needs about 35 GiB,
+over any Cloud Run instance. A host whose conversions would not fit the prebuild's budget is
+cut into time windows between module executions (`op_stats_shards.module_cuts`, the same
+seam as the collection's), each small enough to convert within it, and viewed as hosts of
+their own, `<host>.window<k>` (`viewer.window_host`): the trace viewer of each window is
+prebuilt, and the first window's is what a first open shows. The session's tools that read
+op_stats (overview, op profile, roofline, HLO stats, ...) read the session's op_stats as the
+collection combined them (`analysis/v<n>/op_stats.pb`, adopted as the workspace's
+`ALL_HOSTS` op_stats), so they show the whole session's figures, not a window's. The
+windows' files are part of the cache: the console fetches them instead of the host.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+from mldiag.errors import MldiagError
+from mldiag.model import SessionRecord
+from mldiag.ports import Storage
+from mldiag.viewer import (
+    MANIFEST,
+    PREBUILD_BASE_BYTES,
+    PREBUILD_RSS_PER_BYTE,
+    PREBUILT_RESOLUTIONS,
+    Workspace,
+    arrived_hosts,
+    cache_prefix,
+    window_host,
+    xprof_version,
+)
+
+log = logging.getLogger(__name__)
+# The file name xprof's viewer reads a session's op_stats from (its `ALL_HOSTS` cache), and
+# the one that says which xprof version wrote a run directory's saved results.
+ALL_HOSTS_OP_STATS = "ALL_HOSTS.op_stats_v2.pb"
+CACHE_VERSION_FILE = "cache_version.txt"
+# The most a window of the windowed view holds: its trace conversion about 2.5 GB.
+VIEW_WINDOW_BYTES = 128 * 1024**2
+# Below this, windows are too many and too short to be worth viewing one by one.
+MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
+
+
+class NotPrebuilt(MldiagError):
+    """The session's caches cannot be built under this budget (the reason says why).
+    Permanent for this budget: `skipped.json` records it."""
+
+
+def view_windows(session: SessionRecord, budget_bytes: int | None, *,
+                 window_bytes: int | None = None) -> dict[str, int]:
+    """host -> how many time windows it is viewed in, for the hosts whose whole conversions
+    would need more than `budget_bytes` (none without a budget). Windows are as large as the
+    budget allows, at most VIEW_WINDOW_BYTES (or `window_bytes`). Raises NotPrebuilt when
+    not even a window of MIN_VIEW_WINDOW_BYTES would fit."""
+    if not budget_bytes:
+        return {}
+    sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
+    files = sum(sizes.values())
+    # Each conversion reads one window; the files (the host being cut, its windows) are held
+    # beside it (/tmp is memory on Cloud Run).
+    room = budget_bytes - PREBUILD_BASE_BYTES - files
+    window = window_bytes or (
+        min(VIEW_WINDOW_BYTES, int(room / PREBUILD_RSS_PER_BYTE)) if room > 0 else 0)
+    out: dict[str, int] = {}
+    for host, size in sorted(sizes.items()):
+        if PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size + files <= budget_bytes:
+            continue
+        if window < MIN_VIEW_WINDOW_BYTES and not window_bytes:
+            raise NotPrebuilt(f"not even time windows of {MIN_VIEW_WINDOW_BYTES // 1024**2} "
+                              "MB would fit it beside the session's files")
+        out[host] = -(-size // window)
+    return out
+
+
+def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
+    """What a first open asks for, as the official frontend asks it. The trace viewer's first
+    request names its window's resolution (`tag=trace_viewer@&host=H&hosts=H&resolution=3240
+    &...`), rounded up by `Workspace.sanitise`. In a windowed view every window's trace is
+    built too, so that each one opens warm."""
+    first = ws.hosts[0] if ws.hosts else ""
+    out: list[tuple[str, dict[str, str]]] = [("run_tools", {"run": ws.run})]
+    for tool in ("overview_page", "trace_viewer@", "op_profile", "input_pipeline_analyzer",
+                 "framework_op_stats", "hlo_stats", "roofline_model", "memory_profile"):
+        out.append(("hosts", {"run": ws.run, "tag": tool}))
+    out.append(("data", {"run": ws.run, "tag": "overview_page", "host": first}))
+    windowed = [h for h in ws.hosts if h not in arrived_hosts_of(ws)]
+    for host in [first, *(h for h in windowed if h != first)]:
+        out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host}))
+        for resolution in PREBUILT_RESOLUTIONS:
+            out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host,
+                                 "resolution": str(resolution)}))
+    return out
+
+
+def arrived_hosts_of(ws: Workspace) -> set[str]:
+    """The workspace's hosts viewed whole (the others are windows)."""
+    return set(ws.sizes)
+
+
+def _cut(ws: Workspace, session: SessionRecord, storage: Storage,
+         windows: dict[str, int], scratch: Path) -> dict[str, int]:
+    """Cut each windowed host into its windows, written into the workspace's run directory;
+    returns how many each has (fewer when the trace has fewer gaps between modules)."""
+    from mldiag.analysis.collection import op_stats_shards as shards
+    from mldiag.analysis.collection.xspace_scan import XSpaceScan
+
+    names = arrived_hosts(session)
+    done: dict[str, int] = {}
+    for host, count in windows.items():
+        whole = scratch / f"{host}.xplane.pb"
+        storage.fetch_to(names[host], whole)
+        with XSpaceScan(whole) as scan:
+            cuts = shards.module_cuts(scan, count)
+            out = [ws.run_dir / f"{window_host(host, k)}.xplane.pb"
+                   for k in range(len(cuts) + 1)]
+            shards.write_windows(scan, cuts, out)
+        whole.unlink()
+        done[host] = len(cuts) + 1
+    return done
+
+
+def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None,
+             budget_bytes: int | None = None, op_stats_name: str | None = None,
+             window_bytes: int | None = None) -> dict[str, Any]:
+    """Build a session's viewer caches and store them in the bucket; returns the manifest.
+
+    Hosts whose conversions would not fit `budget_bytes` are viewed window by window (see
+    the module's notes; `window_bytes` sets the windows' size), with the session's op_stats
+    from `op_stats_name`. Raises NotPrebuilt
+    when that cannot be done. The manifest is written last, so a reader never sees half a
+    cache."""
+    prefix = cache_prefix(session)
+    started = time.monotonic()
+    windows = view_windows(session, budget_bytes, window_bytes=window_bytes)
+    if windows and (op_stats_name is None or storage.stat(op_stats_name) is None):
+        raise NotPrebuilt("its hosts are viewed in time windows, and the collection kept no "
+                          "op_stats of the session to show beside them")
+    with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
+        ws = Workspace(Path(tmp) / "ws", session)
+        ws.materialise(session, storage, skip=set(windows))
+        view: dict[str, Any] | None = None
+        if windows:
+            scratch = Path(tmp) / "scratch"
+            scratch.mkdir()
+            view = {"windows": _cut(ws, session, storage, windows, scratch)}
+            ws.view(view)
+            assert op_stats_name is not None
+            storage.fetch_to(op_stats_name, ws.run_dir / ALL_HOSTS_OP_STATS)
+            # xprof's plugin clears a run directory's saved results (these op_stats included)
+            # before its first conversion there unless this file names its version.
+            (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
+        built: list[str] = []
+        for route, query in default_queries(ws):
+            try:
+                ws.answer(route, query)
+                built.append(f"{route}?{urlencode(sorted(query.items()))}")
+            except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
+                log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
+        files: list[str] = []
+        for path in sorted(ws.root.rglob("*")):
+            rel = path.relative_to(ws.root).as_posix()
+            if not path.is_file() or any(part.startswith(".") for part in rel.split("/")):
+                continue  # xprof's tool-list cache keys on file mtimes: ours replaces it
+            if path.name.endswith(".xplane.pb") and path.stem.removesuffix(
+                    ".xplane") in arrived_hosts_of(ws):
+                continue  # a host viewed whole: the console reads it from the session
+            storage.put_file(f"{prefix}/{rel}", path)
+            files.append(rel)
+        manifest: dict[str, Any] = {
+            "key": ws.key, "xprof": xprof_version(), "files": files, "built": built,
+            "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
+        if view is not None:
+            manifest["view"] = view
+        storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
+                            content_type="application/json")
+    return manifest
