@@ -199,6 +199,11 @@ class Workspace:
         # not fit `memory_budget` (the console's), rather than take the console down.
         self.sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
         self.memory_budget: int | None = None
+        # Windows of a windowed view not fetched yet: host -> the cache files it needs.
+        self.pending: dict[str, list[str]] = {}
+        self._windows: dict[str, int] = {}
+        # Where the prebuilt cache is read from: (storage, prefix), set when opened.
+        self.source: tuple[Storage, str] | None = None
         view = root / VIEW_HOSTS
         if view.is_file():
             self.view(json.loads(view.read_text()))
@@ -226,31 +231,68 @@ class Workspace:
                 storage.fetch_to(name, self.run_dir / f"{host}.xplane.pb")
         if manifest is None:
             return
+        files = [rel for rel in manifest.get("files", []) if isinstance(rel, str)
+                 and ".." not in rel.split("/") and not rel.startswith("/")]
         if isinstance(manifest.get("view"), dict):
-            # Large hosts are viewed window by window: their windows are among the files.
+            # Large hosts are viewed window by window: their windows are among the files. The
+            # first window is fetched now (what a first open shows), the others when a
+            # request names them (a 2 GB host's windows and traces are several GB, and the
+            # console's disk is its memory).
             self.view(manifest["view"])
-            (self.root / VIEW_HOSTS).write_text(json.dumps(manifest["view"]))
-        for rel in manifest.get("files", []):
-            if not isinstance(rel, str) or ".." in rel.split("/") or rel.startswith("/"):
-                continue
-            dest = self.root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                storage.fetch_to(f"{prefix}/{rel}", dest)
-            except FileNotFoundError:
-                log.warning("viewer cache %s lacks %s", prefix, rel)
-                continue
-            if dest.stat().st_nlink > 1 and not rel.endswith(".SSTABLE"):
-                # A hard link to the bucket's object: xprof rewrites small cache files such
-                # as cache_version.txt in place, which must not change the bucket's copy.
-                data = dest.read_bytes()
-                dest.unlink()
-                dest.write_bytes(data)
+            later = [h for h in self.hosts if h not in self.sizes][1:]
+            for rel in files:
+                name = rel.rsplit("/", 1)[-1]
+                owner = next((w for w in later if name.startswith(f"{w}.")), None)
+                if owner is not None:
+                    self.pending.setdefault(owner, []).append(rel)
+            files = [rel for rel in files if not any(rel in v for v in self.pending.values())]
+            self._save_view(manifest["view"])
+        self.source = (storage, prefix)
+        for rel in files:
+            self._fetch(rel)
+
+    def _fetch(self, rel: str) -> None:
+        """One file of the prebuilt cache, from the bucket into the workspace."""
+        assert self.source is not None
+        storage, prefix = self.source
+        dest = self.root / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            storage.fetch_to(f"{prefix}/{rel}", dest)
+        except FileNotFoundError:
+            log.warning("viewer cache %s lacks %s", prefix, rel)
+            return
+        if dest.stat().st_nlink > 1 and not rel.endswith((".SSTABLE", ".xplane.pb")):
+            # A hard link to the bucket's object: xprof rewrites small cache files such
+            # as cache_version.txt in place, which must not change the bucket's copy.
+            data = dest.read_bytes()
+            dest.unlink()
+            dest.write_bytes(data)
+
+    def _save_view(self, view: Mapping[str, Any]) -> None:
+        (self.root / VIEW_HOSTS).write_text(json.dumps(
+            {"windows": view.get("windows", {}), "pending": self.pending}))
+
+    def _fetch_windows(self, q: Mapping[str, str]) -> None:
+        """Fetch the windows a request needs that are not here yet: those it names, or every
+        one when it names none (a tool over all hosts)."""
+        if not self.pending or self.source is None:
+            return
+        named = [h for h in (q.get("hosts") or q.get("host") or "").split(",") if h]
+        wanted = [h for h in named if h in self.pending] if named else list(self.pending)
+        for host in wanted:
+            for rel in self.pending[host]:
+                self._fetch(rel)
+            del self.pending[host]
+        if wanted:
+            self._save_view({"windows": self._windows})
 
     def view(self, view: Mapping[str, Any]) -> None:
         """Take the hosts of a windowed view (`viewer_prebuild`): each large host's windows
         stand for it, named `<host>.window<k>`."""
         windows = {str(h): int(n) for h, n in (view.get("windows") or {}).items()}
+        self._windows = windows
+        self.pending = {str(h): list(f) for h, f in (view.get("pending") or {}).items()}
         self.hosts = [w for h in self.hosts for w in (
             [window_host(h, k) for k in range(windows[h])] if h in windows else [h])]
         for h in windows:
@@ -398,6 +440,8 @@ class Workspace:
     def _convert(self, route: str, q: Mapping[str, str]) -> Response:
         if route == "data" and (why := self.too_large()):
             raise ViewerError(f"not converted: {why}", 503)
+        if route != "runs":
+            self._fetch_windows(q if route == "data" else {})
         plugin, request = self.plugin, self._request(q)
         if route == "run_tools":
             return Response(json.dumps(plugin.run_tools_imp(self.run, request)).encode(),
@@ -498,6 +542,7 @@ class Viewers:
                 else:
                     ws = Workspace(root, session)
             ws.memory_budget = self.memory_budget
+            ws.source = (self.storage, cache_prefix(session))
             with self._lock:
                 self._open[key] = ws
                 self._opening.pop(key, None)

@@ -17,7 +17,7 @@ import pytest
 
 from mldiag import viewer as viewer_module
 from mldiag.model import SessionRecord
-from mldiag.viewer import MANIFEST, ViewerError, Viewers, cache_key, cache_prefix
+from mldiag.viewer import MANIFEST, ViewerError, Viewers, Workspace, cache_key, cache_prefix
 from tests.console.conftest import HOST, Site
 
 XP = "/runs/tpu/sessions/s1/xprof/data/plugin/profile"
@@ -402,6 +402,9 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
     ws = viewers.workspace(big)
     assert ws.hosts == names
     assert not (ws.run_dir / f"{HOST}.xplane.pb").exists()
+    # The first window is fetched with the workspace; the others when a request names them.
+    assert (ws.run_dir / f"{names[0]}.SSTABLE").is_file()
+    assert not (ws.run_dir / f"{names[-1]}.xplane.pb").exists()
     overview = ws.answer("data", {"run": "s1", "tag": "overview_page", "host": names[0]})
     whole = viewers.storage  # the same bucket: the original version's prebuilt overview
     original = Viewers(whole, Path(site.home) / "fresh-original").workspace(reported)
@@ -410,7 +413,16 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
     trace = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
                                "resolution": "4096"})
     assert b"traceEvents" in _body(trace)
-    # Nothing converts here (a budget of 1 byte would refuse it): all of it was prebuilt.
+    assert not (ws.run_dir / f"{names[-1]}.SSTABLE").exists()  # a prebuilt answer
+    zoomed = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
+                                "resolution": "16384"})
+    assert b"traceEvents" in _body(zoomed)
+    assert (ws.run_dir / f"{names[-1]}.SSTABLE").is_file()
+    # A console worker opening the same workspace later knows what it still lacks.
+    again = Workspace(ws.root, big)
+    assert again.hosts == names and names[-1] not in again.pending
+    # The console's budget (1 byte here) bounds conversions of hosts viewed whole: windows
+    # convert from their prebuilt traces, each within the prebuild's budget.
     hosts = ws.answer("hosts", {"run": "s1", "tag": "trace_viewer@"})
     assert [h["hostname"] for h in json.loads(_body(hosts))] == names
 
