@@ -370,7 +370,10 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
     def run(queries: list[Query]) -> float:
         start = time.perf_counter()
         for route, query in queries:
-            status, secs, size = server.get(route, query)
+            try:
+                status, secs, size = server.get(route, query)
+            except OSError:  # the connection closed without an answer (the server killed)
+                status, secs, size = -1, time.perf_counter() - start, 0
             requests.append({"route": route, "tag": query.get("tag", ""), "status": status,
                              "s": round(secs, 3), "bytes": size})
         return time.perf_counter() - start
@@ -388,9 +391,10 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
            "peak_rss_mb": server.peak_rss_mb(), "requests": requests}
     # The same trace at another window width, now that the process has loaded xprof and the
     # trace's SSTABLE exists: what a cached-response miss costs without the first-use imports.
-    status, secs, _ = server.get("data", {**trace_query(p, host), "resolution": "4000"})
-    out["trace_other_width_s"] = round(secs, 3) if status == 200 else f"HTTP {status}"
-    if prebuilt:
+    if server.proc.poll() is None:
+        status, secs, _ = server.get("data", {**trace_query(p, host), "resolution": "4000"})
+        out["trace_other_width_s"] = round(secs, 3) if status == 200 else f"HTTP {status}"
+    if prebuilt and server.proc.poll() is None:
         # For comparison: the trace request that the pipeline did prebuild, now that the
         # workspace is open.
         status, secs, _ = server.get("data", prebuilt_trace_query(p, host))
@@ -547,6 +551,8 @@ def main() -> int:
     parser.add_argument("--viewer-budget",
                         help="MLDIAG_VIEWER_MEMORY_BUDGET of the prebuild (the collect job's "
                              "on Google Cloud: 14G)")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse the homes an earlier run set up in --workdir")
     parser.add_argument("--no-frontend", action="store_true",
                         help="skip checking the bench's queries against the real frontend")
     args = parser.parse_args()
@@ -577,9 +583,16 @@ def main() -> int:
     # The homes: the large session first, alone, so its prebuild is timed on an idle pipeline.
     print("== setting up: mldiag up, prebuilt", flush=True)
     pre, nopre = work / "home-prebuilt", work / "home-not-prebuilt"
-    setup = {"prebuilt": analyse(pre, profiles[::-1], prebuild=True)}
-    print("== setting up: mldiag up, MLDIAG_PREBUILD_VIEWER=0", flush=True)
-    setup["not_prebuilt"] = analyse(nopre, profiles[::-1], prebuild=False)
+    saved = work / "setup.json"
+    if args.reuse and saved.is_file():
+        # The homes of an earlier run in this workdir, analysed and prebuilt already.
+        setup = json.loads(saved.read_text())
+        print("   reusing the homes set up earlier in this workdir", flush=True)
+    else:
+        setup = {"prebuilt": analyse(pre, profiles[::-1], prebuild=True)}
+        print("== setting up: mldiag up, MLDIAG_PREBUILD_VIEWER=0", flush=True)
+        setup["not_prebuilt"] = analyse(nopre, profiles[::-1], prebuild=False)
+        saved.write_text(json.dumps(setup))
     frontend = None
     if not args.no_frontend:
         print("== the real frontend's requests (console, TPU fixture)", flush=True)

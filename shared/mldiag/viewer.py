@@ -262,9 +262,13 @@ class Workspace:
         except FileNotFoundError:
             log.warning("viewer cache %s lacks %s", prefix, rel)
             return
-        if dest.stat().st_nlink > 1 and not rel.endswith((".SSTABLE", ".xplane.pb")):
+        body = rel.startswith("responses/") and not rel.endswith(".json")
+        if dest.stat().st_nlink > 1 and not rel.endswith((".SSTABLE", ".xplane.pb")) and (
+                not body):
             # A hard link to the bucket's object: xprof rewrites small cache files such
-            # as cache_version.txt in place, which must not change the bucket's copy.
+            # as cache_version.txt in place, and a whole answer's metadata is touched when
+            # read, which must not change the bucket's copy (answers' bodies are only ever
+            # replaced, and traces and xplanes only read: those stay linked).
             data = dest.read_bytes()
             dest.unlink()
             dest.write_bytes(data)
