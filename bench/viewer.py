@@ -378,9 +378,12 @@ def first_open(server: Server, p: Profile, *, prebuilt: bool = False) -> dict[st
                              "s": round(secs, 3), "bytes": size})
         return time.perf_counter() - start
 
-    # The frontend picks the first host the hosts route lists (timed in `run` as it asks).
-    host = server.first_host(p, "overview_page") if server.proc.poll() is None else p.host
-    overview_s = run(overview_queries(p, host))
+    # The frontend picks the first host each tool's host list names (ALL_HOSTS first for the
+    # overview of several hosts); its hosts requests are timed in `run` as it asks them.
+    alive = server.proc.poll() is None
+    overview_host = server.first_host(p, "overview_page") if alive else p.host
+    overview_s = run(overview_queries(p, overview_host))
+    host = server.first_host(p, "trace_viewer@") if server.proc.poll() is None else p.host
     trace_s = run(trace_queries(p, host))
     out = {"overview_s": round(overview_s, 3), "trace_s": round(trace_s, 3),
            "trace_data_s": requests[-1]["s"],

@@ -240,9 +240,11 @@ class Workspace:
             # console's disk is its memory).
             self.view(manifest["view"])
             later = [h for h in self.hosts if h not in self.sizes][1:]
+            answers = manifest["view"].get("answers") or {}
             for rel in files:
                 name = rel.rsplit("/", 1)[-1]
-                owner = next((w for w in later if name.startswith(f"{w}.")), None)
+                owner = next((w for w in later if name.startswith(f"{w}.")
+                              or rel in answers.get(w, ())), None)
                 if owner is not None:
                     self.pending.setdefault(owner, []).append(rel)
             files = [rel for rel in files if not any(rel in v for v in self.pending.values())]
@@ -279,11 +281,12 @@ class Workspace:
 
     def _fetch_windows(self, q: Mapping[str, str]) -> None:
         """Fetch the windows a request needs that are not here yet: those it names, or every
-        one when it names none (a tool over all hosts)."""
+        one when it names none or ALL_HOSTS (a tool over all hosts)."""
         if not self.pending or self.source is None:
             return
         named = [h for h in (q.get("hosts") or q.get("host") or "").split(",") if h]
-        wanted = [h for h in named if h in self.pending] if named else list(self.pending)
+        every = not named or ALL_HOSTS in named
+        wanted = list(self.pending) if every else [h for h in named if h in self.pending]
         for host in wanted:
             for rel in self.pending[host]:
                 self._fetch(rel)
@@ -372,6 +375,10 @@ class Workspace:
     def _cached(self, route: str, query: Mapping[str, str]) -> Path:
         return self.responses / f"{route}-{_query_key(query)}"
 
+    def cached_path(self, route: str, query: Mapping[str, str]) -> Path:
+        """Where the whole answer to `query` (as a client asks it) is kept."""
+        return self._cached(route, self.sanitise(query))
+
     def _load(self, path: Path) -> Response | None:
         meta = path.with_suffix(".json")
         if not path.is_file() or not meta.is_file():
@@ -431,6 +438,8 @@ class Workspace:
         elif tool.startswith("trace_viewer") and self._trace_built(q):
             return self._convert(route, q)
         with self.lock:
+            if route == "data" and self.pending:
+                self._fetch_windows(q)  # a window fetched now may bring its answer
             if cacheable:
                 hit = self._load(path)
                 if hit is not None:

@@ -20,6 +20,7 @@ windows' files are part of the cache: the console fetches them instead of the ho
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import tempfile
@@ -86,16 +87,19 @@ def view_windows(session: SessionRecord, budget_bytes: int | None, *,
 
 
 def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
-    """What a first open asks for, as the official frontend asks it. The trace viewer's first
-    request names its window's resolution (`tag=trace_viewer@&host=H&hosts=H&resolution=3240
-    &...`), rounded up by `Workspace.sanitise`. In a windowed view every window's trace is
-    built too, so that each one opens warm."""
-    first = ws.hosts[0] if ws.hosts else ""
+    """What a first open asks for, as the official frontend asks it: the tool list, each
+    tool's host list, then the overview and the trace on the first host those lists name
+    (`ALL_HOSTS` for the overview of several hosts). The trace viewer's first request names
+    its window's resolution (`tag=trace_viewer@&host=H&hosts=H&resolution=3240&...`), rounded
+    up by `Workspace.sanitise`. In a windowed view every window's trace is built too, so that
+    each one opens warm."""
     out: list[tuple[str, dict[str, str]]] = [("run_tools", {"run": ws.run})]
     for tool in ("overview_page", "trace_viewer@", "op_profile", "input_pipeline_analyzer",
                  "framework_op_stats", "hlo_stats", "roofline_model", "memory_profile"):
         out.append(("hosts", {"run": ws.run, "tag": tool}))
-    out.append(("data", {"run": ws.run, "tag": "overview_page", "host": first}))
+    out.append(("data", {"run": ws.run, "tag": "overview_page",
+                         "host": _first_listed(ws, "overview_page")}))
+    first = _first_listed(ws, "trace_viewer@")
     windowed = [h for h in ws.hosts if h not in arrived_hosts_of(ws)]
     for host in [first, *(h for h in windowed if h != first)]:
         out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host}))
@@ -103,6 +107,17 @@ def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
             out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host,
                                  "resolution": str(resolution)}))
     return out
+
+
+def _first_listed(ws: Workspace, tag: str) -> str:
+    """The host the frontend shows first for `tag`: the first its host list names."""
+    try:
+        answer = ws.answer("hosts", {"run": ws.run, "tag": tag})
+        body = gzip.decompress(answer.body) if answer.content_encoding == "gzip" else (
+            answer.body)
+        return str(json.loads(body)[0]["hostname"])
+    except Exception:  # noqa: BLE001 - no list: the first host, as before
+        return ws.hosts[0] if ws.hosts else ""
 
 
 def arrived_hosts_of(ws: Workspace) -> set[str]:
@@ -163,12 +178,18 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             # before its first conversion there unless this file names its version.
             (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
         built: list[str] = []
+        answers: dict[str, list[str]] = {}  # window -> its whole answers' files
         for route, query in default_queries(ws):
             try:
                 ws.answer(route, query)
                 built.append(f"{route}?{urlencode(sorted(query.items()))}")
             except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
                 log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
+                continue
+            if view is not None and query.get("host") in ws.hosts:
+                body = ws.cached_path(route, query)
+                answers.setdefault(query["host"], []).extend(
+                    p.relative_to(ws.root).as_posix() for p in (body, body.with_suffix(".json")))
         files: list[str] = []
         for path in sorted(ws.root.rglob("*")):
             rel = path.relative_to(ws.root).as_posix()
@@ -183,7 +204,8 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             "key": ws.key, "xprof": xprof_version(), "files": files, "built": built,
             "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
         if view is not None:
-            manifest["view"] = view
+            # The console fetches a window's answers with the window, when a request names it.
+            manifest["view"] = {**view, "answers": answers}
         storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),
                             content_type="application/json")
     return manifest

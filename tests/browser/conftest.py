@@ -155,14 +155,21 @@ def _drop(profile: Profile, bucket: Path) -> None:
 @pytest.fixture(scope="module")
 def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
     """`mldiag up --port 0` on a new home holding both profiles, once both are REPORTED."""
+    yield from start_up(tmp_path_factory, list(PROFILES.values()))
+
+
+def start_up(tmp_path_factory: pytest.TempPathFactory, profiles: list[Profile],
+             name: str = "mldiag-up", **env: str) -> Iterator[Console]:
+    """`mldiag up --port 0` on a new home holding `profiles` (with the settings `env`), once
+    every one is REPORTED; stopped when the generator is closed."""
     home = tmp_path_factory.mktemp("mldiag-home")
-    for profile in PROFILES.values():
+    for profile in profiles:
         _drop(profile, home / "bucket")
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    stderr = (ARTIFACTS / "mldiag-up.stderr").open("w")
+    stderr = (ARTIFACTS / f"{name}.stderr").open("w")
     proc = subprocess.Popen(
         [str(Path(sys.executable).with_name("mldiag")), "up", "--port", "0", "--settle", "0.5"],
-        env=clean_env(MLDIAG_HOME=str(home)), cwd=home, stdin=subprocess.DEVNULL,
+        env=clean_env(MLDIAG_HOME=str(home), **env), cwd=home, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
     output: list[str] = []
     started = threading.Event()
@@ -185,7 +192,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
         url = next(m[1] for line in output if (m := re.match(r"console: (http://\S+?)/?$", line)))
         login = next(line.split(": ", 1)[1] for line in output if line.startswith("login ("))
         up = Console(url=url, login_url=login, home=home, output=output)
-        for profile in PROFILES.values():
+        for profile in profiles:
             up.wait_reported(profile.run, profile.session)
         yield up
     finally:
@@ -198,7 +205,7 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
                 proc.wait()
         reader.join(timeout=5)
         stderr.close()
-        (ARTIFACTS / "mldiag-up.stdout").write_text("\n".join(output) + "\n")
+        (ARTIFACTS / f"{name}.stdout").write_text("\n".join(output) + "\n")
 
 
 @pytest.fixture(scope="session")

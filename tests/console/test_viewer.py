@@ -395,6 +395,8 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
         assert f"plugins/profile/s1/{name}.SSTABLE" in manifest["files"]
         assert any(f"host={name}" in b and "trace_viewer" in b for b in manifest["built"])
     assert "plugins/profile/s1/ALL_HOSTS.op_stats_v2.pb" in manifest["files"]
+    # The overview the frontend asks for first: over all hosts (here, every window).
+    assert "data?host=ALL_HOSTS&run=s1&tag=overview_page" in manifest["built"]
 
     # A console instance that never saw the session: every host is a window, every first
     # open a warm hit, the overview the whole host's.
@@ -410,14 +412,20 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
     original = Viewers(whole, Path(site.home) / "fresh-original").workspace(reported)
     expected = original.answer("data", {"run": "s1", "tag": "overview_page", "host": HOST})
     assert json.loads(_body(overview)) == json.loads(_body(expected))
+    every = ws.answer("data", {"run": "s1", "tag": "overview_page", "host": "ALL_HOSTS"})
+    assert json.loads(_body(every)) == json.loads(_body(expected))
+    assert not (ws.run_dir / f"{names[-1]}.xplane.pb").exists()  # a prebuilt answer
     trace = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
                                "resolution": "4096"})
     assert b"traceEvents" in _body(trace)
-    assert not (ws.run_dir / f"{names[-1]}.SSTABLE").exists()  # a prebuilt answer
+    # The window came with its prebuilt answer: served, not converted again.
+    assert (ws.run_dir / f"{names[-1]}.SSTABLE").is_file()
+    assert trace.body == (ws.cached_path("data", {
+        "run": "s1", "tag": "trace_viewer@", "host": names[-1],
+        "resolution": "4096"})).read_bytes()
     zoomed = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
                                 "resolution": "16384"})
     assert b"traceEvents" in _body(zoomed)
-    assert (ws.run_dir / f"{names[-1]}.SSTABLE").is_file()
     # A console worker opening the same workspace later knows what it still lacks.
     again = Workspace(ws.root, big)
     assert again.hosts == names and names[-1] not in again.pending

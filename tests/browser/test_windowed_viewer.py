@@ -1,0 +1,61 @@
+"""A host too large for the viewer's prebuild, viewed window by window in the real XProf
+frontend (chromium): the frontend lists the windows as hosts, each window's trace shows its
+own tracks, and the overview shows the whole host's figures."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.browser.conftest import PROFILES, Browse, Console, Shot, start_up
+from tests.browser.test_console_browser import TOOL_MS, XPROF, open_xprof
+
+pytestmark = pytest.mark.slow
+TPU = PROFILES["tpu"]
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    """`mldiag up` whose viewer prebuild has less memory than the TPU fixture's conversions
+    need whole (about 315 MB), and windows of 300 KB: the fixture is viewed in windows."""
+    yield from start_up(tmp_path_factory, [TPU], name="mldiag-up-windowed",
+                        MLDIAG_VIEWER_MEMORY_BUDGET="310M", MLDIAG_WINDOW_BYTES="300000")
+
+
+def _manifest(console: Console) -> dict[str, Any]:
+    session = console.home / "bucket" / TPU.run / "plugins" / "profile" / TPU.session
+    found = sorted(session.glob("analysis/xprof_cache/*/manifest.json"))
+    assert found, "the session's viewer caches were not prebuilt"
+    return dict(json.loads(found[0].read_text()))
+
+
+def test_a_large_host_is_opened_window_by_window(
+        console: Console, browse: Browse, admin_state: dict[str, Any], shot: Shot) -> None:
+    windows = _manifest(console)["view"]["windows"][TPU.host]
+    assert windows >= 2
+    names = [f"{TPU.host}.window{k:02d}" for k in range(windows)]
+    ctx, watch = browse.context(signed_in=admin_state)
+    page = ctx.new_page()
+    page.goto(console.url + TPU.path)
+    expect(page.locator('h1 [data-field="state"]')).to_have_text("REPORTED")
+    xprof, tags = open_xprof(ctx, page)
+    # The overview: the whole host's op_stats, whichever window the frontend picked.
+    expect(xprof.locator("body")).to_contain_text("Device type: TPU", timeout=TOOL_MS)
+    shot(xprof, "windowed-overview")
+    hosts = console.api(f"{TPU.path}{XPROF}hosts?run={TPU.session}&tag=trace_viewer%40")
+    assert [h["hostname"] for h in hosts] == names
+    base = console.url + TPU.path + XPROF
+    for name in (names[0], names[-1]):
+        with xprof.expect_response(lambda r: XPROF + "data?" in r.url and "trace_viewer" in r.url,
+                                   timeout=TOOL_MS) as data:
+            xprof.goto(f"{base}trace_viewer@?run={TPU.session}&tag=trace_viewer%40&host={name}")
+        assert data.value.status == 200
+        frame = xprof.frame_locator('iframe[src*="trace_viewer_index.html"]').first
+        expect(frame.locator("body")).to_contain_text(f"{name} /device:TPU:", timeout=TOOL_MS)
+        shot(xprof, f"windowed-trace-{name.rsplit('.', 1)[1]}")
+    assert all(s < 500 for s, _ in watch.responses)
+    watch.check()
