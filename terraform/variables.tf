@@ -158,7 +158,7 @@ variable "collect_job_cpu" {
 }
 
 variable "collect_job_viewer_memory_budget" {
-  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt; a 2 GB host would need about 35 GiB, over Cloud Run's 32 GiB, and is skipped with the reason."
+  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it (BENCHMARKS.md, \"XProf viewer\", 2 GB: 311 s, the process at 3.9 GiB, beside about 2.5 bytes of files per byte of host)."
   type        = string
   default     = "14Gi"
 }
