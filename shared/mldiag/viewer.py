@@ -79,7 +79,9 @@ TOOL_PARAMS: dict[str, frozenset[str]] = {
 # Parameters whose value must be a number (xprof parses them, and fails on text).
 _NUMERIC_PARAMS = frozenset({"resolution", "start_time_ms", "end_time_ms", "duration_ms",
                              "graph_width", "program_id", "memory_space"})
-_NUMBER = re.compile(r"^-?[0-9]{1,20}(\.[0-9]{1,12})?$")
+# The frontend writes JavaScript numbers: after a host switch, `start_time_ms=5e-324`
+# (Number.MIN_VALUE) and `end_time_ms=67831.78656943952`.
+_NUMBER = re.compile(r"^-?[0-9]{1,20}(\.[0-9]{1,20})?([eE][-+]?[0-9]{1,3})?$")
 _DEVICE_TYPE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # The trace viewer asks for as many events as its canvas has pixels, times a factor
 # (`resolution=3240` in a 1400 px window): a resolution is rounded up to the next of these, so

@@ -455,3 +455,16 @@ def _body(response: Any) -> bytes:
 
     body = response.body
     return bytes(gzip.decompress(body) if response.content_encoding == "gzip" else body)
+
+
+def test_the_trace_span_the_frontend_asks_after_a_host_switch_is_answered(site: Site) -> None:
+    """After the user picks another host, the frontend asks for the whole span in
+    JavaScript's numbers: `start_time_ms=5e-324` (Number.MIN_VALUE)."""
+    viewer = site.auth("viewer")
+    span = "start_time_ms=5e-324&end_time_ms=67831.78656943952"
+    r = site.client.get(f"{XP}/data?run=s1&tag=trace_viewer%40&host={HOST}&hosts={HOST}"
+                        f"&resolution=3240&{span}", headers=viewer)
+    assert r.status_code == 200 and "traceEvents" in r.text
+    bad = site.client.get(f"{XP}/data?run=s1&tag=trace_viewer%40&host={HOST}"
+                          "&start_time_ms=5e-32x", headers=viewer)
+    assert bad.status_code == 400
