@@ -209,8 +209,9 @@ def test_kill_9_during_an_analysis_then_restart_completes_every_session(
                    what=f"{key}'s viewer caches after its report")
         assert {p.name for p in analysis.iterdir() if not p.name.startswith(".")} == (
             ARTIFACTS | {"v1", "xprof_cache"})
+        # (with the session's op_stats, kept for the viewer's prebuild)
         assert {p.name for p in (analysis / "v1").iterdir()
-                if not p.name.startswith(".")} == ARTIFACTS
+                if not p.name.startswith(".")} == ARTIFACTS | {"op_stats.pb"}
     assert sorted(describe(home, "big/s1")["hosts"]) == hosts
     snapshot = json.loads((home / "bucket/big/plugins/profile/s1/analysis/health_snapshot.json")
                           .read_text())
