@@ -30,7 +30,7 @@ from scale import measure, run_cli_measured, warm  # noqa: E402 - bench/scale.py
 
 
 def _child(xplane: Path, out: Path, budget: str | None, result: Path) -> int:
-    from mldiag.analysis.collection.collect import collect_host
+    from mldiag.analysis.collection.host_share import collect_host
     from mldiag.analysis.collection.workers import parse_bytes
 
     parts = collect_host(xplane, xplane.stem.removesuffix(".xplane"), out,

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection.collect import collect, collect_host
+from mldiag.analysis.collection.collect import collect
+from mldiag.analysis.collection.host_share import collect_host
 from mldiag.analysis.collection.profile_input import ProfileSession
 from tests.conftest import REPO, SHARED_FIXTURES
 

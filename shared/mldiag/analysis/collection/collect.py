@@ -19,7 +19,8 @@ from typing import Any
 
 import mldiag
 from mldiag.analysis.collection import detectors, hlo_digest, plan
-from mldiag.analysis.collection.jobs import has_python_events, pick_step_trace
+from mldiag.analysis.collection.host_share import combine_host_parts
+from mldiag.analysis.collection.jobs import pick_step_trace
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -28,7 +29,7 @@ from mldiag.analysis.collection.profile_input import (
 )
 from mldiag.analysis.collection.window_tasks import RemoteWindows, WindowExchange, window_of
 from mldiag.analysis.collection.workers import (
-    Job,
+    DEFAULT_TOOL_TIMEOUT_S,
     Outcome,
     default_budget_bytes,
     reason_of,
@@ -45,7 +46,6 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
-DEFAULT_TOOL_TIMEOUT_S = 300.0
 
 COLLECTION_TOOLS: tuple[str, ...] = (
     "get_xprof_overview",
@@ -90,46 +90,6 @@ _DETECTORS = {
     "detect_unfused_reshapes": detectors.detect_unfused_reshapes,
     "detect_unnecessary_convert_reduce": detectors.detect_unnecessary_convert_reduce,
 }
-
-
-def _inputs_for(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1,
-                timeline_by_window: bool = False) -> dict[str, Any]:
-    if job.name == "split_windows":
-        return {"windows": windows}
-    if job.name.startswith("op_stats_window"):
-        split = outcomes["split_windows"].value
-        return {"window": int(job.name.removeprefix("op_stats_window")),
-                "windows": int(split["windows"]), "cuts": list(split.get("cuts", [])),
-                "timeline": timeline_by_window, "steps": split.get("steps", []),
-                "excluded_steps": split.get("excluded_steps", [])}
-    if job.runner.endswith(":timeline_from_windows"):
-        overlap = outcomes.get("async_overlap")
-        return {"parts": [outcomes[n].value for n in job.after
-                          if n.startswith("op_stats_window") and outcomes[n].status == DATA],
-                "async_overlap": overlap.value if overlap and overlap.status == DATA else None}
-    if job.name == "op_stats" and "op_stats_build" in job.after:
-        reduced = outcomes.get("reduce_for_converters")
-        return {"built": True,
-                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
-    if job.name == "op_stats" and windows > 1:
-        parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
-        reduced = outcomes.get("reduce_for_converters")
-        return {"window_parts": [o.value["op_stats"] for o in parts if o.status == DATA],
-                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"],
-                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
-    if job.name == "kpi_metrics":
-        return {"overview": _payload(outcomes["op_stats"]),
-                "roofline": _payload(outcomes["roofline"]),
-                "memory_profile": _payload(outcomes["memory_profile"])}
-    if job.name in ("memory_profile", "smart_suggestions"):
-        reduced = outcomes.get("reduce_for_converters")
-        return {"reduced": reduced.value if reduced and reduced.status == DATA else {},
-                "after_op_stats": "op_stats" in job.after}
-    if job.name == "hlo_texts":
-        listed = outcomes.get("list_hlo_modules")
-        modules = listed.value.get("modules", []) if listed and listed.status == DATA else []
-        return {"modules": list(modules)}
-    return {}
 
 
 # mldiag's own passes, filed under the snapshot's `passes` by name (never inside an xprof
@@ -329,10 +289,6 @@ class _OpTimes:
         return round(100.0 * ms / self.step_ms, 2) if ms is not None and self.step_ms else None
 
 
-def _payload(o: Outcome) -> dict[str, Any]:
-    return {"data": o.value} if o.status == DATA else {"error": reason_of(o)}
-
-
 def _as_result(tool: str, o: Outcome, elapsed: float) -> dict[str, Any]:
     if o.status == DATA:
         return {"name": tool, "status": DATA, "elapsed_ms": elapsed, "data": o.value}
@@ -430,150 +386,6 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
     }
 
 
-def collect_host(
-    xplane: Path,
-    host: str,
-    out_dir: Path,
-    *,
-    tool_timeout_s: float = DEFAULT_TOOL_TIMEOUT_S,
-    max_host_bytes: int = DEFAULT_MAX_HOST_BYTES,
-    memory_budget_bytes: int | None = None,
-    window_min_bytes: int | None = None,
-    window_bytes: int | None = None,
-) -> dict[str, Any]:
-    """One host's share of a fanned-out collection (see `collect(host_parts=...)`).
-
-    Runs the host's jobs (`plan.host_jobs`) in worker processes: its op_stats, built whole
-    or, over the window size, in time windows combined as one host; its timeline pass, async
-    overlap share, memory profile and utilization; and its memory copy. Writes the op_stats
-    to `out_dir/<host>.op_stats.pb` and the copy the combine step's converters read beside
-    them to `out_dir/<host>.xplane.pb`. Returns the parts, JSON-able. Raises
-    ProfileUnreadable for an unusable xplane, or when the host's op_stats could not be
-    built (the combine step then leaves the host out, naming it and why).
-    """
-    validate_xplane(xplane, max_bytes=max_host_bytes)
-    session = ProfileSession(run="", name="host", path=xplane.parent, xplanes=(xplane,))
-    budget = memory_budget_bytes or default_budget_bytes()
-    size = xplane.stat().st_size
-    windows = plan.window_count(size, budget, min_bytes=window_min_bytes,
-                                window_bytes=window_bytes)
-    python = size >= plan.REDUCE_MIN_BYTES and has_python_events(xplane)
-    jobs = plan.host_jobs(size, windows, python=python, tool_timeout_s=tool_timeout_s,
-                          prepare_timeout_s=tool_timeout_s)
-    op_stats_out = out_dir / f"{host}.op_stats.pb"
-    windowed = windows > 1 and not python
-
-    def inputs_for(job: Job, outcomes: Mapping[str, Outcome]) -> dict[str, Any]:
-        if job.name == "host_parts":
-            return {"windowed": windowed, "reduce": python}
-        if job.name == "host_op_stats" and windows > 1:
-            return {"out": str(op_stats_out), "parts": [
-                outcomes[n].value for n in job.after if outcomes[n].status == DATA],
-                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"]}
-        if job.name == "host_op_stats":
-            return {"out": str(op_stats_out)}
-        return _inputs_for(job, outcomes, windows, windowed)
-
-    root = XprofWorkspace.create_root(session)
-    started = time.perf_counter()
-    try:
-        outcomes = run_jobs(jobs, setup=f"{plan.JOBS_MODULE}:attach",
-                            setup_args={"root": str(root), "session": session},
-                            budget_bytes=budget, default_timeout_s=tool_timeout_s,
-                            inputs_for=inputs_for)
-        built = outcomes["host_op_stats"]
-        if built.status != DATA:
-            raise ProfileUnreadable(f"its op_stats could not be built: {reason_of(built)}")
-        o = outcomes["host_parts"]
-        if o.status != DATA:
-            parts: dict[str, Any] = {name: {"status": ERROR, "value": reason_of(o)} for name in (
-                "timeline", "memory_profile", "utilization_viewer")}
-        else:
-            parts = dict(o.value)
-        if windowed:
-            line = built.value.get("timeline")
-            parts["timeline"] = {"status": DATA, "value": line} if line is not None else {
-                "status": ERROR, "value": "a time window's share of the timeline is missing"}
-        parts["op_stats"] = {"windows": built.value["windows"], "bytes": built.value["bytes"]}
-        copy = parts.pop("converter_input", None)
-        if copy is None:
-            raise ProfileUnreadable("its memory copy could not be written: "
-                                    f"{parts.get('reduce', {}).get('value')}")
-        out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(copy, out_dir / f"{host}.xplane.pb")
-        parts["converter_input"] = "memory_copy"
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    peaks = [o.peak_rss_bytes for o in outcomes.values() if o.peak_rss_bytes]
-    return {"host": host, "bytes": size, "elapsed_ms": round(
-        (time.perf_counter() - started) * 1000.0, 1), "parts": parts,
-        "worker_peak_rss_bytes": max(peaks, default=None),
-        "jobs": {n: {"status": o.status, "elapsed_ms": round(o.elapsed_ms, 1),
-                     "peak_rss_bytes": o.peak_rss_bytes} for n, o in outcomes.items()}}
-
-
-def _combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outcome]:
-    """The session-level outcomes of the per-host jobs, from every host's parts."""
-    hosts = sorted(host_parts)
-    parts = {h: host_parts[h]["parts"] for h in hosts}
-    elapsed = max((float(host_parts[h].get("elapsed_ms", 0.0)) for h in hosts), default=0.0)
-    out = []
-
-    def failed(name: str) -> list[str]:
-        return [f"{h}: {p[name]['value']}" for h, p in parts.items()
-                if p.get(name, {}).get("status") == ERROR]
-
-    bad = failed("timeline")
-    if bad:
-        out.append(Outcome("timeline_pass", ERROR, "; ".join(bad), elapsed))
-    else:
-        from mldiag.analysis.collection import timeline
-
-        hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
-        summary = timeline.summarize(hts)
-        overlaps = [(h if len(hosts) > 1 else "", p["async_overlap"]["value"])
-                    for h, p in parts.items()
-                    if p.get("async_overlap", {}).get("status") == DATA
-                    and p["async_overlap"]["value"] is not None]
-        # Every host's share, or none: a follow-up answered from some hosts would differ.
-        if overlaps and len(overlaps) == len(hosts):
-            from mldiag.analysis.collection.jobs import combine_async_overlap
-
-            summary["precomputed"] = {"analyze_async_overlap": combine_async_overlap(overlaps)}
-        out.append(Outcome("timeline_pass", DATA, summary, elapsed))
-    from mldiag.analysis.collection.jobs import combine_memory_profiles
-
-    memory = {h: (p["memory_profile"]["value"] if p["memory_profile"]["status"] == DATA
-                  else None) for h, p in parts.items()}
-    try:
-        out.append(Outcome("memory_profile", DATA, combine_memory_profiles(memory), elapsed))
-    except NoData as e:
-        bad = failed("memory_profile")
-        out.append(Outcome("memory_profile", ERROR, "; ".join(bad), elapsed) if bad and len(
-            bad) == len(hosts) else Outcome("memory_profile", NO_DATA, {"reason": str(e)},
-                                            elapsed))
-    util = [(h, p["utilization_viewer"]) for h, p in parts.items()]
-    got = next(((h, u["value"]) for h, u in util if u["status"] == DATA), None)
-    if got is not None:
-        value = {**got[1], "host": got[0]} if len(hosts) > 1 else got[1]
-        out.append(Outcome("utilization_viewer", DATA, value, elapsed))
-    else:
-        reasons = "; ".join(f"{h}: {_partreason_of(u)}" for h, u in util)
-        out.append(Outcome("utilization_viewer", NO_DATA, {"reason": reasons}, elapsed))
-    # The combine step's converters read each host's memory copy as its trace (no copy of
-    # their own to look for): the jobs that would are told there is none.
-    reduced = {h: {k: v for k, v in p["reduce"]["value"].items() if k != "memory_copy_bytes"}
-               for h, p in parts.items() if p.get("reduce", {}).get("status") == DATA}
-    if reduced:
-        out.append(Outcome("reduce_for_converters", DATA, reduced, elapsed))
-    return out
-
-
-def _partreason_of(part: Mapping[str, Any]) -> str:
-    value = part.get("value")
-    return str(value.get("reason")) if isinstance(value, Mapping) else str(value)
-
-
 class SessionTooLarge(ProfileUnreadable):
     """Not even the core of the analysis (the op_stats build) fits the memory budget.
 
@@ -641,7 +453,7 @@ def collect(
                           windows=windows, combine=host_parts is not None,
                           windows_elsewhere=exchange is not None,
                           hosts_built=host_op_stats is not None)
-    premade = _combine_host_parts(host_parts) if host_parts is not None else []
+    premade = combine_host_parts(host_parts) if host_parts is not None else []
     jobs = [j for j in plan.needed_jobs(jobs, tools) if j.name not in {o.name for o in premade}]
     core = max((j for j in jobs if j.name.startswith("op_stats")), default=None,
                key=lambda j: j.memory_bytes)
@@ -683,7 +495,7 @@ def collect(
             jobs, setup=f"{plan.JOBS_MODULE}:attach",
             setup_args={"root": str(root), "session": session},
             budget_bytes=budget, default_timeout_s=tool_timeout_s,
-            inputs_for=lambda j, o: {**_inputs_for(j, o, windows, timeline_by_window), **(
+            inputs_for=lambda j, o: {**plan.job_inputs(j, o, windows, timeline_by_window), **(
                 {"host_op_stats": [str(host_op_stats[h]) for h in session.hosts]}
                 if j.name == "op_stats" and host_op_stats is not None else {})},
             on_outcome=on_outcome, done={o.name: o for o in premade}, remote=remote)

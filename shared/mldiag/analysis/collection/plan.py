@@ -5,11 +5,12 @@ runs side by side only what fits the budget. Large single hosts are planned as t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from mldiag.analysis.collection.jobs import has_counters, has_python_events
 from mldiag.analysis.collection.profile_input import ProfileSession
-from mldiag.analysis.collection.workers import Job
+from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of
 
 # Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
@@ -227,6 +228,51 @@ def window_jobs(size: int, windows: int, held: Sequence[int], *,
                  requires=("split_windows",), memory_bytes=per_window,
                  timeout_s=prepare_timeout_s) for i, k in enumerate(held)]
     return jobs
+
+
+def job_inputs(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1,
+               timeline_by_window: bool = False) -> dict[str, Any]:
+    """What `job` is given to run, from the outcomes of the jobs it waited for."""
+    if job.name == "split_windows":
+        return {"windows": windows}
+    if job.name.startswith("op_stats_window"):
+        split = outcomes["split_windows"].value
+        return {"window": int(job.name.removeprefix("op_stats_window")),
+                "windows": int(split["windows"]), "cuts": list(split.get("cuts", [])),
+                "timeline": timeline_by_window, "steps": split.get("steps", []),
+                "excluded_steps": split.get("excluded_steps", [])}
+    if job.runner.endswith(":timeline_from_windows"):
+        overlap = outcomes.get("async_overlap")
+        return {"parts": [outcomes[n].value for n in job.after
+                          if n.startswith("op_stats_window") and outcomes[n].status == DATA],
+                "async_overlap": overlap.value if overlap and overlap.status == DATA else None}
+    if job.name == "op_stats" and "op_stats_build" in job.after:
+        reduced = outcomes.get("reduce_for_converters")
+        return {"built": True,
+                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
+    if job.name == "op_stats" and windows > 1:
+        parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
+        reduced = outcomes.get("reduce_for_converters")
+        return {"window_parts": [o.value["op_stats"] for o in parts if o.status == DATA],
+                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"],
+                "reduced": reduced.value if reduced and reduced.status == DATA else {}}
+    if job.name == "kpi_metrics":
+        return {"overview": _payload(outcomes["op_stats"]),
+                "roofline": _payload(outcomes["roofline"]),
+                "memory_profile": _payload(outcomes["memory_profile"])}
+    if job.name in ("memory_profile", "smart_suggestions"):
+        reduced = outcomes.get("reduce_for_converters")
+        return {"reduced": reduced.value if reduced and reduced.status == DATA else {},
+                "after_op_stats": "op_stats" in job.after}
+    if job.name == "hlo_texts":
+        listed = outcomes.get("list_hlo_modules")
+        modules = listed.value.get("modules", []) if listed and listed.status == DATA else []
+        return {"modules": list(modules)}
+    return {}
+
+
+def _payload(o: Outcome) -> dict[str, Any]:
+    return {"data": o.value} if o.status == DATA else {"error": reason_of(o)}
 
 
 HOST_JOBS_MODULE = "mldiag.analysis.collection.host_jobs"

@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
+# Each job's deadline unless told otherwise (MLDIAG_TOOL_TIMEOUT_S).
+DEFAULT_TOOL_TIMEOUT_S = 300.0
 _POLL_S = 0.05
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
