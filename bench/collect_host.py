@@ -4,7 +4,7 @@
 
 On Google Cloud each host of a fanned-out session runs in a `collect_host` function instance
 of its own (or a task of the collect job): its op_stats (whole, or in time windows combined
-as one host), passes, per-host tools and memory copy (`collection.collect.collect_host`). The
+as one host), passes, per-host tools and memory copy (`collection.host_share.collect_host`). The
 local runtime runs several at once in one process tree, so `bench/fanout.py`'s tree peak is
 not an instance's. This runs one host's share alone, in a child process, and measures its
 wall time, CPU seconds and the peak resident memory of its process tree (sampled every

@@ -1,4 +1,4 @@
-"""The jobs of one host's share of a fanned-out collection (`collect.collect_host`).
+"""The jobs of one host's share of a fanned-out collection (`host_share.collect_host`).
 
 Each host of a fanned-out session builds, in its own `collect_host`:
 - its op_stats, whole (`host_op_stats`) or, over the window size, time window by time window
