@@ -51,6 +51,10 @@ ALL_HOSTS_OP_STATS = "ALL_HOSTS.op_stats_v2.pb"
 CACHE_VERSION_FILE = "cache_version.txt"
 # The most a window of the windowed view holds: its trace conversion about 2.5 GB.
 VIEW_WINDOW_BYTES = 128 * 1024**2
+# The files of a windowed host per byte of it, as measured at 1.9 GB (BENCHMARKS.md, "A 2 GB
+# host, viewed window by window"): the host (1.9 GB) while it is cut, its windows (1.9 GB)
+# and their trace tables (2.7 GB).
+VIEW_FILES_PER_BYTE = 3.5
 # Below this, windows are too many and too short to be worth viewing one by one.
 MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
 
@@ -70,9 +74,10 @@ def view_windows(session: SessionRecord, budget_bytes: int | None, *,
         return {}
     sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
     files = sum(sizes.values())
-    # Each conversion reads one window; the files (the host being cut, its windows) are held
-    # beside it (/tmp is memory on Cloud Run).
-    room = budget_bytes - PREBUILD_BASE_BYTES - files
+    # Each conversion reads one window; the files are held beside it (/tmp is memory on
+    # Cloud Run): the host being cut, its windows and their trace tables, about
+    # VIEW_FILES_PER_BYTE of each windowed host.
+    room = budget_bytes - PREBUILD_BASE_BYTES - int(VIEW_FILES_PER_BYTE * files)
     window = window_bytes or (
         min(VIEW_WINDOW_BYTES, int(room / PREBUILD_RSS_PER_BYTE)) if room > 0 else 0)
     out: dict[str, int] = {}

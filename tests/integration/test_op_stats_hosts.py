@@ -12,10 +12,9 @@ import pytest
 
 from mldiag.analysis.collection import op_stats_hosts as hosts
 from mldiag.analysis.collection import op_stats_shards as shards
-from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
 from tests.conftest import REPO, SHARED_FIXTURES
+from tests.integration.test_op_stats_shards import _op_stats
 
 TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 GPU = SHARED_FIXTURES / "gpu_multi_worker/plugins/profile/run1/34.83.195.179_6003.xplane.pb"
@@ -28,12 +27,6 @@ def _generate(tmp: Path, copies: int) -> Path:
     generate(tmp, copies * TPU.stat().st_size / 1024**2)
     (xplane,) = (tmp / "plugins/profile/run1").glob("*.xplane.pb")
     return xplane
-
-
-def _op_stats(run_dir: Path) -> Any:
-    with XprofWorkspace(resolve_session(run_dir)) as ws:
-        ws.precompute_op_stats()
-        return shards.read(ws.run_dir / OP_STATS_FILE)
 
 
 def _normal(o: Any) -> bytes:

@@ -227,13 +227,8 @@ def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -
     by_task = as_map(info.get("windows_by_task"))
     if by_task:
         # A large host's windows shared by the collect job's tasks: who converted how many.
-        counts: dict[str, int] = {}
-        for task in by_task.values():
-            counts[str(task)] = counts.get(str(task), 0) + 1
-        shares = ", ".join(f"task {t}: {n}" for t, n in sorted(counts.items(),
-                                                               key=lambda kv: int(kv[0])))
         line.append(f"; its {len(by_task)} time windows were converted by the collect job's "
-                    f"tasks ({shares})")
+                    f"tasks ({_task_shares(by_task)})")
     line += _fan_out_note(as_map(info.get("fanned_out")))
     if peak is not None and budget is not None:
         line.append(f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
@@ -264,13 +259,17 @@ def _fan_out_note(fanned: Mapping[str, Any]) -> list[Cell]:
     line += " and their op_stats combined as xprof combines hosts"
     by_task = as_map(fanned.get("hosts_by_task"))
     if by_task:
-        counts: dict[str, int] = {}
-        for task in by_task.values():
-            counts[str(task)] = counts.get(str(task), 0) + 1
-        shares = ", ".join(f"task {t}: {n}" for t, n in sorted(counts.items(),
-                                                               key=lambda kv: int(kv[0])))
-        line += f", by the collect job's tasks ({shares})"
+        line += f", by the collect job's tasks ({_task_shares(by_task)})"
     return [line]
+
+
+def _task_shares(by_task: Mapping[str, Any]) -> str:
+    """"task 0: 3, task 1: 2" from what → the collect job's task that did it."""
+    counts: dict[str, int] = {}
+    for task in by_task.values():
+        counts[str(task)] = counts.get(str(task), 0) + 1
+    return ", ".join(f"task {t}: {n}" for t, n in sorted(counts.items(),
+                                                          key=lambda kv: int(kv[0])))
 
 
 def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Summary:
