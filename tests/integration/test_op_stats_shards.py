@@ -199,3 +199,26 @@ def test_windows_measured_against_the_host_s_steps_add_up(four_copies: Path,
     assert combined.active_span_ns == whole.active_span_ns
     assert combined.busy_in_span_ns == pytest.approx(whole.busy_in_span_ns, rel=1e-12)
     assert timeline.summarize([combined]) == timeline.summarize([whole])
+
+
+def test_long_lines_cut_chunk_by_chunk_give_the_same_windows(
+        four_copies: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A line over `_CHAIN_BYTES` is cut chunk by chunk (one chunk's columns held at a time):
+    the windows, their extents and the host's steps are those of the line cut whole."""
+    from mldiag.analysis.collection import timeline, xspace_scan
+
+    def cut(tag: str) -> tuple[list[bytes], Any, Any]:
+        paths = [tmp_path / f"{tag}{k}.pb" for k in range(3)]
+        with XSpaceScan(four_copies) as scan:
+            host = timeline.HostSpans(scan)
+            extents = shards.write_windows(scan, shards.module_cuts(scan, 3), paths,
+                                           each_line=host.add)
+            steps, excluded = host.host_steps()
+        return [p.read_bytes() for p in paths], extents, (steps.tolist(), excluded)
+
+    whole = cut("whole")
+    monkeypatch.setattr(xspace_scan, "_CHAIN_BYTES", 2048)
+    with XSpaceScan(four_copies) as scan:
+        longest = max(ln._payload[1] - ln._payload[0] for p in scan.planes for ln in p.lines)
+    assert longest > 20 * 2048, "no line long enough to be cut in chunks"
+    assert cut("chunked") == whole

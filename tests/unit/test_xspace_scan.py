@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -70,6 +71,35 @@ def test_a_filtered_copy_drops_exactly_the_rejected_events(tmp_path: Path):
     for (p1, n1, e1), (p2, n2, e2) in zip(before, after, strict=True):
         assert (p1, n1) == (p2, n2)
         assert e2 == e1[::2]
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+def test_long_lines_decode_and_filter_chunk_by_chunk_as_whole(
+        path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Lines chained a few KiB at a time decode to the same columns, and a copy filtered chunk
+    by chunk (by metadata, and whole lines left whole) is the copy filtered line by line."""
+    from mldiag.analysis.collection import xspace_scan
+
+    def keep(plane: Any, line: Any) -> Any:
+        if line.name.startswith("XLA Modules"):
+            return None  # whole, without decoding
+        return line.events.metadata_id % 3 != 0
+
+    def read(tag: str) -> tuple[list[Any], bytes, tuple[int, int]]:
+        out = tmp_path / f"{tag}.xplane.pb"
+        with XSpaceScan(path) as scan:
+            columns = [(ln.events.metadata_id.tolist(), ln.events.offset_ps.tolist(),
+                        ln.events.duration_ps.tolist()) for p in scan.planes for ln in p.lines]
+        with XSpaceScan(path) as scan:
+            counts = scan.write_filtered(out, keep)
+        return columns, out.read_bytes(), counts
+
+    whole = read("whole")
+    monkeypatch.setattr(xspace_scan, "_CHAIN_BYTES", 1024)
+    chunked = read("chunked")
+    assert chunked[0] == whole[0]
+    assert chunked[2] == whole[2] and whole[2][1] > 0
+    assert chunked[1] == whole[1]
 
 
 def test_truncated_and_garbage_files_are_corrupt(tmp_path: Path):

@@ -28,6 +28,7 @@ from mldiag.analysis.collection.jobs import (
     _reduce_one,
     async_overlap_part,
     has_memory_events,
+    peaks_memory_profile,
     utilization_viewer,
 )
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData
@@ -62,8 +63,8 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             **(_reduce_one(ctx, scan, xplane, host) if inputs.get("reduce") else {}),
             **_memory_copy(ctx, scan, xplane)})
     copy = ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name
-    _part(parts, "memory_profile", lambda: ctx.ws.call(
-        "get_memory_profile", run_dir=copy.parent) if has_memory_events(xplane) else None)
+    _part(parts, "memory_profile", lambda: peaks_memory_profile(ctx, copy, None)
+          if has_memory_events(xplane) else None)
     _part(parts, "utilization_viewer", lambda: utilization_viewer(ctx, inputs))
     if parts["reduce"]["status"] == "DATA":
         parts["converter_input"] = str(copy)

@@ -15,7 +15,11 @@ from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of
 # Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
 # run side by side under the memory budget, and to skip what cannot fit at all.
-RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 14.0,
+RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
+                 # From the allocators' peak events alone (jobs.peaks_memory_profile), found
+                 # one chunk of a line at a time: 0.18 GB in all for the 264 MB memory copy
+                 # of a 1.9 GB TPU-shaped host, where xprof's converter on the copy took 3.3 GB.
+                 "memory_profile": 0.2,
                  # One time window's build, per byte of the window: 3.0 GB for a 122 MB
                  # window of the 993 MB TPU-shaped profile (glibc's malloc).
                  "op_stats_window": 24.0,
@@ -32,8 +36,6 @@ RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0, "memory_profile": 14
                  # After the op_stats build, from the saved file and the memory copy (which
                  # keeps the events it times): 314 MB at 94 MB TPU-shaped, the base's.
                  "smart_suggestions_saved": 0.5,
-                 # The memory profile from its copy (jobs._memory_copy): 0.29 GB at 94 MB.
-                 "memory_profile_copy": 0.5,
                  # The async-overlap follow-up, computed in the timeline pass after its own
                  # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
                  # TPU-shaped profile, and no higher a peak than the pass's alone after it.
@@ -178,8 +180,7 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
         job("timeline_pass", "xplane", pre,
             max(RSS_PER_BYTE["timeline"], RSS_PER_BYTE["async_overlap"]), largest),
         # From the memory copies where the reduction wrote them (jobs._memory_copy).
-        job("memory_profile", "xplane", pre, RSS_PER_BYTE[
-            "memory_profile_copy" if reduce else "memory_profile"], largest),
+        job("memory_profile", "xplane", pre, RSS_PER_BYTE["memory_profile"], largest),
         # Without a TPU plane of counters it answers from the plane headers, reading nothing.
         job("utilization_viewer", "xplane", pre, RSS_PER_BYTE["utilization_viewer"],
             largest if any(has_counters(x) for x in session.xplanes) else 0),

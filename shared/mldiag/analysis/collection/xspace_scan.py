@@ -30,7 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,8 @@ from mldiag.analysis.collection.protobuf import (
 
 _EVENT_TAG = 0x22  # field 4 (XLine.events), wire type 2
 _MAX_VARINT = 10
+# Bytes of a line chained at once (`XSpaceScan._chain`): about 20 times that in temporaries.
+_CHAIN_BYTES = 16 << 20
 
 I64 = NDArray[np.int64]
 
@@ -161,6 +163,14 @@ class Events:
         assert self._stats_start is not None
         return self._stats_start
 
+    def take(self, idx: I64) -> Events:
+        """The events at `idx` (ascending), as columns of their own."""
+        events = Events(self.metadata_id[idx], self.body_end[idx], self.tag_at[idx],
+                        self._after_mid[idx], self._buf)
+        events.unordered = self.unordered
+        events.odd = np.flatnonzero(np.isin(idx, self.odd))
+        return events
+
     @classmethod
     def concatenate(cls, parts: list[Events], buf: NDArray[np.uint8]) -> Events:
         def joined(field_name: str) -> I64:
@@ -184,12 +194,15 @@ class Line:
     _events: Events | None = field(default=None, repr=False)
     # The line's payload in the file (between its length prefix and its end).
     _payload: tuple[int, int] = (0, 0)
+    # A chunk's events, chained already (`XSpaceScan._chunks`).
+    _tags: I64 | None = field(default=None, repr=False)
 
     @property
     def events(self) -> Events:
         """Decoded on first use, then kept: lines a pass does not need cost nothing."""
         if self._events is None:
-            self._events = self._space.decode_events(self._blocks)
+            self._events = (self._space.decode_events(self._blocks) if self._tags is None
+                            else self._space._decode_block(self._tags))
         return self._events
 
     def start_ns(self) -> NDArray[np.float64]:
@@ -337,10 +350,13 @@ class XSpaceScan:
 
     # -- events --------------------------------------------------------------------------------
 
-    def _chain(self, start: int, end: int) -> I64:
-        """Offsets of the consecutive events fields from `start` (whose byte is the tag)."""
+    def _chain(self, start: int, end: int, limit: int) -> I64:
+        """Offsets of the consecutive events fields from `start` (whose byte is the tag) that
+        start before `limit` (≤ `end`, the line's end): the chain's arrays hold one entry per
+        candidate byte, so a long line is chained `_CHAIN_BYTES` at a time (the next run
+        starts where the last event found ends)."""
         seg = self.buf[start:end]
-        cand = np.flatnonzero(seg == _EVENT_TAG)
+        cand = np.flatnonzero(seg[:limit - start] == _EVENT_TAG)
         # Length varint after each candidate tag; event bodies are short, but decode fully.
         length, body = _varints_at(seg, cand + 1)
         nxt = body + length
@@ -367,13 +383,23 @@ class XSpaceScan:
         return cand[members].astype(np.int64) + start
 
     def decode_events(self, blocks: list[tuple[int, int]]) -> Events:
-        parts = []
+        parts = [self._decode_block(tags) for tags in self._segments(blocks)]
+        if not parts:
+            z = np.zeros(0, dtype=np.int64)
+            return Events(z, z, z, z, self.buf)
+        if len(parts) == 1:
+            return parts[0]
+        return Events.concatenate(parts, self.buf)
+
+    def _segments(self, blocks: list[tuple[int, int]]) -> Iterator[I64]:
+        """The tags of a line's events, one chained run (`_chain`) at a time."""
         for start, end in blocks:
             pos = start
             while pos < end:
-                tags = self._chain(pos, end)
-                parts.append(self._decode_block(tags))
-                pos = int(parts[-1].body_end[-1])
+                tags = self._chain(pos, end, min(end, pos + _CHAIN_BYTES))
+                yield tags
+                length, body = _varints_at(self.buf, tags[-1:] + 1)
+                pos = int(body[0] + length[0])
                 # Fields after the run (duration_ps, display_id, display_name), and any
                 # further run of events (writers need not keep a message's fields in order).
                 for n, w, value, stop in _fields_until_events(self._map, pos, end):
@@ -384,12 +410,16 @@ class XSpaceScan:
                         self._trailing[(start, end)] = self._map[value:stop].decode(
                             "utf-8", errors="replace")
                     pos = stop
-        if not parts:
-            z = np.zeros(0, dtype=np.int64)
-            return Events(z, z, z, z, self.buf)
-        if len(parts) == 1:
-            return parts[0]
-        return Events.concatenate(parts, self.buf)
+
+    def _chunks(self, line: Line) -> Iterator[Line]:
+        """The line cut into lines of consecutive events (about `_CHAIN_BYTES` each, same
+        name and timestamp), each decoded on first use: a pass that treats events one by one
+        holds one chunk's columns, not a long line's."""
+        for tags in self._segments(line._blocks):
+            length, body = _varints_at(self.buf, tags[-1:] + 1)
+            yield Line(name=line.name, timestamp_ns=line.timestamp_ns, _space=self,
+                       _blocks=[(int(tags[0]), int(body[0] + length[0]))],
+                       _payload=line._payload, _tags=tags)
 
     def _decode_block(self, tags: I64) -> Events:
         buf = self.buf
@@ -416,18 +446,20 @@ class XSpaceScan:
 
     # -- writing -------------------------------------------------------------------------------
 
-    def write_filtered(self, out: str | os.PathLike[str], keep: KeepFn) -> tuple[int, int]:
+    def write_filtered(self, out: str | os.PathLike[str], keep: KeepFn,
+                       planes: Callable[[Plane], bool] | None = None) -> tuple[int, int]:
         """Write a copy of this XSpace without the events that `keep` rejects.
 
         `keep(plane, line)` returns a boolean mask over the line's events, or None to keep the
         line whole. Everything else (metadata, stats, other fields) is copied byte for byte.
+        With `planes`, only the planes for which it is true are written.
         Returns (events kept, events dropped) on the lines that `keep` masked.
         """
         def split(plane: Plane, line: Line) -> Any:
             mask = keep(plane, line)
             return None if mask is None else np.where(mask, 0, -1).astype(np.int32)
 
-        (kept,), dropped = self.write_split([out], split)
+        (kept,), dropped = self.write_split([out], split, planes)
         return kept, dropped
 
     def write_planes(self, out: str | os.PathLike[str], keep: Any) -> int:
@@ -450,8 +482,8 @@ class XSpaceScan:
             view.release()
         return written
 
-    def write_split(self, outs: Sequence[str | os.PathLike[str]], split: SplitFn
-                    ) -> tuple[list[int], int]:
+    def write_split(self, outs: Sequence[str | os.PathLike[str]], split: SplitFn,
+                    planes: Callable[[Plane], bool] | None = None) -> tuple[list[int], int]:
         """Write len(`outs`) copies of this XSpace in one pass, each with a part of the events.
 
         `split(plane, line)` returns, per event of the line, the index of the copy it goes to
@@ -461,6 +493,7 @@ class XSpaceScan:
         Memory stays bounded by one line: each line's events are decoded, cut into runs of
         bytes per copy and let go (unless a caller had decoded them before), and the copies are
         written plane by plane straight from the mapped file.
+        With `planes`, only the planes for which it is true are written.
         Returns (events per copy, events in no copy) on the lines that `split` cut.
         """
         counts = [0] * len(outs)
@@ -469,6 +502,8 @@ class XSpaceScan:
         files = [open(o, "wb") for o in outs]  # noqa: SIM115 - closed below
         try:
             for plane in self.planes:
+                if planes is not None and not planes(plane):
+                    continue
                 # Per copy: pieces of the plane's body, each bytes or a (start, end) range of
                 # the file, or a pair of arrays of ranges.
                 pieces: list[list[Any]] = [[] for _ in outs]
@@ -476,36 +511,25 @@ class XSpaceScan:
                 lines = {ln._payload[1]: ln for ln in plane.lines}
                 for num, key_at, stop in plane._fields:
                     line = lines.get(stop) if num == 3 else None
-                    was_decoded = line is not None and line._events is not None
-                    part = None if line is None else split(plane, line)
-                    if part is None:
-                        if line is not None and not was_decoded:
-                            line._events = None
+                    cut = None if line is None else self._cut_line(plane, line, split, len(outs))
+                    if cut is None:
                         for k in range(len(outs)):
                             pieces[k].append((key_at, stop))
                             sizes[k] += stop - key_at
                         continue
                     assert line is not None
-                    ev = line.events
+                    runs, in_copy, out_of_all, last_end = cut
                     pos, end = line._payload
                     events_at = line._blocks[0][0]
-                    last_end = int(ev.body_end[-1]) if len(ev) else events_at
-                    dropped += int((part < 0).sum())
-                    for k in range(len(outs)):
-                        mask = part == k
-                        edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-                        first = np.flatnonzero(edges == 1)
-                        last = np.flatnonzero(edges == -1) - 1
-                        starts, ends = ev.tag_at[first], ev.body_end[last]
+                    dropped += out_of_all
+                    for k, (starts, ends) in enumerate(runs):
                         length = (events_at - pos) + int((ends - starts).sum()) + (end - last_end)
                         prefix = b"\x1a" + encode_varint(length)
                         pieces[k] += [prefix, (pos, events_at), (starts, ends), (last_end, end)]
                         sizes[k] += len(prefix) + length
-                        counts[k] += int(mask.sum())
-                    # Let the line's columns go before the next line is decoded.
-                    del ev, part
-                    if not was_decoded:
-                        line._events = None
+                        counts[k] += in_copy[k]
+                # The plane's pages, read once to cut it, are read again to write it: each
+                # range is let go once written (a host plane is most of a host's file).
                 for f, body, size in zip(files, pieces, sizes, strict=True):
                     f.write(b"\x0a" + encode_varint(size))
                     for piece in body:
@@ -514,10 +538,11 @@ class XSpaceScan:
                         elif isinstance(piece[0], np.ndarray):
                             for a, b in zip(piece[0].tolist(), piece[1].tolist(), strict=True):
                                 f.write(view[a:b])
+                            if len(piece[0]):
+                                self.release_pages(int(piece[0][0]), int(piece[1][-1]))
                         else:
                             f.write(view[piece[0]:piece[1]])
-                if plane._fields:
-                    self.release_pages(plane._fields[0][1], plane._fields[-1][2])
+                            self.release_pages(piece[0], piece[1])
             for f in files:
                 for start, stop in self._space_fields:
                     f.write(view[start:stop])
@@ -526,6 +551,52 @@ class XSpaceScan:
             for f in files:
                 f.close()
         return counts, dropped
+
+    def _cut_line(self, plane: Plane, line: Line, split: SplitFn, copies: int
+                  ) -> tuple[list[tuple[I64, I64]], list[int], int, int] | None:
+        """`split` applied to one line: per copy, the byte ranges of its runs of events, and
+        the events in each copy, those in none and where the last event ends; None when
+        `split` keeps the line whole.
+
+        A long line (over `_CHAIN_BYTES`) not decoded before is split chunk by chunk
+        (`_chunks`), so the columns of one chunk are held at a time: `split` sees each chunk
+        as a line. None for the first chunk, before it decoded any event, keeps the line
+        whole; None for a later chunk puts that chunk into every copy."""
+        was_decoded = line._events is not None
+        whole = was_decoded or line._payload[1] - line._payload[0] <= _CHAIN_BYTES
+        starts: list[list[I64]] = [[] for _ in range(copies)]
+        ends: list[list[I64]] = [[] for _ in range(copies)]
+        in_copy = [0] * copies
+        out_of_all = 0
+        last_end = line._blocks[0][0]
+        try:
+            for i, chunk in enumerate([line] if whole else self._chunks(line)):
+                part = split(plane, chunk)
+                if part is None and i == 0 and (whole or chunk._events is None):
+                    return None
+                ev = chunk.events
+                if len(ev):
+                    last_end = int(ev.body_end[-1])
+                if part is not None:
+                    out_of_all += int((part < 0).sum())
+                for k in range(copies):
+                    mask = np.ones(len(ev), dtype=bool) if part is None else part == k
+                    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
+                    starts[k].append(ev.tag_at[np.flatnonzero(edges == 1)])
+                    ends[k].append(ev.body_end[np.flatnonzero(edges == -1) - 1])
+                    in_copy[k] += int(mask.sum())
+                if chunk is not line:
+                    # Let the chunk's columns and pages go before the next is decoded.
+                    del ev, part
+                    chunk._events = None
+                    self.release_pages(*chunk._blocks[0])
+        finally:
+            if not was_decoded:
+                line._events = None
+                self.release_pages(*line._payload)
+        return ([(np.concatenate(s), np.concatenate(e)) for s, e in zip(starts, ends,
+                                                                         strict=True)],
+                in_copy, out_of_all, last_end)
 
     def passing(self, pairs: Iterable[tuple[Plane, Line]] | None = None
                 ) -> Iterator[tuple[Plane, Line]]:
@@ -578,6 +649,39 @@ class XSpaceScan:
             elif n2 in (5, 6) and w2 == 2:
                 value = m[s2:e2].decode("utf-8", errors="replace")
         return sid, value
+
+    def stat_at(self, events: Events, stat_ids: Sequence[int | None], max_stats: int = 64
+                ) -> I64:
+        """Where the values of stats `stat_ids` are on every event, one row per stat id: the
+        offset of the value field's tag in the file, of the last such stat (as xprof's stat
+        visitors leave it), or -1 where the event has none (or the id is None)."""
+        buf = self.buf
+        out = np.full((len(stat_ids), len(events)), -1, dtype=np.int64)
+        pos = events.stats_start.copy()
+        end = events.body_end
+        active = pos < end
+        for _ in range(max_stats):
+            if not active.any():
+                break
+            at = np.flatnonzero(active)
+            p = pos[at]
+            key = buf[p]
+            wire = key & 7
+            length, body = _varints_at(buf, p + 1)
+            stat_end = body + length
+            sid = _optional_varint(buf, body.copy(), stat_end, 0x08)
+            vpos = body.copy()
+            _optional_varint(buf, vpos, stat_end, 0x08)
+            is_stat = (key == _EVENT_TAG) & (vpos < stat_end)
+            for row, stat_id in enumerate(stat_ids):
+                if stat_id is not None:
+                    hit = is_stat & (sid == stat_id)
+                    out[row, at[hit]] = vpos[hit]
+            nxt = np.select([wire == 2, wire == 0, wire == 1, wire == 5],
+                            [stat_end, body, p + 9, p + 5], default=end[at])
+            pos[at] = nxt
+            active[at] = nxt < end[at]
+        return out
 
     def int_stat(self, events: Events, stat_id: int, max_stats: int = 64) -> I64:
         """The integer value of stat `stat_id` on every event (-1 where it has none)."""
