@@ -19,17 +19,20 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from _proc import tree_cpu_s
+from _proc import tree_cpu_s, tree_pids
 
 from mldiag.analysis.collection.collect import COLLECTION_TOOLS, collect
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
+from mldiag.analysis.collection.workers import rss_bytes
 
 CLI_TOOLS = (
     "get_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",
@@ -47,7 +50,11 @@ def _fresh_copy(session: ProfileSession, root: Path) -> Path:
     return root / "logdir"
 
 
-def run_cli(session: ProfileSession) -> tuple[float, dict[str, float]]:
+def run_cli(session: ProfileSession, rss_limit: int | None = None,
+            failures: dict[str, str] | None = None) -> tuple[float, dict[str, float]]:
+    """The CLI tools one after another on a fresh copy of the session: (wall seconds, seconds
+    per tool). With `rss_limit`, a tool whose process tree passes it is killed; `failures`
+    then gets, per tool that did not exit 0, why (killed at the limit, or its exit status)."""
     xprof = Path(sys.executable).with_name("xprof")
     per_tool: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-cli-") as tmp:
@@ -56,11 +63,18 @@ def run_cli(session: ProfileSession) -> tuple[float, dict[str, float]]:
         started = time.perf_counter()
 
         def call(*args: str) -> str:
+            name = args[0] if len(args) == 1 else f"{args[0]} {args[2]}"
             t = time.perf_counter()
-            out = subprocess.run([str(xprof), *args, "--logdir", str(logdir)], env=env,
-                                 capture_output=True, text=True, timeout=600).stdout
-            per_tool[args[0] if len(args) == 1 else f"{args[0]} {args[2]}"] = (
-                time.perf_counter() - t)
+            proc = subprocess.Popen([str(xprof), *args, "--logdir", str(logdir)], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            killed = _watch(proc, rss_limit)
+            out, err = proc.communicate(timeout=600)
+            per_tool[name] = time.perf_counter() - t
+            if proc.returncode and failures is not None:
+                failures[name] = (f"killed at the RSS limit ({rss_limit / 2**30:.0f} GiB) after "
+                                  f"{per_tool[name]:.0f} s" if killed.is_set() else
+                                  f"exit {proc.returncode}: {err.strip()[-300:]}")
             return out
 
         for tool in CLI_TOOLS:
@@ -70,6 +84,24 @@ def run_cli(session: ProfileSession) -> tuple[float, dict[str, float]]:
                 for m in modules:
                     call("get_hlo_text", "--module_name", m, "--max_lines", "10000000")
         return time.perf_counter() - started, per_tool
+
+
+def _watch(proc: subprocess.Popen[str], rss_limit: int | None) -> threading.Event:
+    """Kill `proc`'s process group once its tree's RSS passes `rss_limit` (set: killed)."""
+    killed = threading.Event()
+    if rss_limit is None:
+        return killed
+
+    def run() -> None:
+        while proc.poll() is None:
+            if sum(rss_bytes(p) for p in tree_pids(proc.pid)) > rss_limit:
+                killed.set()
+                os.killpg(proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.1)
+
+    threading.Thread(target=run, daemon=True).start()
+    return killed
 
 
 def run_ours(session: ProfileSession, tools: tuple[str, ...] = COLLECTION_TOOLS

@@ -1,6 +1,7 @@
 """Benchmark: a multi-host session through the pipeline's fan-out, drop to REPORTED.
 
     python bench/fanout.py SESSION_DIR [--json OUT] [--workdir DIR] [--memory-budget 8G]
+                           [--cli] [--cli-rss-limit 20G]
 
 SESSION_DIR holds one `<host>.xplane.pb` per host (bench/tpu_shape.py makes TPU-shaped ones:
 `python bench/tpu_shape.py 250 DIR --host tpu_host_0`, then copies under other host names).
@@ -10,6 +11,10 @@ per host, in the local process pool, then the combine step), as on Google Cloud 
 function instance per host. Measured: wall time from the drop to REPORTED, CPU seconds and
 peak resident memory of `mldiag up`'s whole process tree (sampled every 50 ms), and the
 session's own record of its collection (per-host jobs, skipped, degraded).
+
+`--cli` then runs the anchor in the same run: xprof's CLI tools one after another on the
+same session directory (every host), as a user of raw xprof would, each tool killed if its
+process tree passes `--cli-rss-limit` (what failed, and why, is recorded).
 """
 
 from __future__ import annotations
@@ -28,8 +33,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import PeakTreeRss, tree_cpu_s, write_results  # noqa: E402 - bench/_proc.py
+from scale import run_cli_measured  # noqa: E402 - bench/scale.py
 
 from mldiag.adapters.local.state import SqliteStateStore  # noqa: E402
+from mldiag.analysis.collection.workers import parse_bytes  # noqa: E402
 
 RUN = "fanout"
 SESSION = "s1"
@@ -49,6 +56,9 @@ def main() -> int:
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--memory-budget", help="MLDIAG_MEMORY_BUDGET for the runtime")
     parser.add_argument("--timeout", type=float, default=3600.0)
+    parser.add_argument("--cli", action="store_true", help="run the xprof CLI after it")
+    parser.add_argument("--cli-rss-limit", default="20G",
+                        help="kill a CLI tool whose process tree passes this")
     args = parser.parse_args()
     hosts = sorted(args.session_dir.glob("*.xplane.pb"))
     if not hosts:
@@ -97,6 +107,8 @@ def main() -> int:
         collection = json.loads(snapshot.read_text()).get("collection", {})
         row["collection"] = {k: collection.get(k) for k in (
             "elapsed_ms", "fanned_out", "skipped", "degraded", "killed", "worker_peak_rss_bytes")}
+    if args.cli:
+        row["xprof_cli"] = run_cli_measured(hosts[0], rss_limit=parse_bytes(args.cli_rss_limit))
     print(json.dumps(row, indent=1))
     write_results(args.json, [row])
     return 0 if row["state"] == "REPORTED" else 1

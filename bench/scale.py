@@ -154,16 +154,20 @@ def run_mldiag(xplane: Path, out: Path, budget: str | None = None) -> dict[str, 
             **({"stderr": result["stderr"]} if result["rc"] else {})}
 
 
-def run_cli_measured(xplane: Path, preload: str | None = None) -> dict[str, Any]:
-    """The sequential CLI; with `preload`, its processes run with that malloc (LD_PRELOAD),
-    as mldiag's workers do, to show how much of the difference is the allocator's."""
+def run_cli_measured(xplane: Path, preload: str | None = None,
+                     rss_limit: int | None = None) -> dict[str, Any]:
+    """The sequential CLI on `xplane`'s session (every host in its directory); with
+    `preload`, its processes run with that malloc (LD_PRELOAD), as mldiag's workers do, to
+    show how much of the difference is the allocator's. With `rss_limit`, a tool past it is
+    killed, and the tools that failed are listed with why."""
     warm(xplane)
     session = resolve_session(xplane.parent)
     per_tool: dict[str, float] = {}
+    failures: dict[str, str] = {}
     saved = os.environ.get("LD_PRELOAD")
 
     def call() -> None:
-        _, tools = run_cli(session)
+        _, tools = run_cli(session, rss_limit, failures)
         per_tool.update(tools)
 
     if preload:
@@ -177,6 +181,7 @@ def run_cli_measured(xplane: Path, preload: str | None = None) -> dict[str, Any]
             else:
                 os.environ["LD_PRELOAD"] = saved
     return {**figures, "per_tool_s": {k: round(v, 2) for k, v in per_tool.items()},
+            **({"failed": failures} if failures else {}),
             **({"preload": os.path.basename(preload)} if preload else {})}
 
 

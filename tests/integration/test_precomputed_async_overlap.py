@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mldiag.analysis.collection import async_overlap
+from mldiag.analysis.collection import async_overlap, xspace_scan
 from mldiag.analysis.collection.collect import collect
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
@@ -42,7 +42,11 @@ def _fixture(path: Path) -> Path:
 
 @pytest.mark.parametrize("xplane", [TPU, GPU], ids=["tpu", "gpu"])
 @pytest.mark.parametrize("top_k", [0, 3, 10, 5000])
-def test_column_wise_equals_xprofs_own(xplane: Path, top_k: int) -> None:
+@pytest.mark.parametrize("chunk", [None, 4096], ids=["lines", "chunks"])
+def test_column_wise_equals_xprofs_own(xplane: Path, top_k: int, chunk: int | None,
+                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    if chunk is not None:  # each line decoded a few KiB at a time
+        monkeypatch.setattr(xspace_scan, "_CHAIN_BYTES", chunk)
     with XSpaceScan(_fixture(xplane)) as scan:
         ours = async_overlap.analyze_scans([("", scan)], top_k=top_k)
     assert ours == _xprof(xplane, top_k=top_k)
@@ -145,9 +149,12 @@ def _synthetic(path: Path, seed: int) -> None:
 
 
 @pytest.mark.parametrize("seed", range(8))
-def test_column_wise_equals_xprofs_own_on_random_chips(tmp_path: Path, seed: int) -> None:
+def test_column_wise_equals_xprofs_own_on_random_chips(
+        tmp_path: Path, seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     xplane = tmp_path / "chip.xplane.pb"
     _synthetic(xplane, seed)
+    if seed % 2:  # each line decoded in chunks of a few events
+        monkeypatch.setattr(xspace_scan, "_CHAIN_BYTES", 128)
     with XSpaceScan(xplane) as scan:
         ours = async_overlap.analyze_scans([("", scan)], top_k=7)
     assert ours == _xprof(xplane, top_k=7)

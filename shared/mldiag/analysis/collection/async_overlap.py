@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace_scan import Line, XSpaceScan, unique_ids
 
 I64 = NDArray[np.int64]
 _LABELS = ("hidden", "partial", "exposed")
@@ -92,19 +92,25 @@ class _Column:
         self.parts.append((lut[inverse] if len(lut) else inverse, start, end))
 
     def columns(self) -> tuple[I64, I64, I64]:
-        return tuple(np.concatenate([p[i] for p in self.parts])  # type: ignore[return-value]
-                     for i in range(3))
+        if len(self.parts) != 1:
+            # Joined once, and the chunks' parts let go.
+            idx, start, end = (np.concatenate([p[i] for p in self.parts]) for i in range(3))
+            self.parts = [(idx, start, end)]
+        return self.parts[0]
 
 
 def _events_by_line(scan: XSpaceScan) -> Iterator[tuple[str, dict[str, _Column]]]:
     """(plane name, line name → events) for the lines xprof's analysis reads, plane by plane
     in the order of their names (empty lines and planes are absent, as in xprof's grouping).
-    One plane's events are held at a time: the caller keeps what it needs of each."""
+    One plane's events are held at a time, as three columns (name, start, end); each line is
+    decoded one chunk at a time (`XSpaceScan._chunks`), so the decoder's own columns are a
+    chunk's, not a long line's."""
     xp = _xprof()
     for plane in sorted(scan.planes, key=lambda p: p.name):
         out: dict[str, _Column] = {}
-        for _, line in scan.passing((plane, ln) for ln in plane.lines
-                                    if ln.name in xp.LINE_NAMES):
+        chunks = ((plane, chunk) for ln in plane.lines if ln.name in xp.LINE_NAMES
+                  for chunk in scan._chunks(ln))
+        for _, line in scan.passing(chunks):
             ev = line.events
             if not len(ev):
                 continue
@@ -116,6 +122,18 @@ def _events_by_line(scan: XSpaceScan) -> Iterator[tuple[str, dict[str, _Column]]
             out.setdefault(line.name, _Column()).add(names, inverse, start, start + dur)
         if out:
             yield plane.name, out
+
+
+def _joined(parts: list[I64]) -> I64:
+    """The parts as one column (the part itself when there is one)."""
+    if len(parts) == 1:
+        return parts[0]
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+
+
+def _has_events(line: Line) -> bool:
+    """Whether a line has an event, from the file's structure (nothing decoded)."""
+    return bool(line._blocks) and line._blocks[0][0] < line._blocks[0][1]
 
 
 def _pairs(keys: I64, starts: NDArray[np.bool_]) -> tuple[I64, I64, int]:
@@ -189,12 +207,21 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
     rows: list[tuple[I64, ...]] = []
     row_meta: list[tuple[str, list[str], list[str]]] = []
     events = False
+    # Busy time is kept only for the chips with two engines or more (the concurrency's).
+    engines: dict[int, int] = {}
+    for p in scan.planes:
+        match = xp._TPU_PLANE_RE.match(p.name)
+        if match:
+            engines[int(match["chip"])] = engines.get(int(match["chip"]), 0) + sum(
+                ln.name in xp.OPS_LINES and _has_events(ln) for ln in p.lines)
     for rank, (plane, lines) in enumerate(_events_by_line(scan)):
         events = True
         op_cols = [(ln, lines[ln].columns(), lines[ln].names) for ln in sorted(xp.OPS_LINES)
                    if ln in lines]
-        for ln, (_, lo, hi), _ in op_cols:
-            busy[(plane, ln)] = _merge(lo, hi)
+        match = xp._TPU_PLANE_RE.match(plane)
+        if match and engines.get(int(match["chip"]), 0) >= 2:
+            for ln, (_, lo, hi), _ in op_cols:
+                busy[(plane, ln)] = _merge(lo, hi)
         # The plane's op events, as one sequence (xprof's order: line by sorted name).
         names: list[str] = []
         idx_parts, lo_parts, hi_parts = [], [], []
@@ -204,9 +231,7 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
             lo_parts.append(lo)
             hi_parts.append(hi)
         empty = np.zeros(0, dtype=np.int64)
-        op_idx = np.concatenate(idx_parts) if idx_parts else empty
-        op_lo = np.concatenate(lo_parts) if lo_parts else empty
-        op_hi = np.concatenate(hi_parts) if hi_parts else empty
+        op_idx, op_lo, op_hi = _joined(idx_parts), _joined(lo_parts), _joined(hi_parts)
         inst = [xp.instruction_name(n) for n in names]
         roles = [xp.async_role(i) for i in inst]
         is_async = np.array([r is not None for r in roles], dtype=bool)
@@ -255,9 +280,14 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
             if sel_f.any():
                 _fill(by_op.setdefault(f, _bucket()), span[sel_f], exposed[sel_f], label[sel_f])
         by_plane[plane] = plane_bucket
-        rows.append((np.full(len(span), rank), w_lo, span, exposed, covered, label, w_idx,
-                     np.full(len(span), len(row_meta))))
+        # The plane's own most exposed windows only: the host's are among them (the same
+        # order within a plane), and the rest would be held to the end for nothing.
+        keep = np.lexsort((np.arange(len(w_lo)), w_lo, -exposed))[:max(top_k, 0)]
+        rows.append((np.full(len(keep), rank), w_lo[keep], span[keep], exposed[keep],
+                     covered[keep], label[keep], w_idx[keep], np.full(len(keep), len(row_meta))))
         row_meta.append((plane, w_names, families))
+        # Let the plane's columns go before the next plane is decoded.
+        del lines, op_cols, op_idx, op_lo, op_hi, m_lo, m_hi, w_idx, w_lo, w_hi, span, covered
     return {"events": events, "summary": summary, "by_op": by_op, "by_plane": by_plane,
             "top_exposed": _top_rows(rows, row_meta, top_k), "concurrency": _concurrency(busy),
             "thresholds": {"hidden": hidden_t, "exposed": exposed_t}}

@@ -23,9 +23,10 @@ RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
                  # One time window's build, per byte of the window: 3.0 GB for a 122 MB
                  # window of the 993 MB TPU-shaped profile (glibc's malloc).
                  "op_stats_window": 24.0,
-                 # The one-pass window writer holds one line's columns and one plane's pages:
-                 # 1.2 GB on the 993 MB TPU-shaped profile (largest line 88 MB).
-                 "split_windows": 1.0,
+                 # The one-pass window writer holds one chunk of a line's columns and lets
+                 # the file's pages go as it writes them: 0.24 GB at 468 MB TPU-shaped,
+                 # 0.29 GB at 1.9 GB (the base's, about).
+                 "split_windows": 0.1,
                  "utilization_viewer": 14.0,
                  # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
                  # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
@@ -39,11 +40,13 @@ RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
                  # The async-overlap follow-up, computed in the timeline pass after its own
                  # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
                  # TPU-shaped profile, and no higher a peak than the pass's alone after it.
-                 # As its own pass (a large host's timeline by window), one device plane at a
-                 # time, it stayed under 2.4 GB at 1.9 GB: the estimate is kept, on the high side.
-                 "async_overlap": 2.0,
-                 # Two one-pass copies (XSpaceScan.write_split), one line at a time.
-                 "reduce_for_converters": 1.5}
+                 # As its own pass (a large host's timeline by window), one device plane's
+                 # three columns at a time, decoded chunk by chunk: 0.28 GB at 468 MB and
+                 # 0.74 GB at 1.9 GB TPU-shaped.
+                 "async_overlap": 0.4,
+                 # Two one-pass copies (XSpaceScan.write_split), one chunk of a line at a
+                 # time: 0.22 GB at 468 MB, 0.26 GB at 1.9 GB.
+                 "reduce_for_converters": 0.1}
 BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
 # without Python-tracer events costs more than it saves.

@@ -610,7 +610,8 @@ class XSpaceScan:
             yield plane, line
             if not was_decoded:
                 line._events = None
-                a, b = line._payload
+                # A chunk (`_chunks`) holds its own bytes only.
+                a, b = line._payload if line._tags is None else line._blocks[0]
                 self.release_pages(a, b)
 
     def release_pages(self, start: int, end: int) -> None:
