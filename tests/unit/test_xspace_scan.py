@@ -15,9 +15,10 @@ from mldiag.analysis.collection.timeline import _covered, _merge
 from mldiag.analysis.collection.xspace_scan import (
     CorruptXSpace,
     XSpaceScan,
-    _varints_at,
     unique_ids,
+    varints_at,
 )
+from mldiag.analysis.collection.xspace_write import write_filtered
 from tests.conftest import SHARED_FIXTURES
 
 FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
@@ -56,7 +57,7 @@ def test_every_event_matches_xprofs_reader(path: Path):
 def test_a_filtered_copy_keeping_everything_is_byte_identical(path: Path, tmp_path: Path):
     out = tmp_path / "copy.xplane.pb"
     with XSpaceScan(path) as scan:
-        scan.write_filtered(out, lambda plane, line: np.ones(len(line.events), dtype=bool))
+        write_filtered(scan, out, lambda plane, line: np.ones(len(line.events), dtype=bool))
     assert out.read_bytes() == path.read_bytes()
 
 
@@ -64,8 +65,8 @@ def test_a_filtered_copy_drops_exactly_the_rejected_events(tmp_path: Path):
     path = FIXTURES[0]
     out = tmp_path / "odd.xplane.pb"
     with XSpaceScan(path) as scan:
-        kept, dropped = scan.write_filtered(
-            out, lambda plane, line: np.arange(len(line.events)) % 2 == 0)
+        kept, dropped = write_filtered(
+            scan, out, lambda plane, line: np.arange(len(line.events)) % 2 == 0)
     before, after = _xprof_lines(path), _xprof_lines(out)
     assert dropped > 0 and kept + dropped == sum(len(e) for _, _, e in before)
     for (p1, n1, e1), (p2, n2, e2) in zip(before, after, strict=True):
@@ -91,7 +92,7 @@ def test_long_lines_decode_and_filter_chunk_by_chunk_as_whole(
             columns = [(ln.events.metadata_id.tolist(), ln.events.offset_ps.tolist(),
                         ln.events.duration_ps.tolist()) for p in scan.planes for ln in p.lines]
         with XSpaceScan(path) as scan:
-            counts = scan.write_filtered(out, keep)
+            counts = write_filtered(scan, out, keep)
         return columns, out.read_bytes(), counts
 
     whole = read("whole")
@@ -194,7 +195,7 @@ def test_varints_decode_as_protobuf_writes_them_at_every_length(values, pad):
         starts.append(pos)
         pos += len(_encode(v))
     buf = np.frombuffer(blob, dtype=np.uint8)
-    got, after = _varints_at(buf, np.array(starts, dtype=np.int64))
+    got, after = varints_at(buf, np.array(starts, dtype=np.int64))
     # Read back as int64, as the fields are declared: a negative one is itself again.
     assert [int(g) for g in got] == values
     assert list(after) == [s + len(_encode(v)) for s, v in zip(starts, values, strict=True)]
@@ -202,7 +203,7 @@ def test_varints_decode_as_protobuf_writes_them_at_every_length(values, pad):
 
 def test_a_varint_that_runs_past_the_buffer_is_minus_one():
     buf = np.frombuffer(b"\x01" * 9 + b"\xff\xff", dtype=np.uint8)
-    got, _ = _varints_at(buf, np.array([0, 9, 10, 11, -1], dtype=np.int64))
+    got, _ = varints_at(buf, np.array([0, 9, 10, 11, -1], dtype=np.int64))
     assert list(got) == [1, -1, -1, -1, -1]
 
 

@@ -20,6 +20,7 @@ from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace_write import write_filtered
 
 
 @dataclass
@@ -163,7 +164,7 @@ def _memory_copy(ctx: Context, scan: XSpaceScan, xplane: Path) -> dict[str, Any]
     target.unlink(missing_ok=True)
     smart_events = any(t in name for plane in scan.planes
                        for name in plane.event_names.values() for t in SMART_EVENTS)
-    kept, _ = scan.write_filtered(target, _memory_events)
+    kept, _ = write_filtered(scan, target, _memory_events)
     return {"memory_copy_bytes": target.stat().st_size, "memory_events": kept,
             "smart_events": smart_events}
 
@@ -193,7 +194,7 @@ def _memory_events(plane: Plane, line: Line) -> Any:
 def _reduce_one(ctx: Context, scan: XSpaceScan, xplane: Path, host: str) -> dict[str, Any]:
     target = ctx.ws.run_dir / xplane.name
     tmp = target.with_name(f".{xplane.name}.reduced")
-    kept, dropped = scan.write_filtered(tmp, _drop_python_events)
+    kept, dropped = write_filtered(scan, tmp, _drop_python_events)
     if dropped:
         target.unlink()
         tmp.replace(target)

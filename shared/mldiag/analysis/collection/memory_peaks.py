@@ -14,7 +14,7 @@ event's, and so is the memory capacity (stack + heap + free). The allocator is t
 last `index_on_host`, `device_ordinal` or `allocator_name` stat.
 
 `write_peaks` finds those events column-wise, one chunk of a line at a time
-(`XSpaceScan._chunks`), and writes a copy of the host plane holding only them, with every
+(`XSpaceScan.chunks`), and writes a copy of the host plane holding only them, with every
 metadata table. xprof's own tool then answers from that copy, in the memory of a handful of
 events. The other figures of the converter's output (the timeline, active allocations, the
 lifetime peak, the HLO modules from the device planes) change, but the CLI tool does not
@@ -33,8 +33,9 @@ from mldiag.analysis.collection.xspace_scan import (
     Line,
     Plane,
     XSpaceScan,
-    _varints_at,
+    varints_at,
 )
+from mldiag.analysis.collection.xspace_write import write_filtered
 
 HOST_PLANE = "/host:CPU"  # tsl's kHostThreadsPlaneName
 MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")
@@ -54,7 +55,7 @@ def peak_events(scan: XSpaceScan) -> dict[str, tuple[int, int]]:
     ids = {name: plane.stat_id(name) for name in (*_ID_STATS, *_USAGE_STATS)}
     best: dict[str, tuple[int, int]] = {}
     for line in plane.lines:
-        for chunk in scan.passing((plane, c) for c in scan._chunks(line)):
+        for chunk in scan.passing((plane, c) for c in scan.chunks(line)):
             _chunk_peaks(scan, plane, chunk[1], memory, ids, best)
     return best
 
@@ -82,7 +83,7 @@ def _int_values(scan: XSpaceScan, at: I64, tags: tuple[int, ...] = (0x20,)) -> I
     the int64 field alone). With `tags`, the varint of those value fields instead."""
     ok = at >= 0
     tag = np.where(ok, scan.buf[np.where(ok, at, 0)], 0)
-    value, _ = _varints_at(scan.buf, np.where(ok, at, 0) + 1)
+    value, _ = varints_at(scan.buf, np.where(ok, at, 0) + 1)
     return np.where(ok & np.isin(tag, tags) & (value >= 0), value, 0)
 
 
@@ -119,7 +120,7 @@ def _by_memory_id(scan: XSpaceScan, plane: Plane, at: I64) -> dict[str, I64]:
     add("", np.flatnonzero(named & (tag != 0x38) & (tag != 0x2A)))
     idx = np.flatnonzero(named & (tag == 0x2A))
     if len(idx):
-        length, body = _varints_at(scan.buf, where[idx] + 1)
+        length, body = varints_at(scan.buf, where[idx] + 1)
         short = length <= _NAME_BYTES
         cols = np.arange(_NAME_BYTES)
         grab = np.minimum(body[short, None] + cols, scan.size - 1)
@@ -151,5 +152,5 @@ def write_peaks(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> dic
         def keep(plane: Plane, line: Line) -> Any:
             return np.isin(line.events.tag_at, tags)
 
-        scan.write_filtered(out, keep, planes=lambda plane: plane.name == HOST_PLANE)
+        write_filtered(scan, out, keep, planes=lambda plane: plane.name == HOST_PLANE)
     return {"allocators": {name: peak for name, (peak, _) in sorted(best.items())}}

@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace_write import write_split
 
 IDLE_OP = "IDLE"
 # OpMetrics fields that add up over windows (op_metrics.proto).
@@ -128,7 +129,7 @@ def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.
                 extents[k][plane.name] = (min(was[0], first), max(was[1], last))
         return part if keep is None else to_copy[part]
 
-    scan.write_split(out, window_of)
+    write_split(scan, out, window_of)
     return extents
 
 

@@ -307,6 +307,7 @@ class XprofWorkspace:
         from xprof.cli.internal.oss import hlo_tools
 
         from mldiag.analysis.collection.xspace_scan import XSpaceScan
+        from mldiag.analysis.collection.xspace_write import write_planes
 
         if any(self.run_dir.glob("*.hlo_proto.pb")):
             return
@@ -315,7 +316,7 @@ class XprofWorkspace:
             copy = side / xplane.name
             copy.unlink(missing_ok=True)
             with XSpaceScan(xplane) as scan:
-                scan.write_planes(copy, lambda plane: plane.name == METADATA_PLANE)
+                write_planes(scan, copy, lambda plane: plane.name == METADATA_PLANE)
         hlo_tools.generate_hlo_protos(str(side))
         for proto in side.glob("*.hlo_proto.pb"):
             shutil.copyfile(proto, self.run_dir / proto.name)

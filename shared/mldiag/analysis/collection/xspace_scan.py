@@ -30,7 +30,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +38,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from mldiag.analysis.collection.protobuf import (
+    MAX_VARINT,
     CorruptProtobuf,
-    encode_varint,
     fields,
+    optional_varints,
     read_varint,
+    varints_at,
 )
 
 _EVENT_TAG = 0x22  # field 4 (XLine.events), wire type 2
-_MAX_VARINT = 10
 # Bytes of a line chained at once (`XSpaceScan._chain`): about 20 times that in temporaries.
 _CHAIN_BYTES = 16 << 20
 
@@ -120,10 +121,10 @@ class Events:
                 self._stats_start[i] = body
             return
         pos = self._after_mid.copy()
-        self._offset_ps = _optional_varint(self._buf, pos, self.body_end, 0x10, missing=_ABSENT)
+        self._offset_ps = optional_varints(self._buf, pos, self.body_end, 0x10, missing=_ABSENT)
         absent = self._offset_ps == _ABSENT
         self._offset_ps[absent] = 0
-        self._duration_ps = _optional_varint(self._buf, pos, self.body_end, 0x18)
+        self._duration_ps = optional_varints(self._buf, pos, self.body_end, 0x18)
         if np.any(pos > self.body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
         # Serializers write fields in field-number order: after the id, offset and duration
@@ -194,7 +195,7 @@ class Line:
     _events: Events | None = field(default=None, repr=False)
     # The line's payload in the file (between its length prefix and its end).
     _payload: tuple[int, int] = (0, 0)
-    # A chunk's events, chained already (`XSpaceScan._chunks`).
+    # A chunk's events, chained already (`XSpaceScan.chunks`).
     _tags: I64 | None = field(default=None, repr=False)
 
     @property
@@ -358,7 +359,7 @@ class XSpaceScan:
         seg = self.buf[start:end]
         cand = np.flatnonzero(seg[:limit - start] == _EVENT_TAG)
         # Length varint after each candidate tag; event bodies are short, but decode fully.
-        length, body = _varints_at(seg, cand + 1)
+        length, body = varints_at(seg, cand + 1)
         nxt = body + length
         ok = (length >= 0) & (nxt <= len(seg))
         # Successor: the candidate at `nxt`, else the sentinel (end of the run). Indices fit
@@ -398,7 +399,7 @@ class XSpaceScan:
             while pos < end:
                 tags = self._chain(pos, end, min(end, pos + _CHAIN_BYTES))
                 yield tags
-                length, body = _varints_at(self.buf, tags[-1:] + 1)
+                length, body = varints_at(self.buf, tags[-1:] + 1)
                 pos = int(body[0] + length[0])
                 # Fields after the run (duration_ps, display_id, display_name), and any
                 # further run of events (writers need not keep a message's fields in order).
@@ -411,22 +412,22 @@ class XSpaceScan:
                             "utf-8", errors="replace")
                     pos = stop
 
-    def _chunks(self, line: Line) -> Iterator[Line]:
+    def chunks(self, line: Line) -> Iterator[Line]:
         """The line cut into lines of consecutive events (about `_CHAIN_BYTES` each, same
         name and timestamp), each decoded on first use: a pass that treats events one by one
         holds one chunk's columns, not a long line's."""
         for tags in self._segments(line._blocks):
-            length, body = _varints_at(self.buf, tags[-1:] + 1)
+            length, body = varints_at(self.buf, tags[-1:] + 1)
             yield Line(name=line.name, timestamp_ns=line.timestamp_ns, _space=self,
                        _blocks=[(int(tags[0]), int(body[0] + length[0]))],
                        _payload=line._payload, _tags=tags)
 
     def _decode_block(self, tags: I64) -> Events:
         buf = self.buf
-        length, pos = _varints_at(buf, tags + 1)
+        length, pos = varints_at(buf, tags + 1)
         body_end = pos + length
         body = pos.copy()
-        mid = _optional_varint(buf, pos, body_end, 0x08)
+        mid = optional_varints(buf, pos, body_end, 0x08)
         if np.any(pos > body_end):
             raise CorruptXSpace("truncated or corrupt protobuf (bad event)")
         # An event that does not start with its metadata id (written out of field-number
@@ -444,160 +445,6 @@ class XSpaceScan:
                             strict=True))
         return events
 
-    # -- writing -------------------------------------------------------------------------------
-
-    def write_filtered(self, out: str | os.PathLike[str], keep: KeepFn,
-                       planes: Callable[[Plane], bool] | None = None) -> tuple[int, int]:
-        """Write a copy of this XSpace without the events that `keep` rejects.
-
-        `keep(plane, line)` returns a boolean mask over the line's events, or None to keep the
-        line whole. Everything else (metadata, stats, other fields) is copied byte for byte.
-        With `planes`, only the planes for which it is true are written.
-        Returns (events kept, events dropped) on the lines that `keep` masked.
-        """
-        def split(plane: Plane, line: Line) -> Any:
-            mask = keep(plane, line)
-            return None if mask is None else np.where(mask, 0, -1).astype(np.int32)
-
-        (kept,), dropped = self.write_split([out], split, planes)
-        return kept, dropped
-
-    def write_planes(self, out: str | os.PathLike[str], keep: Any) -> int:
-        """Write a copy of this XSpace with only the planes for which `keep(plane)` is true,
-        each byte for byte (the space's other fields too). Returns the planes written."""
-        view = memoryview(self._map)
-        written = 0
-        try:
-            with open(out, "wb") as f:
-                for plane in self.planes:
-                    if not keep(plane) or not plane._fields:
-                        continue
-                    start, end = plane._fields[0][1], plane._fields[-1][2]
-                    f.write(b"\x0a" + encode_varint(end - start))
-                    f.write(view[start:end])
-                    written += 1
-                for start, stop in self._space_fields:
-                    f.write(view[start:stop])
-        finally:
-            view.release()
-        return written
-
-    def write_split(self, outs: Sequence[str | os.PathLike[str]], split: SplitFn,
-                    planes: Callable[[Plane], bool] | None = None) -> tuple[list[int], int]:
-        """Write len(`outs`) copies of this XSpace in one pass, each with a part of the events.
-
-        `split(plane, line)` returns, per event of the line, the index of the copy it goes to
-        (-1: none), or None to copy the line whole into every copy. Every copy keeps every
-        plane, line and metadata table, and everything else byte for byte.
-
-        Memory stays bounded by one line: each line's events are decoded, cut into runs of
-        bytes per copy and let go (unless a caller had decoded them before), and the copies are
-        written plane by plane straight from the mapped file.
-        With `planes`, only the planes for which it is true are written.
-        Returns (events per copy, events in no copy) on the lines that `split` cut.
-        """
-        counts = [0] * len(outs)
-        dropped = 0
-        view = memoryview(self._map)
-        files = [open(o, "wb") for o in outs]  # noqa: SIM115 - closed below
-        try:
-            for plane in self.planes:
-                if planes is not None and not planes(plane):
-                    continue
-                # Per copy: pieces of the plane's body, each bytes or a (start, end) range of
-                # the file, or a pair of arrays of ranges.
-                pieces: list[list[Any]] = [[] for _ in outs]
-                sizes = [0] * len(outs)
-                lines = {ln._payload[1]: ln for ln in plane.lines}
-                for num, key_at, stop in plane._fields:
-                    line = lines.get(stop) if num == 3 else None
-                    cut = None if line is None else self._cut_line(plane, line, split, len(outs))
-                    if cut is None:
-                        for k in range(len(outs)):
-                            pieces[k].append((key_at, stop))
-                            sizes[k] += stop - key_at
-                        continue
-                    assert line is not None
-                    runs, in_copy, out_of_all, last_end = cut
-                    pos, end = line._payload
-                    events_at = line._blocks[0][0]
-                    dropped += out_of_all
-                    for k, (starts, ends) in enumerate(runs):
-                        length = (events_at - pos) + int((ends - starts).sum()) + (end - last_end)
-                        prefix = b"\x1a" + encode_varint(length)
-                        pieces[k] += [prefix, (pos, events_at), (starts, ends), (last_end, end)]
-                        sizes[k] += len(prefix) + length
-                        counts[k] += in_copy[k]
-                # The plane's pages, read once to cut it, are read again to write it: each
-                # range is let go once written (a host plane is most of a host's file).
-                for f, body, size in zip(files, pieces, sizes, strict=True):
-                    f.write(b"\x0a" + encode_varint(size))
-                    for piece in body:
-                        if isinstance(piece, bytes):
-                            f.write(piece)
-                        elif isinstance(piece[0], np.ndarray):
-                            for a, b in zip(piece[0].tolist(), piece[1].tolist(), strict=True):
-                                f.write(view[a:b])
-                            if len(piece[0]):
-                                self.release_pages(int(piece[0][0]), int(piece[1][-1]))
-                        else:
-                            f.write(view[piece[0]:piece[1]])
-                            self.release_pages(piece[0], piece[1])
-            for f in files:
-                for start, stop in self._space_fields:
-                    f.write(view[start:stop])
-        finally:
-            view.release()
-            for f in files:
-                f.close()
-        return counts, dropped
-
-    def _cut_line(self, plane: Plane, line: Line, split: SplitFn, copies: int
-                  ) -> tuple[list[tuple[I64, I64]], list[int], int, int] | None:
-        """`split` applied to one line: per copy, the byte ranges of its runs of events, and
-        the events in each copy, those in none and where the last event ends; None when
-        `split` keeps the line whole.
-
-        A long line (over `_CHAIN_BYTES`) not decoded before is split chunk by chunk
-        (`_chunks`), so the columns of one chunk are held at a time: `split` sees each chunk
-        as a line. None for the first chunk, before it decoded any event, keeps the line
-        whole; None for a later chunk puts that chunk into every copy."""
-        was_decoded = line._events is not None
-        whole = was_decoded or line._payload[1] - line._payload[0] <= _CHAIN_BYTES
-        starts: list[list[I64]] = [[] for _ in range(copies)]
-        ends: list[list[I64]] = [[] for _ in range(copies)]
-        in_copy = [0] * copies
-        out_of_all = 0
-        last_end = line._blocks[0][0]
-        try:
-            for i, chunk in enumerate([line] if whole else self._chunks(line)):
-                part = split(plane, chunk)
-                if part is None and i == 0 and (whole or chunk._events is None):
-                    return None
-                ev = chunk.events
-                if len(ev):
-                    last_end = int(ev.body_end[-1])
-                if part is not None:
-                    out_of_all += int((part < 0).sum())
-                for k in range(copies):
-                    mask = np.ones(len(ev), dtype=bool) if part is None else part == k
-                    edges = np.diff(np.concatenate([[0], mask.astype(np.int8), [0]]))
-                    starts[k].append(ev.tag_at[np.flatnonzero(edges == 1)])
-                    ends[k].append(ev.body_end[np.flatnonzero(edges == -1) - 1])
-                    in_copy[k] += int(mask.sum())
-                if chunk is not line:
-                    # Let the chunk's columns and pages go before the next is decoded.
-                    del ev, part
-                    chunk._events = None
-                    self.release_pages(*chunk._blocks[0])
-        finally:
-            if not was_decoded:
-                line._events = None
-                self.release_pages(*line._payload)
-        return ([(np.concatenate(s), np.concatenate(e)) for s, e in zip(starts, ends,
-                                                                         strict=True)],
-                in_copy, out_of_all, last_end)
-
     def passing(self, pairs: Iterable[tuple[Plane, Line]] | None = None
                 ) -> Iterator[tuple[Plane, Line]]:
         """(plane, line) of `pairs` (default: every line), each line's events let go once the
@@ -610,7 +457,7 @@ class XSpaceScan:
             yield plane, line
             if not was_decoded:
                 line._events = None
-                # A chunk (`_chunks`) holds its own bytes only.
+                # A chunk (`XSpaceScan.chunks`) holds its own bytes only.
                 a, b = line._payload if line._tags is None else line._blocks[0]
                 self.release_pages(a, b)
 
@@ -668,11 +515,11 @@ class XSpaceScan:
             p = pos[at]
             key = buf[p]
             wire = key & 7
-            length, body = _varints_at(buf, p + 1)
+            length, body = varints_at(buf, p + 1)
             stat_end = body + length
-            sid = _optional_varint(buf, body.copy(), stat_end, 0x08)
+            sid = optional_varints(buf, body.copy(), stat_end, 0x08)
             vpos = body.copy()
-            _optional_varint(buf, vpos, stat_end, 0x08)
+            optional_varints(buf, vpos, stat_end, 0x08)
             is_stat = (key == _EVENT_TAG) & (vpos < stat_end)
             for row, stat_id in enumerate(stat_ids):
                 if stat_id is not None:
@@ -699,14 +546,14 @@ class XSpaceScan:
             key = buf[p]
             is_stat = key == _EVENT_TAG
             wire = key & 7
-            length, body = _varints_at(buf, p + 1)
+            length, body = varints_at(buf, p + 1)
             stat_end = body + length
-            sid = _optional_varint(buf, body.copy(), stat_end, 0x08)
+            sid = optional_varints(buf, body.copy(), stat_end, 0x08)
             vpos = body.copy()
-            _optional_varint(buf, vpos, stat_end, 0x08)
+            optional_varints(buf, vpos, stat_end, 0x08)
             val = np.full(len(at), -1, dtype=np.int64)
             for tag in (0x18, 0x20, 0x38):
-                v = _optional_varint(buf, vpos.copy(), stat_end, tag, missing=-2)
+                v = optional_varints(buf, vpos.copy(), stat_end, tag, missing=-2)
                 val = np.where(v != -2, v, val)
             hit = is_stat & (sid == stat_id) & (out[at] == -1)
             out[at[hit]] = val[hit]
@@ -717,10 +564,6 @@ class XSpaceScan:
             pos[at] = nxt
             active[at] = nxt < end[at]
         return out
-
-
-KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
-SplitFn = Any  # Callable[[Plane, Line], NDArray[np.integer] | None]
 
 
 # Fields that may follow an event's id, offset and duration in field-number order:
@@ -741,7 +584,7 @@ def _in_field_order(buf: NDArray[np.uint8], start: int, end: int) -> bool:
 
 
 def _body_start(buf: NDArray[np.uint8], tag_at: int) -> int:
-    head = bytes(buf[tag_at + 1:tag_at + 1 + _MAX_VARINT])
+    head = bytes(buf[tag_at + 1:tag_at + 1 + MAX_VARINT])
     _, after = read_varint(head, 0, len(head))
     return tag_at + 1 + after
 
@@ -760,35 +603,6 @@ def _event_fields(buf: NDArray[np.uint8], start: int, end: int) -> tuple[int, in
         elif num == 3:
             duration = _signed(value)
     return mid, offset, duration
-
-
-def _varints_at(buf: NDArray[np.uint8], pos: I64) -> tuple[I64, I64]:
-    """Decode the varint at each position; returns (values, positions after them).
-
-    A varint that runs past the buffer (or is longer than 10 bytes) decodes as -1. Most
-    varints here (lengths, ids) fit one byte: only the others take the loop. (Reading 8 bytes
-    per position as one word and decoding with bit operations was tried: slower here.)
-    """
-    n = len(buf)
-    inside = (pos >= 0) & (pos < n)
-    first = buf[np.where(inside, pos, 0)].astype(np.int64)
-    value = np.where(inside, first & 0x7F, -1)
-    cur = pos + 1
-    idx = np.flatnonzero(inside & (first >= 0x80))
-    shift = 7
-    while len(idx) and shift < 7 * _MAX_VARINT:
-        past = cur[idx] >= n
-        if past.any():
-            value[idx[past]] = -1
-            idx = idx[~past]
-        b = buf[cur[idx]].astype(np.int64)
-        value[idx] |= (b & 0x7F) << shift
-        cur[idx] += 1
-        idx = idx[b >= 0x80]
-        shift += 7
-    if len(idx):
-        value[idx] = -1  # more than 10 bytes: not a varint
-    return value, cur
 
 
 def unique_ids(ids: I64) -> tuple[I64, I64, I64]:
@@ -814,18 +628,3 @@ def unique_ids(ids: I64) -> tuple[I64, I64, I64]:
     lut = np.empty(hi - lo + 1, dtype=np.int64)
     lut[present] = np.arange(len(present), dtype=np.int64)
     return present + lo, first_at[present], lut[shifted]
-
-
-def _optional_varint(buf: NDArray[np.uint8], pos: I64, end: I64, tag: int,
-                     missing: int = 0) -> I64:
-    """Decode a varint field with key byte `tag` where present at `pos` (in place: `pos` moves
-    past the fields decoded). Absent fields read as `missing` (proto3 default 0)."""
-    out = np.full(len(pos), missing, dtype=np.int64)
-    inside = pos < end
-    safe = np.minimum(pos, len(buf) - 1)
-    has = np.flatnonzero(inside & (buf[safe] == tag))
-    if len(has):
-        v, after = _varints_at(buf, pos[has] + 1)
-        out[has] = v
-        pos[has] = after
-    return out
