@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mldiag.analysis.collection import collect as collect_mod
-from mldiag.analysis.collection import jobs
+from mldiag.analysis.collection import host_copies, jobs
 from mldiag.analysis.collection import plan as plan_mod
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
@@ -67,13 +67,13 @@ def test_the_memory_copy_holds_only_what_the_memory_profile_reads(tmp_path: Path
         assert 0 < part["memory_copy_bytes"] < TPU.stat().st_size / 2
         from_copy = jobs.memory_profile(ctx, {"reduced": reduced})
         whole = jobs.memory_profile(ctx, {})
-        copy = ws.side_run_dir(jobs.MEMORY_DIR) / TPU.name
+        copy = ws.side_run_dir(host_copies.MEMORY_DIR) / TPU.name
         # What the smart suggestions time per step travels whole: every event they time
         # (with its stats, byte for byte) and the step and module lines.
         with XSpaceScan(TPU) as a, XSpaceScan(copy) as b:
             for pa, pb in zip(a.planes, b.planes, strict=True):
                 ids = [k for k, v in pa.event_names.items()
-                       if any(t in v for t in jobs.SMART_EVENTS)]
+                       if any(t in v for t in host_copies.SMART_EVENTS)]
                 for la, lb in zip(pa.lines, pb.lines, strict=True):
                     if pa.name.startswith("/device:") and la.name in ("XLA Modules", "Steps"):
                         assert len(lb.events) == len(la.events) > 0

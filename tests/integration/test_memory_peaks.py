@@ -137,3 +137,20 @@ def test_hand_written_allocators_peak_as_xprof_picks_them(
     with xspace_scan.XSpaceScan(copy) as scan:
         kept = sum(len(line.events) for line in scan.planes[0].lines)
     assert kept == len(summaries)
+
+
+@pytest.mark.parametrize("xplane", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+def test_the_collection_s_memory_profile_is_the_tool_s_at_any_size(
+        xplane: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`host_copies.peaks_memory_profile`, as the collection calls it: the tool on the file
+    below `PEAKS_MIN_BYTES`, on the peak events' copy from it on; the same answer."""
+    from mldiag.analysis.collection import host_copies
+
+    with XprofWorkspace(resolve_session(xplane.parent)) as ws:
+        src = ws.run_dir / xplane.name
+        direct = host_copies.peaks_memory_profile(ws, src, None)
+        assert not ws.side_run_dir_path(host_copies.PEAKS_DIR).exists()
+        monkeypatch.setattr(host_copies, "PEAKS_MIN_BYTES", 0)
+        from_peaks = host_copies.peaks_memory_profile(ws, src, None)
+        assert (ws.side_run_dir_path(host_copies.PEAKS_DIR) / xplane.name).is_file()
+    assert from_peaks == direct and direct["peak_memory_usage_gib"] > 0

@@ -102,14 +102,15 @@ class _Column:
 def _events_by_line(scan: XSpaceScan) -> Iterator[tuple[str, dict[str, _Column]]]:
     """(plane name, line name → events) for the lines xprof's analysis reads, plane by plane
     in the order of their names (empty lines and planes are absent, as in xprof's grouping).
-    One plane's events are held at a time, as three columns (name, start, end); each line is
-    decoded one chunk at a time (`XSpaceScan.chunks`), so the decoder's own columns are a
-    chunk's, not a long line's."""
+    One plane's events are held at a time, as three columns (name, start, end); each line not
+    decoded before is decoded one chunk at a time (`XSpaceScan.chunks`), so the decoder's
+    own columns are a chunk's, not a long line's."""
     xp = _xprof()
     for plane in sorted(scan.planes, key=lambda p: p.name):
         out: dict[str, _Column] = {}
+        # A line decoded already (by the timeline pass before this) is read as it is.
         chunks = ((plane, chunk) for ln in plane.lines if ln.name in xp.LINE_NAMES
-                  for chunk in scan.chunks(ln))
+                  for chunk in ([ln] if ln._events is not None else scan.chunks(ln)))
         for _, line in scan.passing(chunks):
             ev = line.events
             if not len(ev):

@@ -6,7 +6,7 @@ Each host of a fanned-out session builds, in its own `collect_host`:
   `jobs.op_stats_window`), so that no process holds a large host's whole op_stats build;
 - its passes and per-host tools (`host_parts`): our timeline pass (from the windows' shares
   when the host was cut), the async-overlap share, the memory profile and utilization, and
-  the memory copy (`jobs._memory_copy`) that the combine step's converters read beside the
+  the memory copy (`host_copies.memory_copy`) that the combine step's converters read beside the
   combined op_stats.
 
 The combine step then combines the hosts' op_stats as xprof combines hosts
@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from mldiag.analysis.collection import timeline
-from mldiag.analysis.collection.jobs import (
+from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
+    memory_copy,
+    peaks_memory_profile,
+    reduce_one,
+)
+from mldiag.analysis.collection.jobs import (
     Context,
-    _memory_copy,
-    _reduce_one,
     async_overlap_part,
     has_memory_events,
-    peaks_memory_profile,
     utilization_viewer,
 )
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData
@@ -60,10 +62,10 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             _part(parts, "timeline", lambda: timeline.analyze_scan(scan, host).to_json())
         _part(parts, "async_overlap", lambda: async_overlap_part(scan))
         _part(parts, "reduce", lambda: {
-            **(_reduce_one(ctx, scan, xplane, host) if inputs.get("reduce") else {}),
-            **_memory_copy(ctx, scan, xplane)})
+            **(reduce_one(ctx.ws, scan, xplane) if inputs.get("reduce") else {}),
+            **memory_copy(ctx.ws, scan, xplane)})
     copy = ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name
-    _part(parts, "memory_profile", lambda: peaks_memory_profile(ctx, copy, None)
+    _part(parts, "memory_profile", lambda: peaks_memory_profile(ctx.ws, copy, None)
           if has_memory_events(xplane) else None)
     _part(parts, "utilization_viewer", lambda: utilization_viewer(ctx, inputs))
     if parts["reduce"]["status"] == "DATA":

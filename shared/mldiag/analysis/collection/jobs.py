@@ -16,11 +16,16 @@ from typing import Any
 import numpy as np
 
 from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection.host_copies import (
+    MEMORY_DIR,
+    memory_copy,
+    peaks_memory_profile,
+    reduce_one,
+)
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
-from mldiag.analysis.collection.xspace_write import write_filtered
+from mldiag.analysis.collection.xspace_scan import XSpaceScan
 
 
 @dataclass
@@ -132,94 +137,9 @@ def reduce_for_converters(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, 
     per_host = {}
     for xplane, host in zip(ctx.session.xplanes, ctx.session.hosts, strict=True):
         with XSpaceScan(xplane) as scan:
-            per_host[host] = _reduce_one(ctx, scan, xplane, host)
-            per_host[host].update(_memory_copy(ctx, scan, xplane))
+            per_host[host] = reduce_one(ctx.ws, scan, xplane)
+            per_host[host].update(memory_copy(ctx.ws, scan, xplane))
     return per_host
-
-
-# Event names whose share of each step xprof's smart suggestions measure from the XSpace
-# (its EventTimeFractionAnalyzer: barrier-cores and debug_print, matched as substrings).
-SMART_EVENTS = ("barrier-cores", "debug_print")
-MEMORY_DIR = "memory"
-
-
-def _memory_copy(ctx: Context, scan: XSpaceScan, xplane: Path) -> dict[str, Any]:
-    """A copy of one host for xprof's memory profile and smart suggestions: its host plane's
-    allocator events, its TPU planes' `XLA Modules` and `Steps` lines, and the events the
-    smart suggestions time (`SMART_EVENTS`); every other event dropped (lines and metadata
-    kept).
-
-    The memory profile reads nothing else (xprof's `ConvertXSpaceToMemoryProfileJson`; its
-    summary comes from the allocators' peak events alone, `peaks_memory_profile`). The
-    smart suggestions read the XSpace only for that profile and for the share of each step
-    that `SMART_EVENTS` take (xprof's event-time-fraction analyzer): a step's time comes from
-    its step markers (the `Steps` and module lines, kept whole), the events' own times from
-    their stats (kept), and on host lines from each line's span (its first start and last
-    end: those two events are kept). So with op_stats from the saved file both answer the
-    same from this copy (94 MB TPU-shaped: the memory profile 2.9 s CPU on the file, 0.7 s
-    on the copy; the smart suggestions 5.3 s, 0.3 s). Written to the workspace's `memory`
-    run directory.
-    """
-    target = ctx.ws.side_run_dir(MEMORY_DIR) / xplane.name
-    target.unlink(missing_ok=True)
-    smart_events = any(t in name for plane in scan.planes
-                       for name in plane.event_names.values() for t in SMART_EVENTS)
-    kept, _ = write_filtered(scan, target, _memory_events)
-    return {"memory_copy_bytes": target.stat().st_size, "memory_events": kept,
-            "smart_events": smart_events}
-
-
-_STEP_LINES = ("XLA Modules", "Steps")
-
-
-def _memory_events(plane: Plane, line: Line) -> Any:
-    if plane.name.startswith("/device:") and line.name in _STEP_LINES:
-        return None
-    ev = line.events
-    if not len(ev):
-        return None
-    smart = [k for k, v in plane.event_names.items() if any(t in v for t in SMART_EVENTS)]
-    mask = np.isin(ev.metadata_id, smart) if smart else np.zeros(len(ev), dtype=bool)
-    if plane.name.startswith("/host:"):
-        memory = [k for k, v in plane.event_names.items() if v in MEMORY_EVENTS]
-        if memory:
-            mask |= np.isin(ev.metadata_id, memory)
-        if smart:
-            # The line's span, which the host-side fraction divides by.
-            mask[int(np.argmin(ev.offset_ps))] = True
-            mask[int(np.argmax(ev.offset_ps + ev.duration_ps))] = True
-    return None if mask.all() else mask
-
-
-def _reduce_one(ctx: Context, scan: XSpaceScan, xplane: Path, host: str) -> dict[str, Any]:
-    target = ctx.ws.run_dir / xplane.name
-    tmp = target.with_name(f".{xplane.name}.reduced")
-    kept, dropped = write_filtered(scan, tmp, _drop_python_events)
-    if dropped:
-        target.unlink()
-        tmp.replace(target)
-    else:
-        tmp.unlink()
-    return {"events_kept_on_filtered_lines": kept, "python_events_dropped": dropped,
-            "bytes_in": xplane.stat().st_size, "bytes_out": target.stat().st_size}
-
-
-_XLA_THREADS = ("tf_XLA",)
-
-
-def _drop_python_events(plane: Plane, line: Line) -> Any:
-    # XLA's executor threads (tf_XLA*) never run Python: their lines are copied whole without
-    # being decoded here (the timeline pass decodes them later, beside the op_stats build).
-    if not plane.name.startswith("/host:") or line.name.startswith(_XLA_THREADS):
-        return None
-    python = [k for k, v in plane.event_names.items() if v.startswith("$")]
-    if not python:
-        return None
-    ev = line.events
-    if not len(ev):
-        return None
-    mask = ~np.isin(ev.metadata_id, python)
-    return None if mask.all() else mask
 
 
 def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -463,9 +383,9 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
     saved results before a fresh conversion).
 
     On large sessions (`inputs["after_op_stats"]`) it runs after the op_stats job and reads
-    them from the saved file, and reads the memory copies (`_memory_copy`, which keep those
-    events and the step markers) for the rest; 5.3 s CPU becomes 0.3 s on 94 MB TPU-shaped,
-    and its memory no longer follows the trace's size. On small
+    them from the saved file, and reads the memory copies (`host_copies.memory_copy`, which
+    keep those events and the step markers) for the rest; 5.3 s CPU becomes 0.3 s on 94 MB
+    TPU-shaped, and its memory no longer follows the trace's size. On small
     ones it runs beside the build and combines its own op_stats in memory (the same answer).
     """
     run_dir = ctx.ws.side_run_dir("smart")
@@ -584,29 +504,11 @@ def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             per_host[host] = None
             continue
         only = host if len(session.hosts) > 1 else None
-        # The host's memory copy, where the collection made one (`_memory_copy`).
+        # The host's memory copy, where the collection made one (`host_copies.memory_copy`).
         copy = "memory_copy_bytes" in (reduced.get(host) or {})
         src = (ctx.ws.side_run_dir(MEMORY_DIR) if copy else ctx.ws.run_dir) / xplane.name
-        per_host[host] = peaks_memory_profile(ctx, src, only)
+        per_host[host] = peaks_memory_profile(ctx.ws, src, only)
     return combine_memory_profiles(per_host)
-
-
-PEAKS_DIR = "memory_peaks"
-
-
-def peaks_memory_profile(ctx: Context, src: Path, only_host: str | None) -> dict[str, Any]:
-    """xprof's `get_memory_profile` of one host (`src`, its trace or its memory copy), run on
-    a copy of the host plane that keeps only each allocator's peak event
-    (`memory_peaks.write_peaks`): the tool prints the same, and the converter no longer holds
-    every allocator event (3.3 GB on the 264 MB memory copy of a 1.9 GB TPU-shaped host;
-    0.18 GB for the copy's pass)."""
-    from mldiag.analysis.collection.memory_peaks import write_peaks
-
-    run_dir = ctx.ws.side_run_dir(PEAKS_DIR)
-    target = run_dir / src.name
-    target.unlink(missing_ok=True)
-    write_peaks(src, target)
-    return ctx.ws.call("get_memory_profile", only_host=only_host, run_dir=run_dir)
 
 
 def has_memory_events(xplane: Path) -> bool:

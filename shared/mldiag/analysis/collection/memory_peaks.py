@@ -141,16 +141,35 @@ def _string(scan: XSpaceScan, start: int, length: int) -> str:
     return bytes(scan.buf[start:start + length]).decode("utf-8", errors="replace")
 
 
-def write_peaks(src: str | os.PathLike[str], out: str | os.PathLike[str]) -> dict[str, Any]:
-    """A copy of `src`'s host plane with only its allocators' peak events (`peak_events`),
-    every metadata table kept, written to `out`: xprof's `get_memory_profile` prints the
-    same from it as from `src`. Returns the allocators and their peak bytes."""
+def write_peaks(src: str | os.PathLike[str], out: str | os.PathLike[str], *,
+                host_plane_only: bool = True) -> dict[str, Any]:
+    """A copy of `src` with only its allocators' peak events (`peak_events`) among its
+    allocator events, every metadata table kept, written to `out`: xprof's
+    `get_memory_profile` prints the same from it as from `src`. The copy holds the host plane
+    alone, or with `host_plane_only=False` every plane and every other event (and each host
+    line's first and last event, whose span xprof's smart suggestions divide by), for the
+    converters that read a host's memory copy. Returns the allocators and their peak bytes."""
     with XSpaceScan(src) as scan:
         best = peak_events(scan)
         tags = np.array(sorted(t for _, t in best.values()), dtype=np.int64)
+        host = next((p for p in scan.planes if p.name == HOST_PLANE), None)
+        memory = ([k for k, v in host.event_names.items() if v in MEMORY_EVENTS]
+                  if host is not None else [])
 
         def keep(plane: Plane, line: Line) -> Any:
-            return np.isin(line.events.tag_at, tags)
+            if host_plane_only:
+                return np.isin(line.events.tag_at, tags)
+            if plane is not host or not memory:
+                return None
+            ev = line.events
+            if not len(ev):
+                return None
+            mask = ~np.isin(ev.metadata_id, memory) | np.isin(ev.tag_at, tags)
+            mask[int(np.argmin(ev.offset_ps))] = True
+            mask[int(np.argmax(ev.offset_ps + ev.duration_ps))] = True
+            return None if mask.all() else mask
 
-        write_filtered(scan, out, keep, planes=lambda plane: plane.name == HOST_PLANE)
+        write_filtered(scan, out, keep,
+                       planes=(lambda plane: plane.name == HOST_PLANE) if host_plane_only
+                       else None)
     return {"allocators": {name: peak for name, (peak, _) in sorted(best.items())}}

@@ -16,7 +16,7 @@ from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
 # run side by side under the memory budget, and to skip what cannot fit at all.
 RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
-                 # From the allocators' peak events alone (jobs.peaks_memory_profile), found
+                 # From the allocators' peak events alone (host_copies.peaks_memory_profile), found
                  # one chunk of a line at a time: 0.18 GB in all for the 264 MB memory copy
                  # of a 1.9 GB TPU-shaped host, where xprof's converter on the copy took 3.3 GB.
                  "memory_profile": 0.2,
@@ -182,7 +182,7 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
             runner="async_overlap_pass") if windowed_timeline else
         job("timeline_pass", "xplane", pre,
             max(RSS_PER_BYTE["timeline"], RSS_PER_BYTE["async_overlap"]), largest),
-        # From the memory copies where the reduction wrote them (jobs._memory_copy).
+        # From the memory copies where the reduction wrote them (host_copies.memory_copy).
         job("memory_profile", "xplane", pre, RSS_PER_BYTE["memory_profile"], largest),
         # Without a TPU plane of counters it answers from the plane headers, reading nothing.
         job("utilization_viewer", "xplane", pre, RSS_PER_BYTE["utilization_viewer"],
