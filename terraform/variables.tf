@@ -140,13 +140,13 @@ variable "collect_job_image" {
 }
 
 variable "collect_job_memory" {
-  description = "Memory of each collect job task (Cloud Run allows up to 32Gi, with 8 CPUs). Its files are in memory too: a 2 GiB host is 2 GiB downloaded, up to 2 GiB of time windows and, with Python-tracer events, a 2 GiB reduced copy, beside the workers' budget (collect_job_memory_budget). BENCHMARKS.md, \"The collect job's tasks\": at 2.0 GB each task's process tree peaked at 4.0-4.4 GiB. A fanned-out host's share in a task: 6.3 GiB of processes at 1.9 GB, beside its files. A viewer prebuild in the job uses up to collect_job_viewer_memory_budget (14Gi) of it."
+  description = "Memory of each collect job task (Cloud Run allows up to 32Gi, with 8 CPUs). Its files are in memory too: a 2 GiB host is 2 GiB downloaded, up to 2 GiB of time windows and, with Python-tracer events, a 2 GiB reduced copy, beside the workers' budget (collect_job_memory_budget). BENCHMARKS.md, \"The collect job's tasks\": at 2.0 GB each task's process tree peaked at 4.0-4.4 GiB. A fanned-out host's share in a task: 4.3 GiB of processes at 1.9 GB (its largest worker 2.4 GiB, a time window's build), beside its files. A viewer prebuild in the job uses up to collect_job_viewer_memory_budget (14Gi) of it."
   type        = string
   default     = "16Gi"
 }
 
 variable "collect_job_memory_budget" {
-  description = "The collect job's workers' memory budget (MLDIAG_MEMORY_BUDGET). BENCHMARKS.md: a 1.9 GB TPU-shaped host completes in 158 s with the process tree at 5.4 GiB under an 8 GiB budget."
+  description = "The collect job's workers' memory budget (MLDIAG_MEMORY_BUDGET). BENCHMARKS.md, \"Memory per worker\": a 1.9 GB TPU-shaped host completes in 148 s with the process tree at 4.2 GiB under an 8 GiB budget, its largest worker at 2.4 GiB."
   type        = string
   default     = "8Gi"
 }
@@ -164,7 +164,7 @@ variable "collect_job_viewer_memory_budget" {
 }
 
 variable "collect_job_tasks" {
-  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 82 s against 141 s in one task, every task's process tree under 4.4 GiB. A fanned-out session over the function's limits has its hosts shared by the tasks the same way (each task collects the hosts it claims; task 0 combines): one 1.9 GB host's share takes 142 s with its process tree at 6.3 GiB (bench/collect_host.py). Each task has collect_job_memory and collect_job_cpu."
+  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 82 s against 141 s in one task, every task's process tree under 4.4 GiB. A fanned-out session over the function's limits has its hosts shared by the tasks the same way (each task collects the hosts it claims; task 0 combines): one 1.9 GB host's share takes 114 s with its process tree at 4.3 GiB (bench/collect_host.py). Each task has collect_job_memory and collect_job_cpu."
   type        = number
   default     = 4
 
