@@ -503,38 +503,36 @@ class XSpaceScan:
         """Where the values of stats `stat_ids` are on every event, one row per stat id: the
         offset of the value field's tag in the file, of the last such stat (as xprof's stat
         visitors leave it), or -1 where the event has none (or the id is None)."""
-        buf = self.buf
         out = np.full((len(stat_ids), len(events)), -1, dtype=np.int64)
-        pos = events.stats_start.copy()
-        end = events.body_end
-        active = pos < end
-        for _ in range(max_stats):
-            if not active.any():
-                break
-            at = np.flatnonzero(active)
-            p = pos[at]
-            key = buf[p]
-            wire = key & 7
-            length, body = varints_at(buf, p + 1)
-            stat_end = body + length
-            sid = optional_varints(buf, body.copy(), stat_end, 0x08)
-            vpos = body.copy()
-            optional_varints(buf, vpos, stat_end, 0x08)
-            is_stat = (key == _EVENT_TAG) & (vpos < stat_end)
+        for at, is_stat, sid, vpos, stat_end in self._stat_rounds(events, max_stats):
+            is_stat &= vpos < stat_end
             for row, stat_id in enumerate(stat_ids):
                 if stat_id is not None:
                     hit = is_stat & (sid == stat_id)
                     out[row, at[hit]] = vpos[hit]
-            nxt = np.select([wire == 2, wire == 0, wire == 1, wire == 5],
-                            [stat_end, body, p + 9, p + 5], default=end[at])
-            pos[at] = nxt
-            active[at] = nxt < end[at]
         return out
 
     def int_stat(self, events: Events, stat_id: int, max_stats: int = 64) -> I64:
         """The integer value of stat `stat_id` on every event (-1 where it has none)."""
         buf = self.buf
         out = np.full(len(events), -1, dtype=np.int64)
+        for at, is_stat, sid, vpos, stat_end in self._stat_rounds(events, max_stats):
+            val = np.full(len(at), -1, dtype=np.int64)
+            for tag in (0x18, 0x20, 0x38):
+                v = optional_varints(buf, vpos.copy(), stat_end, tag, missing=-2)
+                val = np.where(v != -2, v, val)
+            hit = is_stat & (sid == stat_id) & (out[at] == -1)
+            out[at[hit]] = val[hit]
+        return out
+
+    def _stat_rounds(self, events: Events, max_stats: int
+                     ) -> Iterator[tuple[I64, NDArray[np.bool_], I64, I64, I64]]:
+        """Every event's fields after its id and times, one round per position, all events at
+        once: (the events still reading, whether the field is a stat, its stat metadata id,
+        where its value field starts, where the stat ends). Any other field is stepped over
+        too (an event written out of field-number order has its id, offset or duration among
+        its stats)."""
+        buf = self.buf
         pos = events.stats_start.copy()
         end = events.body_end
         active = pos < end
@@ -544,26 +542,17 @@ class XSpaceScan:
             at = np.flatnonzero(active)
             p = pos[at]
             key = buf[p]
-            is_stat = key == _EVENT_TAG
             wire = key & 7
             length, body = varints_at(buf, p + 1)
             stat_end = body + length
             sid = optional_varints(buf, body.copy(), stat_end, 0x08)
             vpos = body.copy()
             optional_varints(buf, vpos, stat_end, 0x08)
-            val = np.full(len(at), -1, dtype=np.int64)
-            for tag in (0x18, 0x20, 0x38):
-                v = optional_varints(buf, vpos.copy(), stat_end, tag, missing=-2)
-                val = np.where(v != -2, v, val)
-            hit = is_stat & (sid == stat_id) & (out[at] == -1)
-            out[at[hit]] = val[hit]
-            # Advance past this field, whatever it is (an event written out of field-number
-            # order has its id, offset or duration among its stats).
+            yield at, key == _EVENT_TAG, sid, vpos, stat_end
             nxt = np.select([wire == 2, wire == 0, wire == 1, wire == 5],
                             [stat_end, body, p + 9, p + 5], default=end[at])
             pos[at] = nxt
             active[at] = nxt < end[at]
-        return out
 
 
 # Fields that may follow an event's id, offset and duration in field-number order:
