@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis.collection import detectors, hlo_digest, plan
+from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan
 from mldiag.analysis.collection.host_share import combine_host_parts
 from mldiag.analysis.collection.jobs import pick_step_trace
 from mldiag.analysis.collection.profile_input import (
@@ -247,7 +247,7 @@ class _Assembler:
         if name == ev.ASYNC_COPIES:
             # Host offload and prefetch copies: their direction, and whether each is exposed
             # (its copy-done takes time) or hidden behind compute.
-            copies = detectors.async_copies(texts)
+            copies = hlo_facts.async_copies(texts)
             for c in copies:
                 ms = times.ms(c["module"], c["copy_done"])
                 c["time_ms"] = round(ms, 4) if ms is not None else None
@@ -256,7 +256,7 @@ class _Assembler:
         else:
             # Custom calls: XLA cannot fuse them and its cost model counts them as 0 FLOPs, so
             # their share of time is worth stating.
-            calls = detectors.custom_calls(texts)
+            calls = hlo_facts.custom_calls(texts)
             for c in calls:
                 if ".py:" not in c["source"]:
                     where = sources.get(c["module"], {})
