@@ -33,7 +33,6 @@ from mldiag.analysis.collection.workers import (
     Outcome,
     default_budget_bytes,
     reason_of,
-    run_jobs,
     worker_allocator,
 )
 from mldiag.analysis.collection.xprof_tools import (
@@ -491,10 +490,8 @@ def collect(
         if on_windows is not None and outcome.name in window_jobs:
             on_windows(sum(n in assembler.outcomes for n in window_jobs), len(window_jobs))
     try:
-        outcomes = run_jobs(
-            jobs, setup=f"{plan.JOBS_MODULE}:attach",
-            setup_args={"root": str(root), "session": session},
-            budget_bytes=budget, default_timeout_s=tool_timeout_s,
+        outcomes = plan.run_planned(
+            jobs, root, session, budget_bytes=budget, default_timeout_s=tool_timeout_s,
             inputs_for=lambda j, o: {**plan.job_inputs(j, o, windows, timeline_by_window), **(
                 {"host_op_stats": [str(host_op_stats[h]) for h in session.hosts]}
                 if j.name == "op_stats" and host_op_stats is not None else {})},

@@ -32,7 +32,6 @@ from mldiag.analysis.collection.workers import (
     Outcome,
     default_budget_bytes,
     reason_of,
-    run_jobs,
 )
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
 from mldiag.errors import ProfileUnreadable
@@ -85,10 +84,8 @@ def collect_host(
     root = XprofWorkspace.create_root(session)
     started = time.perf_counter()
     try:
-        outcomes = run_jobs(jobs, setup=f"{plan.JOBS_MODULE}:attach",
-                            setup_args={"root": str(root), "session": session},
-                            budget_bytes=budget, default_timeout_s=tool_timeout_s,
-                            inputs_for=inputs_for)
+        outcomes = plan.run_planned(jobs, root, session, budget_bytes=budget,
+                                    default_timeout_s=tool_timeout_s, inputs_for=inputs_for)
         built = outcomes["host_op_stats"]
         if built.status != DATA:
             raise ProfileUnreadable(f"its op_stats could not be built: {reason_of(built)}")

@@ -6,11 +6,12 @@ runs side by side only what fits the budget. Large single hosts are planned as t
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from mldiag.analysis.collection.jobs import has_counters, has_python_events
 from mldiag.analysis.collection.profile_input import ProfileSession
-from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of
+from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of, run_jobs
 
 # Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
@@ -85,6 +86,14 @@ def window_count(size: int, budget_bytes: int | None = None, *, min_bytes: int |
     return -(-size // window)
 
 JOBS_MODULE = "mldiag.analysis.collection.jobs"
+
+
+def run_planned(jobs: Sequence[Job], root: Path, session: ProfileSession,
+                **options: Any) -> dict[str, Outcome]:
+    """Run planned jobs (runners of `jobs` and `host_jobs`) in worker processes that each
+    join the workspace created at `root` (`jobs.attach`); `options` as `workers.run_jobs`'s."""
+    return run_jobs(jobs, setup=f"{JOBS_MODULE}:attach",
+                    setup_args={"root": str(root), "session": session}, **options)
 
 
 def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout_s: float,

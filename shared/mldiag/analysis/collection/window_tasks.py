@@ -31,7 +31,6 @@ from mldiag.analysis.collection.workers import (
     Outcome,
     default_budget_bytes,
     reason_of,
-    run_jobs,
 )
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 
@@ -271,10 +270,9 @@ def convert_windows(
     root = XprofWorkspace.create_root(session)
     started = time.perf_counter()
     try:
-        outcomes = run_jobs(jobs, setup=f"{plan.JOBS_MODULE}:attach",
-                            setup_args={"root": str(root), "session": session},
-                            budget_bytes=budget, default_timeout_s=tool_timeout_s,
-                            inputs_for=inputs_for, on_outcome=on_outcome)
+        outcomes = plan.run_planned(jobs, root, session, budget_bytes=budget,
+                                    default_timeout_s=tool_timeout_s, inputs_for=inputs_for,
+                                    on_outcome=on_outcome)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     for k in held:
