@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import Line, XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace_scan import XSpaceScan, unique_ids
 
 I64 = NDArray[np.int64]
 _LABELS = ("hidden", "partial", "exposed")
@@ -132,11 +132,6 @@ def _joined(parts: list[I64]) -> I64:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
-def _has_events(line: Line) -> bool:
-    """Whether a line has an event, from the file's structure (nothing decoded)."""
-    return bool(line._blocks) and line._blocks[0][0] < line._blocks[0][1]
-
-
 def _pairs(keys: I64, starts: NDArray[np.bool_]) -> tuple[I64, I64, int]:
     """xprof's first-in-first-out pairing of start and done ops, in sequence order.
 
@@ -214,7 +209,7 @@ def host_partial(scan: XSpaceScan, top_k: int, hidden_threshold: float | None = 
         match = xp._TPU_PLANE_RE.match(p.name)
         if match:
             engines[int(match["chip"])] = engines.get(int(match["chip"]), 0) + sum(
-                ln.name in xp.OPS_LINES and _has_events(ln) for ln in p.lines)
+                ln.name in xp.OPS_LINES and ln.has_events() for ln in p.lines)
     for rank, (plane, lines) in enumerate(_events_by_line(scan)):
         events = True
         op_cols = [(ln, lines[ln].columns(), lines[ln].names) for ln in sorted(xp.OPS_LINES)

@@ -206,6 +206,10 @@ class Line:
                             else self._space._decode_block(self._tags))
         return self._events
 
+    def has_events(self) -> bool:
+        """Whether the line has an event, from the file's structure (nothing decoded)."""
+        return bool(self._blocks) and self._blocks[0][0] < self._blocks[0][1]
+
     def start_ns(self) -> NDArray[np.float64]:
         ev = self.events
         return self.timestamp_ns + ev.offset_ps.astype(np.float64) / 1000.0
