@@ -391,12 +391,20 @@ def session_dir(prefix: str, run: str, session: str) -> str:
 def parse_object_name(name: str) -> ProfileObjectName | None:
     """The profile an object name denotes, or None for any other object (artifacts, junk).
 
+    Whatever lies under a session's `analysis/` is ours, never an upload: the viewer's cache
+    keeps a windowed host's windows there in XProf's own layout
+    (`analysis/xprof_cache/<key>/plugins/profile/<session>/<host>.window00.xplane.pb`), and
+    taking them for a new session would analyse them, cache them again, and so on forever.
+
     Raises ValueError for names that try path tricks ("..", empty or odd segments).
     """
     if not name.endswith(XPLANE_SUFFIXES):
         return None
     parts = name.split("/")
     if len(parts) < 5 or parts[-4:-2] != ["plugins", "profile"]:
+        return None
+    if any(parts[i:i + 2] == ["plugins", "profile"] and parts[i + 3] == "analysis"
+           for i in range(len(parts) - 5)):
         return None
     for p in parts:
         if p in ("", ".", "..") or not _SEGMENT.match(p):

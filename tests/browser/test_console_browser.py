@@ -44,6 +44,24 @@ def _trace(page: Page, p: Profile) -> None:
     frame = page.frame_locator('iframe[src*="trace_viewer_index.html"]').first
     expect(frame.locator("body")).to_contain_text(f"{p.host} /device:{p.device}:",
                                                   timeout=TOOL_MS)
+    drawn(page)
+
+
+# The trace viewer has fitted its view to the trace: the range on screen overlaps the span the
+# answer gave (`fullTimespan`), and events of the answer were loaded. Before that, the tracks
+# are listed but the view is the empty default one (0-800 ms), so a screenshot shows no event.
+_DRAWN = """() => {
+  const v = document.querySelector('tf-trace-viewer');
+  const r = v && v.currentViewportRange, b = v && v._fullBounds;
+  return !!(r && b && v._loadedTraceEvents && v._loadedTraceEvents.size > 0
+            && r.max > b.min && r.min < b.max && r.max - r.min > (b.max - b.min) / 2);
+}"""
+
+
+def drawn(page: Page) -> None:
+    """Wait until the trace viewer shows the trace's events, not only its tracks."""
+    frame = next(f for f in page.frames if "trace_viewer_index.html" in f.url)
+    frame.wait_for_function(_DRAWN, timeout=TOOL_MS)
 
 
 # What each tool shows once its data has arrived, by the tag the frontend routes to.

@@ -5,6 +5,7 @@ own tracks, and the overview shows the whole host's figures."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -13,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import PROFILES, Browse, Console, Shot, start_up
-from tests.browser.test_console_browser import TOOL_MS, XPROF, open_xprof
+from tests.browser.test_console_browser import TOOL_MS, XPROF, drawn, open_xprof
 
 pytestmark = pytest.mark.slow
 TPU = PROFILES["tpu"]
@@ -63,6 +64,7 @@ def test_a_large_host_is_opened_window_by_window(
     assert data.value.status == 200 and f"host={names[0]}" in data.value.url
     frame = xprof.frame_locator('iframe[src*="trace_viewer_index.html"]').first
     expect(frame.locator("body")).to_contain_text(f"{names[0]} /device:TPU:", timeout=TOOL_MS)
+    drawn(xprof)
     shot(xprof, "windowed-trace-first-window")
     # Another window, picked from the frontend's host list as a user would.
     hosts_select = xprof.locator(".item-container", has_text="Hosts").locator("mat-select")
@@ -79,6 +81,10 @@ def test_a_large_host_is_opened_window_by_window(
     assert data.value.status == 200 and names[-1] in data.value.url, data.value.url
     frame = xprof.frame_locator('iframe[src*="trace_viewer_index.html"]').first
     expect(frame.locator("body")).to_contain_text(f"{names[-1]} /device:TPU:", timeout=TOOL_MS)
+    drawn(xprof)
     shot(xprof, "windowed-trace-last-window")
     assert all(s < 500 for s, _ in watch.responses)
     watch.check()
+    # The windows the cache keeps are not new uploads: `mldiag up` saw one session only.
+    seen = {m[1] for line in console.output if (m := re.match(r"\S+ (\S+/\S+) v\d+ ", line))}
+    assert seen == {f"{TPU.run}/{TPU.session}"}, seen

@@ -142,6 +142,14 @@ def test_profile_names_are_parsed_and_other_objects_ignored() -> None:
     assert parse_object_name("run/plugins/profile/s/analysis/summary.html") is None
     assert parse_object_name("run/plugins/profile/s/h.trace.json.gz") is None
     assert parse_object_name("run/h.xplane.pb") is None
+    # The viewer's cache of a windowed host keeps its windows in XProf's layout, under the
+    # session's analysis/: never a new session (it was one, analysed and cached again).
+    cached = "run/plugins/profile/s/analysis/xprof_cache/k1/plugins/profile/s/h.window00.xplane.pb"
+    assert parse_object_name(cached) is None
+    assert parse_object_name("pre/run/plugins/profile/s/analysis/x/plugins/profile/t/h.xplane.pb") \
+        is None
+    nested = parse_object_name("analysis/plugins/profile/s/h.xplane.pb")
+    assert nested is not None and nested.run == "analysis"
     riegeli = parse_object_name("run/plugins/profile/s/h.xplane.riegeli")
     assert riegeli is not None and riegeli.suffix == ".xplane.riegeli"
 
