@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from mldiag.analysis.collection import op_stats_shards as shards
+from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
@@ -65,16 +66,23 @@ def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Pa
     with XSpaceScan(four_copies) as scan:
         cuts = shards.module_cuts(scan, 2)
         assert len(cuts) == 1
-        extents = shards.write_windows(scan, cuts, [d / four_copies.name for d in out])
+        host = HostActivity(scan, cuts)
+        extents = shards.write_windows(scan, cuts, [d / four_copies.name for d in out],
+                                       each_line=host.add)
     # Two copies each, cut between modules: the first window ends before the second starts.
     assert all(extents[0][p][1] < extents[1][p][0] for p in extents[0])
     whole = _op_stats(four_copies.parent)
-    combined = shards.combine([_op_stats(d) for d in out], shards.idle_between(extents))
-    # Device ops op by op (xprof's order of ops is a hash map's), totals, IDLE, steps.
-    assert _ops(combined.device_op_metrics_db) == _ops(whole.device_op_metrics_db)
-    for field in ("total_time_ps", "total_op_time_ps", "busy_time_ps", "idle_time_ps"):
-        assert getattr(combined.device_op_metrics_db, field) == getattr(
-            whole.device_op_metrics_db, field), field
+    combined = shards.combine([_op_stats(d) for d in out], shards.seams(extents, host))
+    # Device and host ops op by op (xprof's order of ops is a hash map's), totals, IDLE,
+    # steps. The host's total runs from each host line's first activity to its last, across
+    # the cut (1511e12 ps here, 520e12 in each window).
+    assert host.total_time_ps() == whole.host_op_metrics_db.total_time_ps > 0
+    assert host.inexact() == ""
+    for db in ("device_op_metrics_db", "host_op_metrics_db"):
+        assert _ops(getattr(combined, db)) == _ops(getattr(whole, db)), db
+        for field in ("total_time_ps", "total_op_time_ps", "busy_time_ps", "idle_time_ps"):
+            assert getattr(getattr(combined, db), field) == getattr(
+                getattr(whole, db), field), (db, field)
     assert list(combined.step_db.step_sequence) == list(whole.step_db.step_sequence)
     for field in ("run_environment", "perf_env", "core_id_to_details",
                   "program_id_to_name_map"):
@@ -106,8 +114,9 @@ def test_a_host_over_the_threshold_is_collected_in_windows(
                         four_copies.stat().st_size // windows + 1)
     assert plan_mod.op_stats_windows(session) == windows
     windowed = collect_mod.collect(session)
-    (note,) = [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
-    assert f"{windows} time windows" in note["reason"]
+    # Combined exactly, the host database too: recorded, not degraded.
+    assert windowed["collection"]["op_stats_windows"] == windows
+    assert not [d for d in windowed["collection"]["degraded"] if "time windows" in d["reason"]]
     # Cut in one pass, each window built as a job of its own (the fourth in the second
     # worker, after its own passes), then combined.
     jobs = windowed["collection"]["jobs"]

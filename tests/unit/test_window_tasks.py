@@ -37,6 +37,9 @@ class _Exchange:
         dest.write_bytes(b"op_stats %d" % window)
 
 
+SEAMS = {"idle_between_ps": 5, "host_time_ps": 9, "host_inexact": ""}
+
+
 class _Clock:
     def __init__(self) -> None:
         self.now = 0.0
@@ -46,7 +49,7 @@ class _Clock:
 
 
 def _meta(k: int, task: int) -> dict[str, Any]:
-    return {"window": k, "windows": 3, "cuts": [10, 20], "idle_between_ps": 5,
+    return {"window": k, "windows": 3, "cuts": [10, 20], "seams": SEAMS,
             "status": "DATA", "elapsed_ms": 7.0, "task": task}
 
 
@@ -61,7 +64,7 @@ def test_task_0_waits_for_the_others_and_never_cuts_what_they_hold(tmp_path: Pat
     split, window = remote.poll()
     # The cut is the published windows' (nothing cut here), then the window itself.
     assert split.name == "split_windows" and split.value["cuts"] == [10, 20]
-    assert split.value["idle_between_ps"] == 5 and remote.arrived("split_windows")
+    assert split.value["seams"] == SEAMS and remote.arrived("split_windows")
     assert window.name == "op_stats_window1" and remote.arrived("op_stats_window1")
     assert Path(window.value["op_stats"]).read_bytes() == b"op_stats 1"
     assert remote.by_task == {1: 2}
@@ -79,7 +82,7 @@ def test_a_window_nobody_holds_is_claimed_and_cut_here_only_after_the_grace(
     assert remote.take("split_windows") and exchange.mine == {1}
     assert remote.take("op_stats_window1")  # held since the cut was taken for it
     assert not remote.take("op_stats_window0")  # another task's
-    remote.expect({"windows": 3, "cuts": [10, 20], "idle_between_ps": 5})
+    remote.expect({"windows": 3, "cuts": [10, 20], "seams": SEAMS})
     from mldiag.analysis.collection.workers import Outcome
 
     built = Outcome("op_stats_window1", "DATA", {"op_stats": str(tmp_path / "w1.pb")}, 3.0)
@@ -93,7 +96,7 @@ def test_a_window_nobody_holds_is_claimed_and_cut_here_only_after_the_grace(
 def test_windows_cut_another_way_are_not_taken() -> None:
     exchange, clock = _Exchange(others=set()), _Clock()
     remote = RemoteWindows(exchange, 3, Path("/nonexistent"), clock=clock)
-    remote.expect({"windows": 3, "cuts": [10, 21], "idle_between_ps": 5})
+    remote.expect({"windows": 3, "cuts": [10, 21], "seams": SEAMS})
     exchange.metas[0] = _meta(0, task=1)
     clock.now = 10.0
     assert remote.poll() == []

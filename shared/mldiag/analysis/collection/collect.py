@@ -346,13 +346,19 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
     if split is not None and split.status == DATA and isinstance(split.value, Mapping):
         windows = int(split.value.get("windows") or windows)
     if windows > 1 and outcomes.get("op_stats") and outcomes["op_stats"].status == DATA:
-        degraded.append({
-            "tools": "xprof's op_stats (overview, op profile, roofline, step trace, KPIs)",
-            "reason": (f"built in {windows} time windows of the host, cut between module "
-                       f"executions (over {plan.WINDOW_MIN_BYTES // 1024**2} MB), and combined: "
-                       "device figures are the whole trace's; the host's idle share is not "
-                       "combined exactly"),
-        })
+        # Combined exactly unless the cut says why not (`op_stats_shards.seams`).
+        seams = split.value.get("seams") if split is not None and split.status == DATA \
+            and isinstance(split.value, Mapping) else None
+        why = (seams or {}).get("host_inexact", "") if seams is not None else \
+            "the cut's record of the host database was not kept"
+        if why:
+            degraded.append({
+                "tools": "xprof's op_stats (overview, op profile, roofline, step trace, KPIs)",
+                "reason": (f"built in {windows} time windows of the host, cut between module "
+                           f"executions (over {plan.WINDOW_MIN_BYTES // 1024**2} MB), and "
+                           f"combined: device figures are the whole trace's; the host's op "
+                           f"database is not combined exactly: {why}"),
+            })
     if isinstance(reduced, Mapping) and reduced:
         dropped = sum(int(h.get("python_events_dropped", 0)) for h in reduced.values())
         if dropped:
@@ -377,6 +383,8 @@ def _summary(outcomes: Mapping[str, Outcome], budget: int, reduced: Any,
                           **({"peak_rss_bytes": o.peak_rss_bytes} if o.peak_rss_bytes else {})}
                  for o in sorted(outcomes.values(), key=lambda o: o.name)},
         "degraded": degraded,
+        # A large host's op_stats built in time windows and combined (1: whole).
+        **({"op_stats_windows": windows} if windows > 1 else {}),
         # A large host's windows shared by the collect job's tasks: which task built each.
         **({"windows_by_task": {str(k): t for k, t in sorted(by_task.items())}}
            if by_task else {}),

@@ -88,8 +88,7 @@ def host_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     parts = inputs["parts"]
     if not parts:
         raise NoData("no time window was converted")
-    combined = shards.combine([shards.read(p["op_stats"]) for p in parts],
-                              int(inputs.get("idle_between_ps") or 0))
+    combined = shards.combine([shards.read(p["op_stats"]) for p in parts], inputs.get("seams"))
     out = Path(inputs["out"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_bytes(combined.SerializeToString())

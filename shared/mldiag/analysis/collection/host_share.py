@@ -76,7 +76,7 @@ def collect_host(
         if job.name == "host_op_stats" and windows > 1:
             return {"out": str(op_stats_out), "parts": [
                 outcomes[n].value for n in job.after if outcomes[n].status == DATA],
-                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"]}
+                "seams": outcomes["split_windows"].value["seams"]}
         if job.name == "host_op_stats":
             return {"out": str(op_stats_out)}
         return plan.job_inputs(job, outcomes, windows, windowed)

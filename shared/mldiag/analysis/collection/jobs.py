@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
     memory_copy,
@@ -25,7 +26,7 @@ from mldiag.analysis.collection.host_copies import (
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
 
 @dataclass
@@ -171,7 +172,7 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         from mldiag.analysis.collection import op_stats_shards as shards
 
         combined = shards.combine([shards.read(p) for p in parts],
-                                  int(inputs.get("idle_between_ps") or 0)).SerializeToString()
+                                  inputs.get("seams")).SerializeToString()
         ctx.ws.adopt_op_stats(combined)
         ctx.ws.ensure_hlo_protos()
         return _overview_beside(ctx, combined, inputs.get("reduced") or {})
@@ -250,14 +251,21 @@ def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         # The host's steps, for each window's timeline to be measured against, from the
         # host lines as the cut decodes them (another pass took 23 s at 2 GB).
         host = timeline.HostSpans(scan)
+        # The host database's total over every window, from the same lines.
+        activity = HostActivity(scan, cuts)
+
+        def each_line(plane: Plane, line: Line) -> None:
+            host.add(plane, line)
+            activity.add(plane, line)
+
         extents = shards.write_windows(scan, cuts, cutting,
-                                       keep=None if keep is None else kept, each_line=host.add)
+                                       keep=None if keep is None else kept, each_line=each_line)
         steps, excluded = host.host_steps()
         for tmp, path in zip(cutting, paths, strict=True):
             tmp.replace(path)
     return {"windows": len(cuts) + 1, "cuts": cuts,
             "steps": steps.tolist(), "excluded_steps": excluded,
-            "idle_between_ps": shards.idle_between(extents),
+            "seams": shards.seams(extents, activity),
             "window_bytes": {str(k): p.stat().st_size for k, p in zip(kept, paths, strict=True)}}
 
 

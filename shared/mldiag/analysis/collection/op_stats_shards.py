@@ -20,11 +20,13 @@ a combine of their own. What it does, as measured on the TPU fixture repeated in
 - the run and performance environments, core details and program names are the host's,
   the same in every window.
 
-Not combined exactly (measured on the same split, whole against combined): the host
-database's `total_time_ps` (1511e12 whole, 520e12 in each window: neither the host's event
-span nor a sum) and with it the host `IDLE` op. The overview, op profile, roofline and step
-trace do not read it on that trace (their outputs are equal); a host with host ops would
-show a different host idle share.
+- the host database's `total_time_ps` runs, per host line, from its first TF activity to
+  its last (1511e12 whole, 520e12 in each of two windows on that trace): the cut reads it
+  once over every window (`host_activity`), and the host `IDLE` op is what remains of it.
+
+The cut's `seams` carry what the windows cannot tell: the idle time between them, the host
+database's total, and why the host database would not add up when it would not (an
+activity spanning a cut, infeed enqueues: `HostActivity.inexact`).
 
 `XprofWorkspace.adopt_op_stats` hands the result to xprof's tools through the file its
 converters read op_stats from (`ALL_HOSTS.op_stats_v2.pb` in the run directory, with the
@@ -35,12 +37,13 @@ whole-host numbers.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 from mldiag.analysis.collection.xspace_write import write_split
 
@@ -192,9 +195,20 @@ def _fix_idle(db: Any) -> None:
         idle[0].time_ps = idle[0].self_time_ps = max(db.total_time_ps - db.total_op_time_ps, 0)
 
 
-def combine(parts: Sequence[Any], idle_between_ps: int = 0) -> Any:
+def seams(extents: Sequence[dict[str, tuple[int, int]]], host: HostActivity | None
+          ) -> dict[str, Any]:
+    """What the windows' op_stats cannot tell and `combine` needs, from the cut: the device
+    time between windows (`idle_between`), the host database's total over the whole trace
+    and why the host database would not add up ('' when it does)."""
+    return {"idle_between_ps": idle_between(extents),
+            "host_time_ps": None if host is None else host.total_time_ps(),
+            "host_inexact": "" if host is None else host.inexact()}
+
+
+def combine(parts: Sequence[Any], seams_of_cut: Mapping[str, Any] | None = None) -> Any:
     """One host's OpStats from its windows' (in time order); see the module's notes.
-    `idle_between_ps` is the device time between the windows (`idle_between`)."""
+    `seams_of_cut` are the cut's (`seams`): without them, the device idle time between
+    windows counts 0 and the host database's total is the largest window's."""
     from xprof.protobuf import op_stats_pb2
 
     if not parts:
@@ -208,8 +222,11 @@ def combine(parts: Sequence[Any], idle_between_ps: int = 0) -> Any:
         out.step_db.num_steps_dropped += p.step_db.num_steps_dropped
         out.step_db.use_incomplete_step |= p.step_db.use_incomplete_step
         out.device_op_metrics_db.idle_time_ps += p.device_op_metrics_db.idle_time_ps
+    cut = seams_of_cut or {}
     if len(parts) > 1 and out.device_op_metrics_db.idle_time_ps:
-        out.device_op_metrics_db.idle_time_ps += idle_between_ps
+        out.device_op_metrics_db.idle_time_ps += int(cut.get("idle_between_ps") or 0)
+    if cut.get("host_time_ps") is not None:
+        out.host_op_metrics_db.total_time_ps = int(cut["host_time_ps"])
     for name in _DBS:
         _fix_idle(getattr(out, name))
     return out

@@ -267,7 +267,7 @@ def job_inputs(job: Job, outcomes: Mapping[str, Outcome], windows: int = 1,
         parts = [outcomes[f"op_stats_window{k}"] for k in range(windows)]
         reduced = outcomes.get("reduce_for_converters")
         return {"window_parts": [o.value["op_stats"] for o in parts if o.status == DATA],
-                "idle_between_ps": outcomes["split_windows"].value["idle_between_ps"],
+                "seams": outcomes["split_windows"].value["seams"],
                 "reduced": reduced.value if reduced and reduced.status == DATA else {}}
     if job.name == "kpi_metrics":
         return {"overview": _payload(outcomes["op_stats"]),

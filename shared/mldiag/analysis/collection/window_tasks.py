@@ -83,7 +83,7 @@ def window_meta(outcome: Outcome, split: Mapping[str, Any], task: int) -> dict[s
             "steps": split.get("steps", []), "excluded_steps": split.get("excluded_steps", []),
             # The window's share of our timeline pass (`jobs.timeline_from_windows`).
             "timeline": value.get("timeline"),
-            "idle_between_ps": int(split["idle_between_ps"]), "status": outcome.status,
+            "seams": dict(split["seams"]), "status": outcome.status,
             "reason": value.get("reason") if outcome.status == NO_DATA else None,
             "bytes": value.get("bytes") if outcome.status == DATA else None,
             "elapsed_ms": outcome.elapsed_ms, "peak_rss_bytes": outcome.peak_rss_bytes,
@@ -163,7 +163,7 @@ class RemoteWindows:
                 return []
             split: dict[str, Any] = {
                 "windows": int(first["windows"]), "cuts": list(first["cuts"]),
-                "idle_between_ps": int(first["idle_between_ps"]), "window_bytes": {},
+                "seams": dict(first["seams"]), "window_bytes": {},
                 "steps": first.get("steps", []),
                 "excluded_steps": first.get("excluded_steps", []), "task": first.get("task")}
             self.expect(split)

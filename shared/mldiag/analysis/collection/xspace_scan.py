@@ -197,6 +197,12 @@ class Line:
     _payload: tuple[int, int] = (0, 0)
     # A chunk's events, chained already (`XSpaceScan.chunks`).
     _tags: I64 | None = field(default=None, repr=False)
+    id: int = 0
+
+    @property
+    def key(self) -> tuple[int, int]:
+        """Which line of the file this is: the same for every chunk of it."""
+        return self._payload
 
     @property
     def events(self) -> Events:
@@ -335,18 +341,20 @@ class XSpaceScan:
     def _parse_line(self, pos: int, end: int) -> Line:
         m = self._map
         name = ""
-        timestamp_ns = 0
+        timestamp_ns = line_id = 0
         events_at = end
         for n, w, value, stop in _fields_until_events(m, pos, end):
             if n == 4:
                 events_at = value
                 break
-            if n == 2 and w == 2:
+            if n == 1 and w == 0:
+                line_id = _signed(value)
+            elif n == 2 and w == 2:
                 name = m[value:stop].decode("utf-8", errors="replace")
             elif n == 3 and w == 0:
                 timestamp_ns = _signed(value)
         line = Line(name=name, timestamp_ns=timestamp_ns, _space=self,
-                    _blocks=[(events_at, end)], _payload=(pos, end))
+                    _blocks=[(events_at, end)], _payload=(pos, end), id=line_id)
         if not name:
             # The display name (field 11) follows the events: find them, then read on.
             line.events  # noqa: B018 - decodes and records the trailing fields
@@ -424,7 +432,7 @@ class XSpaceScan:
             length, body = varints_at(self.buf, tags[-1:] + 1)
             yield Line(name=line.name, timestamp_ns=line.timestamp_ns, _space=self,
                        _blocks=[(int(tags[0]), int(body[0] + length[0]))],
-                       _payload=line._payload, _tags=tags)
+                       _payload=line._payload, _tags=tags, id=line.id)
 
     def _decode_block(self, tags: I64) -> Events:
         buf = self.buf
@@ -479,6 +487,10 @@ class XSpaceScan:
 
     # -- stats ---------------------------------------------------------------------------------
 
+    def fields(self, start: int, end: int) -> Iterator[tuple[int, int, int, int]]:
+        """`protobuf.fields` of the file's bytes [start, end)."""
+        return fields(self._map, start, end)
+
     def stats_of(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
         """(stat metadata id, value) of each XStat in the bytes [start, end) of an event."""
         for num, wt, s, e in fields(self._map, start, end):
@@ -502,18 +514,24 @@ class XSpaceScan:
                 value = m[s2:e2].decode("utf-8", errors="replace")
         return sid, value
 
-    def stat_at(self, events: Events, stat_ids: Sequence[int | None], max_stats: int = 64
-                ) -> I64:
+    def stat_at(self, events: Events, stat_ids: Sequence[int | None], max_stats: int = 64,
+                first: bool = False) -> I64:
         """Where the values of stats `stat_ids` are on every event, one row per stat id: the
         offset of the value field's tag in the file, of the last such stat (as xprof's stat
-        visitors leave it), or -1 where the event has none (or the id is None)."""
+        visitors leave it; with `first`, of the first, as its `GetStat` finds it, and -2
+        where that one has no value: a zero or empty one), or -1 where the event has none (or
+        the id is None)."""
         out = np.full((len(stat_ids), len(events)), -1, dtype=np.int64)
         for at, is_stat, sid, vpos, stat_end in self._stat_rounds(events, max_stats):
-            is_stat &= vpos < stat_end
+            valued = vpos < stat_end
+            if not first:
+                is_stat &= valued
             for row, stat_id in enumerate(stat_ids):
                 if stat_id is not None:
                     hit = is_stat & (sid == stat_id)
-                    out[row, at[hit]] = vpos[hit]
+                    if first:
+                        hit &= out[row, at] == -1
+                    out[row, at[hit]] = np.where(valued[hit], vpos[hit], -2)
         return out
 
     def int_stat(self, events: Events, stat_id: int, max_stats: int = 64) -> I64:

@@ -228,7 +228,10 @@ def _collection_note(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -
     if by_task:
         # A large host's windows shared by the collect job's tasks: who converted how many.
         line.append(f"; its {len(by_task)} time windows were converted by the collect job's "
-                    f"tasks ({_task_shares(by_task)})")
+                    f"tasks ({_task_shares(by_task)}) and combined as one host")
+    elif isinstance(info.get("op_stats_windows"), int) and info["op_stats_windows"] > 1:
+        line.append(f"; the host was converted in {info['op_stats_windows']} time windows, "
+                    "combined as one host")
     line += _fan_out_note(as_map(info.get("fanned_out")))
     if peak is not None and budget is not None:
         line.append(f"; the largest worker process peaked at {peak / 1024**3:,.2f} GiB "
