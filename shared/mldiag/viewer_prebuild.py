@@ -16,6 +16,15 @@ op_stats (overview, op profile, roofline, HLO stats, ...) read the session's op_
 collection combined them (`analysis/v<n>/op_stats.pb`, adopted as the workspace's
 `ALL_HOSTS` op_stats), so they show the whole session's figures, not a window's. The
 windows' files are part of the cache: the console fetches them instead of the host.
+
+**Many large hosts, one at a time.** The prebuild's files are memory on Cloud Run, and a
+session of tens of 2 GB hosts is tens of GB of windows. So a windowed host is fetched and
+cut alone; its windows go to the bucket at once, and what stays in the workspace is a stub
+per window: the window's planes, lines and metadata without an event (one per host, written
+in the same pass), which is all xprof reads to list the tools and the hosts. The overview
+reads the collection's op_stats. Each window's trace is then built from the real window,
+fetched back, and its files go to the bucket before the next one: the files held at once are
+the hosts viewed whole, the host being cut and its windows, or one window and its tables.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -51,10 +61,11 @@ ALL_HOSTS_OP_STATS = "ALL_HOSTS.op_stats_v2.pb"
 CACHE_VERSION_FILE = "cache_version.txt"
 # The most a window of the windowed view holds: its trace conversion about 2.5 GB.
 VIEW_WINDOW_BYTES = 128 * 1024**2
-# The files of a windowed host per byte of it, as measured at 1.9 GB (BENCHMARKS.md, "A 2 GB
-# host, viewed window by window"): the host (1.9 GB) while it is cut, its windows (1.9 GB)
-# and their trace tables (2.7 GB).
-VIEW_FILES_PER_BYTE = 3.5
+# A window's trace-viewer tables per byte of it, as measured at 1.9 GB (BENCHMARKS.md, "A 2
+# GB host, viewed window by window": 178 MB of tables per 125 MB window).
+VIEW_TABLES_PER_BYTE = 1.45
+# The cut's own memory per byte of the host (`plan.RSS_PER_BYTE["split_windows"]`).
+CUT_RSS_PER_BYTE = 0.1
 # Below this, windows are too many and too short to be worth viewing one by one.
 MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
 
@@ -67,28 +78,47 @@ class NotPrebuilt(MldiagError):
 def view_windows(session: SessionRecord, budget_bytes: int | None, *,
                  window_bytes: int | None = None) -> dict[str, int]:
     """host -> how many time windows it is viewed in, for the hosts whose whole conversions
-    would need more than `budget_bytes` (none without a budget). Windows are as large as the
-    budget allows, at most VIEW_WINDOW_BYTES (or `window_bytes`). Raises NotPrebuilt when
-    not even a window of MIN_VIEW_WINDOW_BYTES would fit."""
+    would need more than `budget_bytes` beside the session's files (none without a budget).
+    Windows are as large as the budget allows, at most VIEW_WINDOW_BYTES (or
+    `window_bytes`). Raises NotPrebuilt, naming the need and the budget, when not even a
+    window of MIN_VIEW_WINDOW_BYTES would fit, or a host could not be cut beside the hosts
+    viewed whole.
+
+    The files count as memory (/tmp is memory on Cloud Run): the hosts viewed whole all
+    along; a windowed host is held with its windows only while it is cut, and a window with
+    its trace tables only while its trace is built (see the module's notes)."""
     if not budget_bytes:
         return {}
     sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
-    files = sum(sizes.values())
-    # Each conversion reads one window; the files are held beside it (/tmp is memory on
-    # Cloud Run): the host being cut, its windows and their trace tables, about
-    # VIEW_FILES_PER_BYTE of each windowed host.
-    room = budget_bytes - PREBUILD_BASE_BYTES - int(VIEW_FILES_PER_BYTE * files)
+    # Hosts viewed whole, smallest first, while converting the largest of them fits beside
+    # all of their files.
+    whole = 0
+    big: dict[str, int] = {}
+    for host, size in sorted(sizes.items(), key=lambda kv: (kv[1], kv[0])):
+        if not big and (PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size + whole + size
+                        <= budget_bytes):
+            whole += size
+        else:
+            big[host] = size
+    if not big:
+        return {}
+    room = budget_bytes - PREBUILD_BASE_BYTES - whole
     window = window_bytes or (
-        min(VIEW_WINDOW_BYTES, int(room / PREBUILD_RSS_PER_BYTE)) if room > 0 else 0)
-    out: dict[str, int] = {}
-    for host, size in sorted(sizes.items()):
-        if PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size + files <= budget_bytes:
-            continue
-        if window < MIN_VIEW_WINDOW_BYTES and not window_bytes:
-            raise NotPrebuilt(f"not even time windows of {MIN_VIEW_WINDOW_BYTES // 1024**2} "
-                              "MB would fit it beside the session's files")
-        out[host] = -(-size // window)
-    return out
+        min(VIEW_WINDOW_BYTES, int(room / (PREBUILD_RSS_PER_BYTE + VIEW_TABLES_PER_BYTE)))
+        if room > 0 else 0)
+    if window < MIN_VIEW_WINDOW_BYTES and not window_bytes:
+        raise NotPrebuilt(
+            f"not even time windows of {MIN_VIEW_WINDOW_BYTES // 1024**2} MB would fit "
+            f"beside the {whole / 1024**3:.1f} GiB of hosts viewed whole, under the "
+            f"prebuild's {budget_bytes / 1024**3:.1f} GiB")
+    host, largest = max(big.items(), key=lambda kv: kv[1])
+    cut = PREBUILD_BASE_BYTES + whole + int((2 + CUT_RSS_PER_BYTE) * largest)
+    if cut > budget_bytes and not window_bytes:
+        raise NotPrebuilt(
+            f"cutting host {host} ({largest / 1024**2:,.0f} MB) into windows needs about "
+            f"{cut / 1024**3:.1f} GiB with its windows beside it, over the prebuild's "
+            f"{budget_bytes / 1024**3:.1f} GiB")
+    return {h: -(-s // window) for h, s in sorted(big.items())}
 
 
 def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
@@ -130,26 +160,78 @@ def arrived_hosts_of(ws: Workspace) -> set[str]:
     return set(ws.sizes)
 
 
-def _cut(ws: Workspace, session: SessionRecord, storage: Storage,
-         windows: dict[str, int], scratch: Path) -> dict[str, int]:
-    """Cut each windowed host into its windows, written into the workspace's run directory;
-    returns how many each has (fewer when the trace has fewer gaps between modules)."""
+def _cut(ws: Workspace, session: SessionRecord, storage: Storage, windows: dict[str, int],
+         scratch: Path, prefix: str) -> tuple[dict[str, int], list[str]]:
+    """Cut each windowed host, one at a time, into its windows: each window goes to the
+    bucket under the cache's `prefix`, and a stub of its host takes its place in the
+    workspace (see the module's notes; the stub stays in `scratch`). Returns how many
+    windows each host has (fewer when the trace has fewer gaps between modules) and the
+    files put in the bucket."""
     from mldiag.analysis.collection import op_stats_shards as shards
     from mldiag.analysis.collection.xspace_scan import XSpaceScan
 
     names = arrived_hosts(session)
     done: dict[str, int] = {}
+    put: list[str] = []
     for host, count in windows.items():
         whole = scratch / f"{host}.xplane.pb"
         storage.fetch_to(names[host], whole)
+        stub = _stub(scratch, host)
         with XSpaceScan(whole) as scan:
             cuts = shards.module_cuts(scan, count)
-            out = [ws.run_dir / f"{window_host(host, k)}.xplane.pb"
-                   for k in range(len(cuts) + 1)]
-            shards.write_windows(scan, cuts, out)
+            out = [scratch / f"{window_host(host, k)}.xplane.pb" for k in range(len(cuts) + 1)]
+            shards.write_windows(scan, cuts, out, stub=stub)
         whole.unlink()
+        for path in out:
+            rel = (ws.run_dir / path.name).relative_to(ws.root).as_posix()
+            storage.put_file(f"{prefix}/{rel}", path)
+            put.append(rel)
+            path.unlink()
+            os.link(stub, ws.run_dir / path.name)
         done[host] = len(cuts) + 1
-    return done
+    return done, put
+
+
+def _stub(scratch: Path, host: str) -> Path:
+    return scratch / f"{host}.stub.xplane.pb"
+
+
+class _WindowInPlace:
+    """The real window in the workspace while its trace is built, its stub again after, and
+    its trace tables in the bucket as soon as they are built (see the module's notes)."""
+
+    def __init__(self, ws: Workspace, storage: Storage, prefix: str, scratch: Path,
+                 windows: dict[str, int]) -> None:
+        self.ws, self.storage, self.prefix, self.scratch = ws, storage, prefix, scratch
+        self.owner = {window_host(h, k): h for h, n in windows.items() for k in range(n)}
+        self.current: str | None = None
+        self.put: list[str] = []
+
+    def before(self, query: dict[str, str]) -> None:
+        window = query.get("host", "")
+        if window == self.current or window not in self.owner:
+            return
+        self.done()
+        path = self.ws.run_dir / f"{window}.xplane.pb"
+        path.unlink()
+        self.storage.fetch_to(f"{self.prefix}/{self._rel(path)}", path)
+        self.current = window
+
+    def done(self) -> None:
+        """Put the current window's trace tables in the bucket and its stub back."""
+        if self.current is None:
+            return
+        window, self.current = self.current, None
+        for path in sorted(self.ws.run_dir.glob(f"{window}.*SSTABLE")):
+            self.storage.put_file(f"{self.prefix}/{self._rel(path)}", path)
+            self.put.append(self._rel(path))
+            path.unlink()
+        path = self.ws.run_dir / f"{window}.xplane.pb"
+        path.unlink()
+        os.link(_stub(self.scratch, self.owner[window]), path)
+
+    def _rel(self, path: Path) -> str:
+        return path.relative_to(self.ws.root).as_posix()
 
 
 def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None,
@@ -172,10 +254,12 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
         ws = Workspace(Path(tmp) / "ws", session)
         ws.materialise(session, storage, skip=set(windows))
         view: dict[str, Any] | None = None
+        scratch = Path(tmp) / "scratch"
+        scratch.mkdir()
+        put: list[str] = []  # already in the bucket
         if windows:
-            scratch = Path(tmp) / "scratch"
-            scratch.mkdir()
-            view = {"windows": _cut(ws, session, storage, windows, scratch)}
+            counts, put = _cut(ws, session, storage, windows, scratch, prefix)
+            view = {"windows": counts}
             ws.view(view)
             assert op_stats_name is not None
             storage.fetch_to(op_stats_name, ws.run_dir / ALL_HOSTS_OP_STATS)
@@ -184,8 +268,10 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
         built: list[str] = []
         answers: dict[str, list[str]] = {}  # window -> its whole answers' files
+        in_place = _WindowInPlace(ws, storage, prefix, scratch, (view or {}).get("windows", {}))
         for route, query in default_queries(ws):
             try:
+                in_place.before(query)
                 ws.answer(route, query)
                 built.append(f"{route}?{urlencode(sorted(query.items()))}")
             except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
@@ -195,7 +281,8 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
                 body = ws.cached_path(route, query)
                 answers.setdefault(query["host"], []).extend(
                     p.relative_to(ws.root).as_posix() for p in (body, body.with_suffix(".json")))
-        files: list[str] = []
+        in_place.done()
+        files: list[str] = sorted([*put, *in_place.put])
         for path in sorted(ws.root.rglob("*")):
             rel = path.relative_to(ws.root).as_posix()
             if not path.is_file() or any(part.startswith(".") for part in rel.split("/")):
@@ -203,10 +290,12 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             if path.name.endswith(".xplane.pb") and path.stem.removesuffix(
                     ".xplane") in arrived_hosts_of(ws):
                 continue  # a host viewed whole: the console reads it from the session
+            if rel in put:
+                continue  # a window's stub: the window itself is in the bucket
             storage.put_file(f"{prefix}/{rel}", path)
             files.append(rel)
         manifest: dict[str, Any] = {
-            "key": ws.key, "xprof": xprof_version(), "files": files, "built": built,
+            "key": ws.key, "xprof": xprof_version(), "files": sorted(files), "built": built,
             "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
         if view is not None:
             # The console fetches a window's answers with the window, when a request names it.

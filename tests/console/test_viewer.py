@@ -430,6 +430,11 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
     assert trace.body == (ws.cached_path("data", {
         "run": "s1", "tag": "trace_viewer@", "host": names[-1],
         "resolution": "4096"})).read_bytes()
+    # Each window's trace was built from the window itself (the workspace held a stub of it,
+    # without events, for the tool and host lists): its events are there.
+    for name in names:
+        first = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": name})
+        assert json.loads(_body(first))["returnedEventsSize"] > 0, name
     zoomed = ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": names[-1],
                                 "resolution": "16384"})
     assert b"traceEvents" in _body(zoomed)
@@ -475,3 +480,30 @@ def test_the_trace_span_the_frontend_asks_after_a_host_switch_is_answered(site: 
     bad = site.client.get(f"{XP}/data?run=s1&tag=trace_viewer%40&host={HOST}"
                           "&start_time_ms=5e-32x", headers=viewer)
     assert bad.status_code == 400
+
+
+def test_a_session_of_many_2_gb_hosts_is_viewed_window_by_window_one_host_at_a_time() -> None:
+    """Files are memory where the prebuild runs: the windowed hosts are cut one at a time,
+    and what counts is the hosts viewed whole, one host with its windows while it is cut, or
+    one window with its tables. 64 hosts of 1.9 GB fit the collect job's 14 GiB; a host that
+    cannot be cut beside its windows says so with the need and the budget."""
+    from dataclasses import replace
+
+    from mldiag.model import HostRecord
+    from mldiag.viewer_prebuild import VIEW_WINDOW_BYTES, NotPrebuilt, view_windows
+
+    size = 1913 * 1024**2
+    session = SessionRecord(run="r", session="s", state="REPORTED", hosts={
+        f"h{k:02d}": HostRecord(object_name=f"r/plugins/profile/s/h{k:02d}.xplane.pb",
+                                size=size, generation="1", arrived_at=0.0)
+        for k in range(64)})
+    windows = view_windows(session, 14 * 1024**3)
+    assert windows == {h: -(-size // VIEW_WINDOW_BYTES) for h in session.hosts}
+    with pytest.raises(NotPrebuilt, match=r"cutting host h00 \(1,913 MB\) into windows needs "
+                                          r"about 4\.\d GiB .* over the prebuild's 4\.0 GiB"):
+        view_windows(session, 4 * 1024**3)
+    # A small host beside them is viewed whole, and its file counts.
+    small = replace(session, hosts={**session.hosts, "small": HostRecord(
+        object_name="r/plugins/profile/s/small.xplane.pb", size=50 * 1024**2,
+        generation="1", arrived_at=0.0)})
+    assert "small" not in view_windows(small, 14 * 1024**3)

@@ -95,7 +95,8 @@ def module_cuts(scan: XSpaceScan, shards: int) -> list[int]:
 
 def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.PathLike[str]],
                   keep: Sequence[int] | None = None,
-                  each_line: Callable[[Plane, Line], None] | None = None
+                  each_line: Callable[[Plane, Line], None] | None = None,
+                  stub: str | os.PathLike[str] | None = None
                   ) -> list[dict[str, tuple[int, int]]]:
     """Write one copy of the XSpace per window between `cuts` (len(cuts) + 1 paths), each
     with the events that start inside it; metadata and everything else copied whole. One pass
@@ -104,6 +105,8 @@ def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.
     collect job writes the others).
     `each_line(plane, line)` sees every line with its events decoded, once (what another
     pass over the trace would have decoded again).
+    `stub`: also write there a copy with every plane, line and metadata table but no event
+    (in the same pass), what xprof reads to list a run's tools and hosts.
     Returns each window's device planes' extents, every window's: plane → (first start,
     last end), in ps."""
     cut_at = np.asarray(cuts, dtype=np.int64)
@@ -132,7 +135,7 @@ def write_windows(scan: XSpaceScan, cuts: Sequence[int], out: Sequence[str | os.
                 extents[k][plane.name] = (min(was[0], first), max(was[1], last))
         return part if keep is None else to_copy[part]
 
-    write_split(scan, out, window_of)
+    write_split(scan, [*out, *([stub] if stub is not None else [])], window_of)
     return extents
 
 
