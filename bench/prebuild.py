@@ -1,0 +1,167 @@
+"""Benchmark: the viewer prebuild of a session of several large hosts, in the collect job's
+budget (`viewer_prebuild.prebuild`, as the collect job runs it after the report).
+
+    python bench/prebuild.py HOST.xplane.pb [--hosts 3] [--budget 14G] [--op-stats PATH]
+                             [--workdir DIR] [--json OUT]
+
+The session: HOST.xplane.pb under `--hosts` host names (hard links: one file's bytes on disk,
+each host a different object to the prebuild), in a local bucket. The op_stats shown beside
+windowed hosts are `--op-stats` (default: the TPU fixture's, built here in a second; what
+the overview shows, not what is measured).
+Measured, in a child process: wall and CPU time, peak resident memory (its VmHWM), and the
+peak bytes of its files (the workspace and the cut's scratch, sampled every 0.2 s: /tmp is
+memory on Cloud Run); the windows and the bytes put in the bucket. Beside it, what the plan
+says for the same session (`viewer_prebuild.view_windows`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import resource
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "shared"))
+TPU_FIXTURE = (REPO.parent / "shared" / "fixtures" / "tpu_inference_2" / "plugins" / "profile"
+               / "run1" / "tpu_inference_2.xplane.pb")
+RUN, SESSION = "bench", "prebuild"
+
+
+def _bytes(text: str) -> int:
+    units = {"K": 1024, "M": 1024**2, "G": 1024**3}
+    return int(float(text[:-1]) * units[text[-1].upper()]) if text[-1].upper() in units \
+        else int(text)
+
+
+def _session(bucket: Path, xplane: Path, hosts: int) -> Any:
+    from mldiag.model import HostRecord, SessionRecord
+
+    run_dir = bucket / RUN / "plugins" / "profile" / SESSION
+    run_dir.mkdir(parents=True, exist_ok=True)
+    records = {}
+    for k in range(hosts):
+        host = f"host{k:02d}"
+        dest = run_dir / f"{host}.xplane.pb"
+        if not dest.exists():
+            os.link(xplane, dest)
+        records[host] = HostRecord(object_name=f"{RUN}/plugins/profile/{SESSION}/{host}"
+                                   ".xplane.pb", generation="1", size=dest.stat().st_size,
+                                   arrived_at=0.0)
+    return SessionRecord(run=RUN, session=SESSION, state="REPORTED", hosts=records)
+
+
+def _op_stats(path: str | None, dest: Path) -> None:
+    if path:
+        dest.write_bytes(Path(path).read_bytes())
+        return
+    from mldiag.analysis.collection.profile_input import resolve_session
+    from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, XprofWorkspace
+
+    with XprofWorkspace(resolve_session(TPU_FIXTURE.parent)) as ws:
+        ws.precompute_op_stats()
+        dest.write_bytes((ws.run_dir / OP_STATS_FILE).read_bytes())
+
+
+def _child(bucket: str, session: dict[str, Any], budget: int, tmp: str,
+           out: mp.Queue) -> None:  # type: ignore[type-arg]
+    from mldiag.adapters.local.storage import LocalDirStorage
+    from mldiag.model import SessionRecord
+    from mldiag.stages.analysis import op_stats_name
+    from mldiag.viewer_prebuild import prebuild
+
+    record = SessionRecord.from_dict(session)
+    started = time.monotonic()
+    manifest = prebuild(record, LocalDirStorage(Path(bucket)), tmp_dir=tmp,
+                        budget_bytes=budget, op_stats_name=op_stats_name(record))
+    out.put({"wall_s": round(time.monotonic() - started, 1),
+             "windows": manifest.get("view", {}).get("windows", {}),
+             "files": len(manifest["files"]), "built": len(manifest["built"])})
+
+
+def _du(path: Path) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.lstat(os.path.join(root, f)).st_blocks * 512
+            except OSError:
+                pass
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("xplane", help="one large host's .xplane.pb")
+    parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--budget", default="14G", help="the prebuild's memory budget")
+    parser.add_argument("--op-stats", help="the session's op_stats (default: the fixture's)")
+    parser.add_argument("--workdir", help="where the bucket and the prebuild's files go")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    from mldiag.stages.analysis import op_stats_name
+    from mldiag.viewer_prebuild import NotPrebuilt, view_windows
+
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-prebuild-bench-"))
+    bucket = work / "bucket"
+    session = _session(bucket, Path(args.xplane).resolve(), args.hosts)
+    stats = bucket / op_stats_name(session)
+    stats.parent.mkdir(parents=True, exist_ok=True)
+    _op_stats(args.op_stats, stats)
+    budget = _bytes(args.budget)
+    size = sum(h.size for h in session.hosts.values())
+    try:
+        plan: Any = view_windows(session, budget)
+    except NotPrebuilt as e:
+        plan = f"NotPrebuilt: {e}"
+    print(f"session: {args.hosts} hosts, {size / 1024**3:.2f} GiB; budget {args.budget}; "
+          f"plan: {plan}", flush=True)
+    tmp = work / "tmp"
+    tmp.mkdir(exist_ok=True)
+    peak_files = 0
+    done = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak_files
+        while not done.wait(0.2):
+            peak_files = max(peak_files, _du(tmp))
+
+    ctx = mp.get_context("spawn")
+    out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    child = ctx.Process(target=_child, args=(str(bucket), session.to_dict(), budget,
+                                             str(tmp), out))
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    child.start()
+    child.join()
+    done.set()
+    sampler.join()
+    wall = time.monotonic() - started
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result: dict[str, Any] = {
+        "hosts": args.hosts, "session_bytes": size, "budget": args.budget,
+        "plan": plan if isinstance(plan, str) else {"windows": plan},
+        "rc": child.exitcode, "wall_s": round(wall, 1),
+        "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
+        "peak_rss_mb": round(usage.ru_maxrss / 1024), "peak_files_mb": round(peak_files / 2**20),
+        "bucket_cache_mb": round(_du(bucket / RUN / "plugins" / "profile" / SESSION / "analysis"
+                                     / "xprof_cache") / 2**20)}
+    if child.exitcode == 0:
+        result.update(out.get())
+    print(json.dumps(result), flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
