@@ -11,7 +11,10 @@ the overview shows, not what is measured).
 Measured, in a child process: wall and CPU time, peak resident memory (its VmHWM), and the
 peak bytes of its files (the workspace and the cut's scratch, sampled every 0.2 s: /tmp is
 memory on Cloud Run); the windows and the bytes put in the bucket. Beside it, what the plan
-says for the same session (`viewer_prebuild.view_windows`).
+says for the same session (`viewer_prebuild.view_windows`). Then a first open as the console
+serves it (`viewer.Viewers` on a fresh directory: the frontend's first requests, overview
+then trace, on the first host each list names), and `--clients` first opens of the trace at
+once on another fresh directory. `--reuse` keeps a prebuild already in the bucket.
 """
 
 from __future__ import annotations
@@ -86,6 +89,62 @@ def _child(bucket: str, session: dict[str, Any], budget: int, tmp: str,
              "files": len(manifest["files"]), "built": len(manifest["built"])})
 
 
+def _first_open(bucket: Path, session: Any, work: Path, clients: int) -> dict[str, Any]:
+    """The frontend's first requests on a console instance that never saw the session."""
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mldiag.adapters.local.storage import LocalDirStorage
+    from mldiag.viewer import Viewers
+
+    run = session.session
+
+    def trace(host: str) -> dict[str, str]:
+        return {"run": run, "tag": "trace_viewer@", "host": host, "hosts": host,
+                "replace_model": "true", "new_backend": "false", "resolution": "4120"}
+
+    def first_host(ws: Any, tag: str) -> str:
+        body = ws.answer("hosts", {"run": run, "tag": tag}).body
+        return str(json.loads(_plain(body))[0]["hostname"])
+
+    out: dict[str, Any] = {}
+    for name in ("fresh-one", "fresh-many"):
+        shutil.rmtree(work / name, ignore_errors=True)
+    start = time.perf_counter()
+    ws = Viewers(LocalDirStorage(bucket), work / "fresh-one").workspace(session)
+    out["workspace_s"] = round(time.perf_counter() - start, 3)
+    ws.answer("run_tools", {"run": run})
+    host = first_host(ws, "overview_page")
+    ws.answer("data", {"run": run, "tag": "overview_page", "host": host})
+    out["overview_s"] = round(time.perf_counter() - start, 3)
+    mark = time.perf_counter()
+    body = ws.answer("data", trace(first_host(ws, "trace_viewer@"))).body
+    out["trace_s"] = round(time.perf_counter() - mark, 3)
+    out["trace_events"] = json.loads(_plain(body)).get("returnedEventsSize")
+    out["first_open_s"] = round(time.perf_counter() - start, 3)
+    many = Viewers(LocalDirStorage(bucket), work / "fresh-many").workspace(session)
+    window = first_host(many, "trace_viewer@")
+
+    def one(_: int) -> bool:
+        try:
+            return bool(many.answer("data", trace(window)).body)
+        except Exception:  # noqa: BLE001 - counted as an error
+            return False
+
+    start = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        ok = list(pool.map(one, range(clients)))
+    out["concurrent"] = {"clients": clients, "all_done_s": round(time.perf_counter() - start, 3),
+                         "errors": ok.count(False)}
+    return out
+
+
+def _plain(body: bytes) -> bytes:
+    import gzip
+
+    return gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
+
+
 def _du(path: Path) -> int:
     total = 0
     for root, _, files in os.walk(path):
@@ -105,6 +164,8 @@ def main() -> None:
     parser.add_argument("--op-stats", help="the session's op_stats (default: the fixture's)")
     parser.add_argument("--workdir", help="where the bucket and the prebuild's files go")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--clients", type=int, default=8, help="concurrent first opens")
+    parser.add_argument("--reuse", action="store_true", help="keep a prebuild already done")
     args = parser.parse_args()
 
     from mldiag.stages.analysis import op_stats_name
@@ -124,6 +185,16 @@ def main() -> None:
         plan = f"NotPrebuilt: {e}"
     print(f"session: {args.hosts} hosts, {size / 1024**3:.2f} GiB; budget {args.budget}; "
           f"plan: {plan}", flush=True)
+    from mldiag.viewer import MANIFEST, cache_prefix
+
+    if args.reuse and (bucket / cache_prefix(session) / MANIFEST).is_file():
+        result = json.loads(Path(args.json).read_text()) if args.json and Path(
+            args.json).is_file() else {}
+        result["first_open"] = _first_open(bucket, session, work, args.clients)
+        print(json.dumps(result), flush=True)
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return
     tmp = work / "tmp"
     tmp.mkdir(exist_ok=True)
     peak_files = 0
@@ -158,6 +229,7 @@ def main() -> None:
                                      / "xprof_cache") / 2**20)}
     if child.exitcode == 0:
         result.update(out.get())
+        result["first_open"] = _first_open(bucket, session, work, args.clients)
     print(json.dumps(result), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))

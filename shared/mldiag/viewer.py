@@ -201,6 +201,9 @@ class Workspace:
         # not fit `memory_budget` (the console's), rather than take the console down.
         self.sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
         self.memory_budget: int | None = None
+        # Whether `responses/` is kept under MAX_RESPONSES and MAX_RESPONSE_BYTES (a console's
+        # workspace); the prebuild keeps every answer it builds, for the bucket.
+        self.trim = True
         # Windows of a windowed view not fetched yet: host -> the cache files it needs.
         self.pending: dict[str, list[str]] = {}
         self._windows: dict[str, int] = {}
@@ -393,6 +396,8 @@ class Workspace:
     def _trim(self) -> None:
         """Keep at most MAX_RESPONSES answers and MAX_RESPONSE_BYTES in `responses/`, the
         least recently used going first (prebuilt answers included: they convert again)."""
+        if not self.trim:
+            return
         entries = []
         for meta in self.responses.glob("*.json"):
             body = meta.with_suffix("")

@@ -252,6 +252,9 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
                           "op_stats of the session to show beside them")
     with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
         ws = Workspace(Path(tmp) / "ws", session)
+        # Every answer built goes to the bucket: none is trimmed to a console's share (the
+        # traces of 45 windows are over it, and the overview built first went).
+        ws.trim = False
         ws.materialise(session, storage, skip=set(windows))
         view: dict[str, Any] | None = None
         scratch = Path(tmp) / "scratch"

@@ -130,13 +130,15 @@ def test_an_editor_registers_and_deletes_a_plain_profiler_server(site: Site) -> 
                          json={"address": "203.0.113.7:9999"})
     assert r.status_code == 400 and "203.0.113.7" in r.json()["detail"]
     assert "outside the allowed networks" in r.json()["detail"]
-    # Loopback is allowed locally; nothing listens there, so it is registered and down.
+    # Loopback is allowed locally; nothing listens there, so it is registered and down. The
+    # port stays bound (not listening: connections are refused) so that no other process
+    # takes it meanwhile (a freed port was, once, under load).
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = site.client.post("/api/v1/runs/other/targets", headers=editor,
-                         json={"address": f"127.0.0.1:{port}", "host_name": "plain-0",
-                               "platform": "cpu"})
+        r = site.client.post("/api/v1/runs/other/targets", headers=editor,
+                             json={"address": f"127.0.0.1:{port}", "host_name": "plain-0",
+                                   "platform": "cpu"})
     assert r.status_code == 201, r.text
     assert (r.json()["host"], r.json()["status"], r.json()["delivery"]) == (
         "plain-0", "down", "push")

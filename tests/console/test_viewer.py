@@ -365,11 +365,12 @@ def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Sit
     assert note["budget_bytes"] == 32 * 1024**2
 
 
-def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site) -> None:
+def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
     """Over the prebuild's budget, the host is cut in time windows, each prebuilt as a host
     of its own (its trace warm), with the session's op_stats from the collection beside
     them: the overview shows the whole host's figures; the console fetches the windows, not
-    the host."""
+    the host. Every answer built is kept, however many (a console keeps a share of them)."""
     from dataclasses import replace
 
     from mldiag import stages
@@ -386,6 +387,7 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
     services = replace(site.runtime.services, jobs=_Jobs(), settings=settings,
                        state=_FixedState(big, site.runtime.state))
     sessions = {(s.run, s.session) for s in site.runtime.state.list_sessions()}
+    monkeypatch.setattr(viewer_module, "MAX_RESPONSES", 2)
     stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=big.version),
                            services)
     manifest = json.loads(storage.read_bytes(f"{cache_prefix(big)}/{MANIFEST}"))
@@ -407,9 +409,16 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(site: Site
 
     # A console instance that never saw the session: every host is a window, every first
     # open a warm hit, the overview the whole host's.
+    monkeypatch.setattr(viewer_module, "MAX_RESPONSES", 256)
     viewers = Viewers(storage, Path(site.home) / "fresh-viewers", memory_budget=1)
     ws = viewers.workspace(big)
     assert ws.hosts == names
+    # The first open's answers are here with the workspace: the overview over ALL_HOSTS (the
+    # first the prebuild built: it was trimmed away once, under 45 windows' traces).
+    assert ws.cached_path("data", {"run": "s1", "tag": "overview_page",
+                                   "host": "ALL_HOSTS"}).is_file()
+    assert sum(f.startswith("responses/") and not f.endswith(".json")
+               for f in manifest["files"]) >= len(manifest["built"])
     assert not (ws.run_dir / f"{HOST}.xplane.pb").exists()
     # The first window is fetched with the workspace; the others when a request names them.
     assert (ws.run_dir / f"{names[0]}.SSTABLE").is_file()
