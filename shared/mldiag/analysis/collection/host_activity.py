@@ -85,6 +85,7 @@ class HostActivity:
         self._ids: dict[tuple[int, int], list[tuple[I64, I64, I64]]] = {}
         self._tf_op: dict[tuple[int, int], tuple[int, int]] = {}
         self._known: set[int] = set()  # the plane's TF ops (metadata and stage ids)
+        self._seen: set[int] = set()  # metadata ids whose names were parsed
         self._plane: Plane | None = None
         self._sids: dict[str, list[int]] = {}
         # Activities that span a cut: (line, begin, end), checked once the TF ops are known.
@@ -107,6 +108,9 @@ class HostActivity:
         with_stage = stage != _NONE
         self._known.update(stage[with_stage & category & named].tolist())
         for mid in np.unique(ev.metadata_id[~with_stage & named]).tolist():
+            if mid in self._seen:
+                continue
+            self._seen.add(mid)
             name = plane.event_names.get(mid, "")
             if tf_op_category_known(name):
                 self._known.add(mid)
