@@ -198,12 +198,14 @@ def _stub(scratch: Path, host: str) -> Path:
 
 class _WindowInPlace:
     """The real window in the workspace while its trace is built, its stub again after, and
-    its trace tables in the bucket as soon as they are built (see the module's notes)."""
+    its trace tables and answers in the bucket as soon as they are built (see the module's
+    notes). `answers`: each window's answers' files, as the prebuild records them."""
 
     def __init__(self, ws: Workspace, storage: Storage, prefix: str, scratch: Path,
-                 windows: dict[str, int]) -> None:
+                 windows: dict[str, int], answers: dict[str, list[str]]) -> None:
         self.ws, self.storage, self.prefix, self.scratch = ws, storage, prefix, scratch
         self.owner = {window_host(h, k): h for h, n in windows.items() for k in range(n)}
+        self.answers = answers
         self.current: str | None = None
         self.put: list[str] = []
 
@@ -222,10 +224,13 @@ class _WindowInPlace:
         if self.current is None:
             return
         window, self.current = self.current, None
-        for path in sorted(self.ws.run_dir.glob(f"{window}.*SSTABLE")):
-            self.storage.put_file(f"{self.prefix}/{self._rel(path)}", path)
-            self.put.append(self._rel(path))
-            path.unlink()
+        built = [*sorted(self.ws.run_dir.glob(f"{window}.*SSTABLE")),
+                 *(self.ws.root / rel for rel in self.answers.get(window, ()))]
+        for path in built:
+            if path.is_file():
+                self.storage.put_file(f"{self.prefix}/{self._rel(path)}", path)
+                self.put.append(self._rel(path))
+                path.unlink()
         path = self.ws.run_dir / f"{window}.xplane.pb"
         path.unlink()
         os.link(_stub(self.scratch, self.owner[window]), path)
@@ -271,7 +276,8 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
         built: list[str] = []
         answers: dict[str, list[str]] = {}  # window -> its whole answers' files
-        in_place = _WindowInPlace(ws, storage, prefix, scratch, (view or {}).get("windows", {}))
+        in_place = _WindowInPlace(ws, storage, prefix, scratch, (view or {}).get("windows", {}),
+                                  answers)
         for route, query in default_queries(ws):
             try:
                 in_place.before(query)
