@@ -120,8 +120,8 @@ def _first_open(bucket: Path, session: Any, work: Path, clients: int) -> dict[st
     mark = time.perf_counter()
     body = ws.answer("data", trace(first_host(ws, "trace_viewer@"))).body
     out["trace_s"] = round(time.perf_counter() - mark, 3)
-    out["trace_events"] = json.loads(_plain(body)).get("returnedEventsSize")
     out["first_open_s"] = round(time.perf_counter() - start, 3)
+    out["trace_events"] = json.loads(_plain(body)).get("returnedEventsSize")
     many = Viewers(LocalDirStorage(bucket), work / "fresh-many").workspace(session)
     window = first_host(many, "trace_viewer@")
 
