@@ -51,6 +51,9 @@ resource "google_cloud_run_v2_job" "collect" {
             MLDIAG_COLLECT_JOB_TASKS = tostring(var.collect_job_tasks)
             # A viewer prebuild handed over by prebuild_viewer runs alone in task 0.
             MLDIAG_VIEWER_MEMORY_BUDGET = var.collect_job_viewer_memory_budget
+            # Its deadline, with a tenth of the task's left for the rest: a prebuild estimated
+            # over it is skipped with the reason rather than killed at the task's deadline.
+            MLDIAG_VIEWER_DEADLINE_S = tostring(floor(var.collect_job_timeout_seconds * 0.9))
             # The workers' budget; the rest of the job's memory holds its files (variables.tf).
             MLDIAG_MEMORY_BUDGET = var.collect_job_memory_budget
           })

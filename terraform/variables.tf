@@ -158,7 +158,7 @@ variable "collect_job_cpu" {
 }
 
 variable "collect_job_viewer_memory_budget" {
-  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it (BENCHMARKS.md, \"XProf viewer\", 2 GB: 311 s, the process at 3.9 GiB, beside about 2.5 bytes of files per byte of host)."
+  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it, one host at a time (BENCHMARKS.md, \"XProf viewer\": one 2 GB host 311 s, the process at 3.9 GiB; three 1.9 GB hosts 652 s, the process at 2.8 GiB beside 3.7 GiB of files at most, one host and its windows while it is cut, whatever the number of hosts)."
   type        = string
   default     = "14Gi"
 }
@@ -175,7 +175,7 @@ variable "collect_job_tasks" {
 }
 
 variable "collect_job_timeout_seconds" {
-  description = "Deadline of one collect job task."
+  description = "Deadline of one collect job task. A viewer prebuild in the job gets nine tenths of it (MLDIAG_VIEWER_DEADLINE_S): about 160 s per GB of the session's hosts (BENCHMARKS.md, \"XProf viewer\"), so 3600 s prebuilds sessions up to about 19 GiB of xplanes (a session over it is skipped, with the reason in skipped.json)."
   type        = number
   default     = 3600
 }

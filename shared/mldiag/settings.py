@@ -128,6 +128,10 @@ class Settings:
     # hosts are viewed in time windows. In the console: the most one conversion may take
     # (empty: memory_budget, else the container's); more is refused with a 503.
     viewer_memory_budget: str = ""
+    # The time the viewer prebuild may take, in seconds (0: no limit): the collect job sets
+    # its task's deadline. A prebuild estimated over it is skipped with the reason
+    # (`viewer_prebuild.VIEW_SECONDS_PER_BYTE`), instead of being killed at the deadline.
+    viewer_deadline_s: float = 0.0
     # Where the capture stage may connect (target records are workload-written data):
     # comma-separated CIDRs (default: the private ranges), ports ("a-b,c"), and whether
     # loopback is allowed ("auto": only with the local backend).

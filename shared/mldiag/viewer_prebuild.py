@@ -66,6 +66,10 @@ VIEW_WINDOW_BYTES = 128 * 1024**2
 VIEW_TABLES_PER_BYTE = 1.45
 # The cut's own memory per byte of the host (`plan.RSS_PER_BYTE["split_windows"]`).
 CUT_RSS_PER_BYTE = 0.1
+# The prebuild's time per byte of the session's hosts, the slower of two measurements on 2
+# cores (BENCHMARKS.md, "XProf viewer": one 1.9 GB host in 311 s, 1.6e-7 s per byte; three in
+# 652 s, 1.1e-7), for the deadline it runs under.
+VIEW_SECONDS_PER_BYTE = 1.6e-7
 # Below this, windows are too many and too short to be worth viewing one by one.
 MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
 
@@ -239,19 +243,34 @@ class _WindowInPlace:
         return path.relative_to(self.ws.root).as_posix()
 
 
+def _duration(seconds: float) -> str:
+    return f"{seconds / 60:,.0f} min" if seconds >= 120 else f"{seconds:,.2f} s"
+
+
+def prebuild_seconds(session: SessionRecord) -> float:
+    """About how long the prebuild of `session` takes (VIEW_SECONDS_PER_BYTE)."""
+    return VIEW_SECONDS_PER_BYTE * sum(
+        r.size for r in session.hosts.values() if r.status == "ARRIVED")
+
+
 def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None,
              budget_bytes: int | None = None, op_stats_name: str | None = None,
-             window_bytes: int | None = None) -> dict[str, Any]:
+             window_bytes: int | None = None, deadline_s: float = 0.0) -> dict[str, Any]:
     """Build a session's viewer caches and store them in the bucket; returns the manifest.
 
     Hosts whose conversions would not fit `budget_bytes` are viewed window by window (see
     the module's notes; `window_bytes` sets the windows' size), with the session's op_stats
-    from `op_stats_name`. Raises NotPrebuilt
-    when that cannot be done. The manifest is written last, so a reader never sees half a
-    cache."""
+    from `op_stats_name`. Raises NotPrebuilt when that cannot be done, or would not be done
+    within `deadline_s` (0: no deadline). The manifest is written last, so a reader never
+    sees half a cache."""
     prefix = cache_prefix(session)
     started = time.monotonic()
     windows = view_windows(session, budget_bytes, window_bytes=window_bytes)
+    if deadline_s and (took := prebuild_seconds(session)) > deadline_s:
+        size = sum(r.size for r in session.hosts.values() if r.status == "ARRIVED")
+        raise NotPrebuilt(
+            f"prebuilding its {len(session.hosts)} hosts ({size / 1024**3:,.2f} GiB) would take "
+            f"about {_duration(took)}, over its deadline of {_duration(deadline_s)}")
     if windows and (op_stats_name is None or storage.stat(op_stats_name) is None):
         raise NotPrebuilt("its hosts are viewed in time windows, and the collection kept no "
                           "op_stats of the session to show beside them")

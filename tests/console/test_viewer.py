@@ -272,6 +272,40 @@ def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
     assert json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}")) == note
 
 
+def test_a_prebuild_that_would_outlast_its_deadline_is_skipped_with_the_reason(
+        site: Site) -> None:
+    """In the collect job the prebuild has the task's deadline: one estimated over it is
+    not started (it would be killed at the deadline, and retried), and the note says so."""
+    from dataclasses import replace
+
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+    from mldiag.viewer_prebuild import prebuild_seconds
+
+    late = _unbuilt(site, "late")
+    took = prebuild_seconds(late)
+    assert 0 < took < 1
+    settings = replace(site.runtime.services.settings, in_job=True, viewer_memory_budget="4G",
+                       viewer_deadline_s=took / 2)
+    services = replace(site.runtime.services, jobs=_Jobs(), settings=settings,
+                       state=_FixedState(late, site.runtime.state))
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=late.version),
+                           services)
+    prefix = cache_prefix(late)
+    storage = site.runtime.storage
+    assert storage.stat(f"{prefix}/{MANIFEST}") is None
+    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}"))
+    assert re.fullmatch(r"not prebuilt: prebuilding its 1 hosts \(0\.00 GiB\) would take "
+                        r"about 0\.\d\d s, over its deadline of 0\.\d\d s", note["reason"])
+    # Within the deadline, it is built.
+    settings = replace(settings, viewer_deadline_s=took * 10)
+    done = _unbuilt(site, "in-time")
+    services = replace(services, settings=settings, state=_FixedState(done, site.runtime.state))
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=done.version),
+                           services)
+    assert storage.stat(f"{cache_prefix(done)}/{MANIFEST}") is not None
+
+
 class _FixedState:
     """A state store that knows one session; claims and the rest go to `inner`."""
 

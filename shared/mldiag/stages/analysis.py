@@ -500,15 +500,17 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
             # Hosts whose conversions would not fit the budget are viewed in time windows.
             manifest = viewer_prebuild.prebuild(s, services.storage, budget_bytes=budget,
                                                 op_stats_name=op_stats_name(s),
-                                                window_bytes=settings.window_bytes or None)
+                                                window_bytes=settings.window_bytes or None,
+                                                deadline_s=settings.viewer_deadline_s)
         except viewer_prebuild.NotPrebuilt as e:
             # Said once, where the console looks: its first open then says why it cannot
             # convert what xprof would need more memory for.
             largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
             where = "the collect job's" if settings.in_job else "this instance's"
-            why = (f"not prebuilt: its largest host is {largest / 1024**2:,.1f} MB, and "
-                   f"xprof's viewer conversions need about {need / 1024**3:.1f} GiB, over "
-                   f"{where} memory budget of {budget / 1024**3:.1f} GiB, and {e}")
+            memory = (f"its largest host is {largest / 1024**2:,.1f} MB, and xprof's viewer "
+                      f"conversions need about {need / 1024**3:.1f} GiB, over {where} memory "
+                      f"budget of {budget / 1024**3:.1f} GiB, and " if need > budget else "")
+            why = f"not prebuilt: {memory}{e}"
             services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
                 {"reason": why, "needs_bytes": need, "budget_bytes": budget,
                  "at": services.clock()}).encode(), content_type="application/json")
