@@ -52,6 +52,8 @@ def test_fanned_out_hosts_answer_as_the_whole_session(tmp_path: Path) -> None:
     parts = {h: collect_host(whole / f"{h}.xplane.pb", h, out, window_min_bytes=2 * MB,
                              window_bytes=MB + MB // 2) for h in hosts}
     assert parts["host-a"]["parts"]["op_stats"]["windows"] >= 2
+    # Its windows' host databases add up to its own (nothing spans a cut).
+    assert parts["host-a"]["parts"]["op_stats"]["host_inexact"] == ""
     assert parts["host-b"]["parts"]["op_stats"]["windows"] == 1
     view = tmp_path / "view/plugins/profile/run1"
     view.mkdir(parents=True)

@@ -190,3 +190,27 @@ def test_in_the_collect_job_the_tasks_share_a_fanned_out_session_s_hosts(
     summary = html.unescape((analysis_dir(rt) / "summary.html").read_text())
     assert "its 6 hosts were collected one by one and their op_stats combined as xprof " \
            "combines hosts, by the collect job's tasks (task 0: " in summary
+
+
+def test_a_host_whose_windows_do_not_add_up_is_said_degraded_in_the_fan_out() -> None:
+    """A fanned-out host built in time windows whose host database would not add up (an
+    activity spanning a cut) is a `degraded` entry naming the host and why; hosts built
+    whole or combined exactly are not."""
+    from mldiag.stages.analysis import fanned_out_record
+
+    def part(windows: int, inexact: str | None) -> dict[str, Any]:
+        built: dict[str, Any] = {"windows": windows, "bytes": 1}
+        if inexact is not None:
+            built["host_inexact"] = inexact
+        return {"parts": {"op_stats": built}, "elapsed_ms": 1.0}
+
+    parts = {"a": part(4, "2 host activities span a cut between windows"), "b": part(3, ""),
+             "c": part(1, None), "d": {"failed": "unreadable"}}
+    ok = {h: p for h, p in parts.items() if "failed" not in p}
+    fanned, degraded = fanned_out_record(parts, ok)
+    assert fanned["op_stats_windows"] == {"a": 4, "b": 3, "c": 1}
+    assert fanned["failed"] == ["d"]
+    assert degraded == [{
+        "tools": "xprof's op_stats of host a",
+        "reason": "built in 4 time windows and combined: its host op database is not combined "
+                  "exactly: 2 host activities span a cut between windows"}]

@@ -246,7 +246,19 @@ def _snapshot(services: Services, s: SessionRecord,
                 h: local / name.rsplit("/", 1)[1] for h, name in built.items()}, **options)
         finally:
             shutil.rmtree(view, ignore_errors=True)
-    snapshot["collection"]["fanned_out"] = {
+    fanned, degraded = fanned_out_record(host_parts, ok)
+    snapshot["collection"]["fanned_out"] = fanned
+    snapshot["collection"]["degraded"].extend(degraded)
+    return snapshot
+
+
+def fanned_out_record(host_parts: Mapping[str, Mapping[str, Any]],
+                      ok: Mapping[str, Mapping[str, Any]]
+                      ) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """A fanned-out collection's record (the snapshot's `collection.fanned_out`), and what
+    its hosts could not combine exactly (a host built in time windows whose host database
+    would not add up: `HostActivity.inexact`), as `degraded` entries."""
+    fanned = {
         "hosts": len(host_parts), "failed": sorted(h for h in host_parts if h not in ok),
         "per_host_ms": {h: p.get("elapsed_ms") for h, p in sorted(host_parts.items())},
         "per_host_worker_peak_rss_bytes": {h: p.get("worker_peak_rss_bytes")
@@ -257,7 +269,16 @@ def _snapshot(services: Services, s: SessionRecord,
                              for h, p in sorted(ok.items())},
         "hosts_by_task": {h: p["job_task"] for h, p in sorted(host_parts.items())
                           if "job_task" in p}}
-    return snapshot
+    degraded = []
+    for h, p in sorted(ok.items()):
+        built_as = p["parts"].get("op_stats", {})
+        if built_as.get("host_inexact"):
+            degraded.append({
+                "tools": f"xprof's op_stats of host {h}",
+                "reason": (f"built in {built_as.get('windows')} time windows and combined: "
+                           f"its host op database is not combined exactly: "
+                           f"{built_as['host_inexact']}")})
+    return fanned, degraded
 
 
 def collect_windows(msg: AnalyzeSession, services: Services) -> None:

@@ -100,6 +100,10 @@ def collect_host(
             parts["timeline"] = {"status": DATA, "value": line} if line is not None else {
                 "status": ERROR, "value": "a time window's share of the timeline is missing"}
         parts["op_stats"] = {"windows": built.value["windows"], "bytes": built.value["bytes"]}
+        split = outcomes.get("split_windows")
+        if split is not None and split.status == DATA:
+            # Why the windows' host databases would not add up ('' when they do).
+            parts["op_stats"]["host_inexact"] = split.value["seams"]["host_inexact"]
         copy = parts.pop("converter_input", None)
         if copy is None:
             raise ProfileUnreadable("its memory copy could not be written: "
