@@ -207,6 +207,10 @@ class Workspace:
         # Windows of a windowed view not fetched yet: host -> the cache files it needs.
         self.pending: dict[str, list[str]] = {}
         self._windows: dict[str, int] = {}
+        # A windowed host's stub (its planes and metadata, no events: `viewer_prebuild`),
+        # standing for its windows not fetched yet, by host: a request over all hosts (op_stats
+        # tools) or none (tool and host lists) then needs no window.
+        self._stubs: dict[str, str] = {}
         # Where the prebuilt cache is read from: (storage, prefix), set when opened.
         self.source: tuple[Storage, str] | None = None
         view = root / VIEW_HOSTS
@@ -257,6 +261,15 @@ class Workspace:
         self.source = (storage, prefix)
         for rel in files:
             self._fetch(rel)
+        self._stand_in()
+
+    def _stand_in(self) -> None:
+        """Each window not fetched yet gets its host's stub in its place (a hard link)."""
+        for window in self.pending:
+            host = window.rsplit(".window", 1)[0]
+            stub, path = self._stubs.get(host), self.run_dir / f"{window}.xplane.pb"
+            if stub and (self.root / stub).is_file() and not path.exists():
+                os.link(self.root / stub, path)
 
     def _fetch(self, rel: str) -> None:
         """One file of the prebuilt cache, from the bucket into the workspace."""
@@ -282,15 +295,18 @@ class Workspace:
 
     def _save_view(self, view: Mapping[str, Any]) -> None:
         (self.root / VIEW_HOSTS).write_text(json.dumps(
-            {"windows": view.get("windows", {}), "pending": self.pending}))
+            {"windows": view.get("windows", {}), "pending": self.pending,
+             "stubs": view.get("stubs", self._stubs)}))
 
     def _fetch_windows(self, q: Mapping[str, str]) -> None:
-        """Fetch the windows a request needs that are not here yet: those it names, or every
-        one when it names none or ALL_HOSTS (a tool over all hosts)."""
+        """Fetch the windows a request needs that are not here yet: those it names. With
+        stubs standing in for the others (a prebuild that wrote them), that is all: a tool
+        over ALL_HOSTS reads the session's op_stats, and the lists read the stubs. Without,
+        every window when it names none or ALL_HOSTS."""
         if not self.pending or self.source is None:
             return
         named = [h for h in (q.get("hosts") or q.get("host") or "").split(",") if h]
-        every = not named or ALL_HOSTS in named
+        every = (not named or ALL_HOSTS in named) and not self._stubs
         wanted = list(self.pending) if every else [h for h in named if h in self.pending]
         for host in wanted:
             for rel in self.pending[host]:
@@ -305,6 +321,8 @@ class Workspace:
         windows = {str(h): int(n) for h, n in (view.get("windows") or {}).items()}
         self._windows = windows
         self.pending = {str(h): list(f) for h, f in (view.get("pending") or {}).items()}
+        self._stubs = {str(h): str(p) for h, p in (view.get("stubs") or {}).items()
+                       if ".." not in str(p).split("/") and not str(p).startswith("/")}
         self.hosts = [w for h in self.hosts for w in (
             [window_host(h, k) for k in range(windows[h])] if h in windows else [h])]
         for h in windows:

@@ -192,8 +192,17 @@ def _cut(ws: Workspace, session: SessionRecord, storage: Storage, windows: dict[
             put.append(rel)
             path.unlink()
             os.link(stub, ws.run_dir / path.name)
+        # The console's stand-in for the windows it has not fetched (`Workspace._stand_in`).
+        storage.put_file(f"{prefix}/{stub_name(host)}", stub)
+        put.append(stub_name(host))
         done[host] = len(cuts) + 1
     return done, put
+
+
+def stub_name(host: str) -> str:
+    """Where a windowed host's stub is kept in the cache (outside the run directory: xprof
+    would list it as a host)."""
+    return f"stubs/{host}.xplane.pb"
 
 
 def _stub(scratch: Path, host: str) -> Path:
@@ -286,7 +295,7 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
         put: list[str] = []  # already in the bucket
         if windows:
             counts, put = _cut(ws, session, storage, windows, scratch, prefix)
-            view = {"windows": counts}
+            view = {"windows": counts, "stubs": {h: stub_name(h) for h in counts}}
             ws.view(view)
             assert op_stats_name is not None
             storage.fetch_to(op_stats_name, ws.run_dir / ALL_HOSTS_OP_STATS)
