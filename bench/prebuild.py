@@ -14,7 +14,9 @@ memory on Cloud Run); the windows and the bytes put in the bucket. Beside it, wh
 says for the same session (`viewer_prebuild.view_windows`). Then a first open as the console
 serves it (`viewer.Viewers` on a fresh directory: the frontend's first requests, overview
 then trace, on the first host each list names), and `--clients` first opens of the trace at
-once on another fresh directory. `--reuse` keeps a prebuild already in the bucket.
+once on another fresh directory; then the framework op stats (over ALL_HOSTS, not
+prebuilt), with how many windows the console fetched for it. `--reuse` keeps a prebuild
+already in the bucket.
 """
 
 from __future__ import annotations
@@ -122,6 +124,13 @@ def _first_open(bucket: Path, session: Any, work: Path, clients: int) -> dict[st
     out["trace_s"] = round(time.perf_counter() - mark, 3)
     out["first_open_s"] = round(time.perf_counter() - start, 3)
     out["trace_events"] = json.loads(_plain(body)).get("returnedEventsSize")
+    # Then a tool over ALL_HOSTS not prebuilt (the framework op stats), as a user picks it.
+    mark = time.perf_counter()
+    ws.answer("data", {"run": run, "tag": "framework_op_stats",
+                       "host": first_host(ws, "framework_op_stats")})
+    out["framework_op_stats_s"] = round(time.perf_counter() - mark, 3)
+    out["windows_fetched"] = sum(n for n in getattr(ws, "_windows", {}).values()) - len(
+        ws.pending)
     many = Viewers(LocalDirStorage(bucket), work / "fresh-many").workspace(session)
     window = first_host(many, "trace_viewer@")
 
