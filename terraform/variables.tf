@@ -158,7 +158,7 @@ variable "collect_job_cpu" {
 }
 
 variable "collect_job_viewer_memory_budget" {
-  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it, one host at a time (BENCHMARKS.md, \"XProf viewer\": one 2 GB host 311 s, the process at 3.9 GiB; three 1.9 GB hosts 652 s, the process at 2.8 GiB beside 3.7 GiB of files at most, one host and its windows while it is cut, whatever the number of hosts)."
+  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it, one host at a time (BENCHMARKS.md, \"XProf viewer\": one 2 GB host 311 s, the process at 3.9 GiB; three 1.9 GB hosts 648 s, the process at 2.6 GiB beside 3.7 GiB of files at most, one host and its windows while it is cut, whatever the number of hosts)."
   type        = string
   default     = "14Gi"
 }
