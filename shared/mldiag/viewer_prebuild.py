@@ -227,10 +227,12 @@ class _WindowInPlace:
         if window == self.current or window not in self.owner:
             return
         self.done()
-        path = self.ws.run_dir / f"{window}.xplane.pb"
-        path.unlink()
-        self.storage.fetch_to(f"{self.prefix}/{self._rel(path)}", path)
+        # Current from here: should the fetch fail (its queries then fail, said in the log),
+        # `done` still puts the stub back.
         self.current = window
+        path = self.ws.run_dir / f"{window}.xplane.pb"
+        path.unlink(missing_ok=True)
+        self.storage.fetch_to(f"{self.prefix}/{self._rel(path)}", path)
 
     def done(self) -> None:
         """Put the current window's trace tables in the bucket and its stub back."""
@@ -245,7 +247,7 @@ class _WindowInPlace:
                 self.put.append(self._rel(path))
                 path.unlink()
         path = self.ws.run_dir / f"{window}.xplane.pb"
-        path.unlink()
+        path.unlink(missing_ok=True)
         os.link(_stub(self.scratch, self.owner[window]), path)
 
     def _rel(self, path: Path) -> str:
