@@ -563,3 +563,35 @@ def test_a_session_of_many_2_gb_hosts_is_viewed_window_by_window_one_host_at_a_t
         object_name="r/plugins/profile/s/small.xplane.pb", size=50 * 1024**2,
         generation="1", arrived_at=0.0)})
     assert "small" not in view_windows(small, 14 * 1024**3)
+
+
+def test_a_window_that_cannot_be_fetched_back_leaves_the_others_prebuilt(site: Site) -> None:
+    """A window the prebuild cannot fetch back from the bucket to build its trace: its
+    queries fail (logged), the other windows' traces are built and the manifest written."""
+    from mldiag.stages.analysis import op_stats_name
+    from mldiag.viewer_prebuild import prebuild
+
+    storage = site.runtime.storage
+    reported = site.runtime.state.get_session("tpu", "s1")
+    assert reported is not None
+    big = _unbuilt(site, "unfetchable")
+    storage.write_bytes(op_stats_name(big), storage.read_bytes(op_stats_name(reported)))
+    fetched: list[str] = []
+
+    class Flaky:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(storage, name)
+
+        def fetch_to(self, name: str, path: Path) -> None:
+            fetched.append(name)
+            if name.endswith(f"{HOST}.window00.xplane.pb"):
+                raise OSError("the bucket is unreachable")
+            storage.fetch_to(name, path)
+
+    manifest = prebuild(big, Flaky(), budget_bytes=310 * 1024**2,  # type: ignore[arg-type]
+                        op_stats_name=op_stats_name(big), window_bytes=300_000)
+    assert any(n.endswith(f"{HOST}.window00.xplane.pb") for n in fetched)
+    built = [b for b in manifest["built"] if "trace_viewer" in b]
+    assert not any(f"host={HOST}.window00" in b for b in built)
+    assert any(f"host={HOST}.window01" in b for b in built)
+    assert "data?host=ALL_HOSTS&run=s1&tag=overview_page" in manifest["built"]
