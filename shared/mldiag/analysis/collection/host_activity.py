@@ -88,7 +88,8 @@ class HostActivity:
         self._seen: set[int] = set()  # metadata ids whose names were parsed
         self._plane: Plane | None = None
         self._sids: dict[str, list[int]] = {}
-        # Activities that span a cut: (line, begin, end), checked once the TF ops are known.
+        # Events that span a cut, per chunk: (line, ids, begins, ends, has a `tf_op` stat);
+        # which are activities is known once the plane's TF ops are.
         self._spanning: list[tuple[tuple[int, int], I64, I64, I64, NDArray[np.bool_]]] = []
         self.infeed = False
 
