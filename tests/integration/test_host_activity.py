@@ -183,3 +183,31 @@ def test_windows_of_a_host_plane_combine_into_its_database(tmp_path: Path) -> No
     assert combined.total_op_time_ps == whole.total_op_time_ps
     idle = {m.name: m.time_ps for m in combined.metrics_db}
     assert idle["IDLE"] == {m.name: m.time_ps for m in whole.metrics_db}["IDLE"]
+
+
+def test_stage_ids_and_references_of_several_bytes_are_read_whole(tmp_path: Path) -> None:
+    """Stat values past one varint byte: a stage id of 300 and a reference to stat 200."""
+    from mldiag.sdk.xspace import XSpace
+
+    space = XSpace()
+    plane = space.planes.add(id=1, name=HOST_THREADS_PLANE)
+    for k, name in ((1, "tf_op"), (2, "_ipl_stage_id"), (3, "_ipl_stage_cat"), (200, "x:Op")):
+        plane.stat_metadata[k].id = k
+        plane.stat_metadata[k].name = name
+    for k, name in ((300, "a:MatMul"), (5, "plain"), (6, "plain too")):
+        plane.event_metadata[k].id = k
+        plane.event_metadata[k].name = name
+    line = plane.lines.add(id=1, name="t", timestamp_ns=0)
+    line.events.add(metadata_id=300, offset_ps=0, duration_ps=10)  # a TF op: key 300
+    staged = line.events.add(metadata_id=5, offset_ps=1000, duration_ps=10)
+    staged.stats.add(metadata_id=2, int64_value=300)  # its stage id names that op
+    line = plane.lines.add(id=2, name="u", timestamp_ns=0)
+    line.events.add(metadata_id=6, offset_ps=0, duration_ps=10)
+    ref = line.events.add(metadata_id=6, offset_ps=5000, duration_ps=7)
+    ref.stats.add(metadata_id=1, ref_value=200)  # tf_op "x:Op", by reference
+    line.events.add(metadata_id=6, offset_ps=9000, duration_ps=10)
+    xplane = tmp_path / "trace/plugins/profile/run1/host.xplane.pb"
+    xplane.parent.mkdir(parents=True)
+    xplane.write_bytes(space.SerializeToString())
+    assert _ours(xplane).total_time_ps() == _xprof_host_db(xplane.parent).total_time_ps \
+        == 1010 + 7

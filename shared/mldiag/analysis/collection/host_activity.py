@@ -35,7 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.protobuf import encode_varint
+from mldiag.analysis.collection.protobuf import MAX_VARINT, encode_varint, read_varint
+from mldiag.analysis.collection.xspace_events import signed
 from mldiag.analysis.collection.xspace_scan import Events, Line, Plane, XSpaceScan
 
 HOST_THREADS_PLANE = "/host:CPU"
@@ -215,29 +216,23 @@ class HostActivity:
         if tag == _STR:
             return int(buf[pos + 1]) > 0  # a length varint is 0 only as one byte
         if tag == _REF:
-            return bool(plane.stat_names.get(_varint_at(buf, pos + 1)))
+            return bool(plane.stat_names.get(_varint_after(buf, pos)))
         return False
 
 
 _NONE = np.iinfo(np.int64).min  # no stage id
 
 
-def _varint_at(buf: Any, pos: int) -> int:
-    value = shift = 0
-    while True:
-        b = int(buf[pos])
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value
-        pos += 1
-        shift += 7
+def _varint_after(buf: NDArray[np.uint8], tag_at: int) -> int:
+    """The varint after the tag at `tag_at` (read from bytes: NumPy's uint8 would overflow)."""
+    head = bytes(buf[tag_at + 1:tag_at + 1 + MAX_VARINT])
+    return read_varint(head, 0, len(head))[0]
 
 
 def _int64_at(buf: Any, pos: int) -> int:
     if pos < 0 or int(buf[pos]) != _INT64:
         return 0
-    v = _varint_at(buf, pos + 1)
-    return v - (1 << 64) if v >= 1 << 63 else v
+    return signed(_varint_after(buf, pos))
 
 
 def _events_with(buf: NDArray[np.uint8], ev: Events, sids: Sequence[int]) -> I64:
