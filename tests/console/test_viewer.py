@@ -67,6 +67,12 @@ def test_only_this_session_is_listed_and_served(site: Site) -> None:
     assert hosts == [{"hostname": HOST}]
     ok = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}", headers=viewer)
     assert ok.status_code == 200 and "selfTimePercent" in ok.text
+    # Without a token, or with another run's, nothing of it.
+    anonymous = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}")
+    assert anonymous.status_code == 401 and "selfTimePercent" not in anonymous.text
+    other = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}",
+                            headers=site.auth("viewer_other"))
+    assert other.status_code in (403, 404) and "selfTimePercent" not in other.text
     # Another run, or a directory, named in the query is ignored: still this session's data.
     for extra in ("run=../../other/plugins/profile/o1", "run=s2", "session_path=/etc",
                   "run_path=/tmp"):
