@@ -28,13 +28,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import PeakTreeRss, write_results  # noqa: E402 - bench/_proc.py, beside this file
+from _workdir import workdir  # noqa: E402
 from scale import generate  # noqa: E402
 
 from mldiag.adapters.local.state import SqliteStateStore  # noqa: E402
@@ -199,8 +199,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="100", help="large session sizes in MB ('' for "
                         "none)")
-    parser.add_argument("--workdir", help="profiles and the store (default: a temp dir; "
-                        "reused when given)")
+    parser.add_argument("--workdir", help="profiles and the store (default: a temp dir, "
+                        "removed at exit; reused when given)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--xprof", action="store_true",
@@ -208,7 +208,7 @@ def main() -> int:
     parser.add_argument("--pair-ops", type=int, default=4000,
                         help="ops per module for the pairing benchmark (0: skip it)")
     args = parser.parse_args()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-diffbench-"))
+    work = workdir(args.workdir, "mldiag-diffbench-")
     work.mkdir(parents=True, exist_ok=True)
     store = Store(work / "home")
     rows: list[dict[str, Any]] = []

@@ -26,13 +26,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import PeakTreeRss, tree_cpu_s, write_results  # noqa: E402 - bench/_proc.py
+from _workdir import workdir  # noqa: E402 - bench/_workdir.py
 from scale import run_cli_measured  # noqa: E402 - bench/scale.py
 
 from mldiag.adapters.local.state import SqliteStateStore  # noqa: E402
@@ -52,7 +52,8 @@ def _place(src: Path, dest: Path) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("session_dir", type=Path)
-    parser.add_argument("--workdir", help="the runtime's home (default: a temp dir)")
+    parser.add_argument("--workdir",
+                        help="the runtime's home (default: a temp dir, removed at exit)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--memory-budget", help="MLDIAG_MEMORY_BUDGET for the runtime")
     parser.add_argument("--timeout", type=float, default=3600.0)
@@ -63,7 +64,7 @@ def main() -> int:
     hosts = sorted(args.session_dir.glob("*.xplane.pb"))
     if not hosts:
         parser.error(f"no *.xplane.pb in {args.session_dir}")
-    home = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-fanout-"))
+    home = workdir(args.workdir, "mldiag-fanout-")
     shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("MLDIAG_")}

@@ -20,10 +20,11 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from _workdir import workdir  # bench/_workdir.py, beside this file
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
-    home = Path(tempfile.mkdtemp(prefix="mldiag-bench-metrics-"))
+    home = workdir(None, "mldiag-bench-metrics-")
     os.environ["MLDIAG_HOME"] = str(home)
     os.environ.setdefault("MLDIAG_HOST_NAME", "bench")
     from mldiag.adapters.local.state import SqliteStateStore

@@ -27,7 +27,6 @@ import multiprocessing as mp
 import os
 import resource
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "shared"))
+sys.path.insert(0, str(REPO / "bench"))
+from _workdir import workdir  # noqa: E402 - bench/_workdir.py
+
 TPU_FIXTURE = (REPO.parent / "shared" / "fixtures" / "tpu_inference_2" / "plugins" / "profile"
                / "run1" / "tpu_inference_2.xplane.pb")
 RUN, SESSION = "bench", "prebuild"
@@ -171,7 +173,8 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=3)
     parser.add_argument("--budget", default="14G", help="the prebuild's memory budget")
     parser.add_argument("--op-stats", help="the session's op_stats (default: the fixture's)")
-    parser.add_argument("--workdir", help="where the bucket and the prebuild's files go")
+    parser.add_argument("--workdir", help="where the bucket and the prebuild's files go "
+                        "(default: a temp dir, removed at exit)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--clients", type=int, default=8, help="concurrent first opens")
     parser.add_argument("--reuse", action="store_true", help="keep a prebuild already done")
@@ -180,7 +183,7 @@ def main() -> None:
     from mldiag.stages.analysis import op_stats_name
     from mldiag.viewer_prebuild import NotPrebuilt, view_windows
 
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-prebuild-bench-"))
+    work = workdir(args.workdir, "mldiag-prebuild-bench-")
     bucket = work / "bucket"
     session = _session(bucket, Path(args.xplane).resolve(), args.hosts)
     stats = bucket / op_stats_name(session)

@@ -35,13 +35,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 from typing import Any
 
 from _proc import PeakTreeRss, tree_cpu_s, write_results
+from _workdir import workdir
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from collect import run_cli  # noqa: E402 - bench/collect.py, beside this file
@@ -195,7 +195,8 @@ def main() -> int:
                         help="host: a Python-traced CPU loop; tpu: the TPU fixture repeated "
                              "in time (the product's own shape)")
     parser.add_argument("--sizes", default="1,10,100,500", help="profile sizes in MB")
-    parser.add_argument("--workdir", help="where profiles are generated (default: a temp dir)")
+    parser.add_argument("--workdir", help="where profiles are generated (default: a temp dir, "
+                        "removed at exit; give one to keep and reuse the generated profiles)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--no-cli-above", type=float, default=1e9,
                         help="skip the CLI side above this many MB")
@@ -206,7 +207,7 @@ def main() -> int:
                         help="also run the CLI once per size with the malloc mldiag's "
                              "workers use (workers.worker_allocator)")
     args = parser.parse_args()
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-scale-"))
+    work = workdir(args.workdir, "mldiag-scale-")
     work.mkdir(parents=True, exist_ok=True)
     sizes = [float(s) for s in args.sizes.split(",")]
 

@@ -34,7 +34,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.error
@@ -48,6 +47,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _proc import tree_cpu_s  # noqa: E402 - bench/_proc.py, beside this file
+from _workdir import workdir  # noqa: E402 - bench/_workdir.py
 
 BIN = Path(sys.executable).parent
 REPO = Path(__file__).resolve().parents[1]
@@ -546,7 +546,8 @@ def main() -> int:
     parser.add_argument("--tpu", default=str(TPU_FIXTURE), help="the small profile")
     parser.add_argument("--repeat", type=int, default=3, help="runs of each measurement")
     parser.add_argument("--clients", type=int, default=8, help="concurrent first opens")
-    parser.add_argument("--workdir", help="where copies, homes and logs go (default: temp)")
+    parser.add_argument("--workdir", help="where copies, homes and logs go (default: a temp dir, "
+                        "removed at exit)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--rss-limit", default="12G",
                         help="kill a server under test past this RSS (default 12G)")
@@ -563,7 +564,7 @@ def main() -> int:
         BUDGETS["MLDIAG_MEMORY_BUDGET"] = args.memory_budget
     if args.viewer_budget:
         BUDGETS["MLDIAG_VIEWER_MEMORY_BUDGET"] = args.viewer_budget
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="mldiag-viewer-bench-"))
+    work = workdir(args.workdir, "mldiag-viewer-bench-")
     work.mkdir(parents=True, exist_ok=True)
     (work / "logs").mkdir(exist_ok=True)
     bench = Bench(work, parse_bytes(args.rss_limit))

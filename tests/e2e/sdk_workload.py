@@ -14,6 +14,9 @@ a user's `jax.profiler.trace` does), so remote captures meet a busy profiler.
 from __future__ import annotations
 
 import argparse
+import atexit
+import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -44,7 +47,10 @@ def main() -> int:
                               port=args.port, heartbeat_s=1.0)
     busy_until = 0.0
     if args.busy:
-        jax.profiler.start_trace(tempfile.mkdtemp(prefix="busy-"))
+        # In the run's home when there is one (a test's temp dir, gone with it on SIGKILL).
+        busy_dir = tempfile.mkdtemp(prefix="busy-", dir=os.environ.get("MLDIAG_HOME"))
+        atexit.register(shutil.rmtree, busy_dir, ignore_errors=True)  # SIGTERM exits via sys.exit
+        jax.profiler.start_trace(busy_dir)
         busy_until = time.monotonic() + args.busy
     step = jax.jit(lambda w, x: w - 1e-3 * (x.T @ jnp.tanh(x @ w)))
     w = jnp.ones((256, 256)) / 256
