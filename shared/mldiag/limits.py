@@ -44,7 +44,8 @@ def _number(what: str, value: object) -> float:
     return float(value)
 
 
-def _gib(n: float) -> str:
+def size_text(n: float) -> str:
+    """Bytes as people read them: GiB from one GiB up, else MiB."""
     return f"{n / 1024**3:.2f} GiB" if n >= 1024**3 else f"{n / 1024**2:.1f} MiB"
 
 
@@ -71,8 +72,8 @@ def check_ring_bytes(max_bytes: object) -> int:
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int):
         raise LimitExceeded(f"continuous max_bytes must be an integer, not {max_bytes!r}")
     if not MIN_RING_BYTES <= max_bytes <= MAX_RING_BYTES:
-        raise LimitExceeded(f"continuous max_bytes must be in [{_gib(MIN_RING_BYTES)}, "
-                            f"{_gib(MAX_RING_BYTES)}], not {max_bytes} bytes")
+        raise LimitExceeded(f"continuous max_bytes must be in [{size_text(MIN_RING_BYTES)}, "
+                            f"{size_text(MAX_RING_BYTES)}], not {max_bytes} bytes")
     return max_bytes
 
 
@@ -88,7 +89,8 @@ def check_host_bytes(host: str, size: int, cap: int = MAX_HOST_BYTES) -> int:
     """One host's profile size, at most `cap` (itself at most MAX_HOST_BYTES)."""
     cap = min(cap, MAX_HOST_BYTES)
     if size > cap:
-        raise LimitExceeded(f"{host}: {_gib(size)} exceeds the per-host cap of {_gib(cap)}")
+        raise LimitExceeded(f"{host}: {size_text(size)} exceeds the per-host cap of "
+                            f"{size_text(cap)}")
     return size
 
 
@@ -97,7 +99,7 @@ def check_session_bytes(sizes: dict[str, int], cap: int = MAX_SESSION_BYTES) -> 
     cap = min(cap, MAX_SESSION_BYTES)
     total = sum(sizes.values())
     if total > cap:
-        raise LimitExceeded(f"the session's {len(sizes)} host profile(s) hold {_gib(total)}, "
-                            f"over the per-session cap of {_gib(cap)} "
+        raise LimitExceeded(f"the session's {len(sizes)} host profile(s) hold {size_text(total)}, "
+                            f"over the per-session cap of {size_text(cap)} "
                             "(MLDIAG_MAX_SESSION_BYTES)")
     return total

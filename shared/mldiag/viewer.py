@@ -17,7 +17,10 @@ Caches, so that a first open is fast and several people can open at once:
   `view`): its time windows are the workspace's hosts, `<host>.window<k>`.
 
 A conversion that would need more memory than the console has (`memory_budget`) is refused
-with a 503 that says so, rather than taking the console, and everyone's sessions, down.
+with a 503 that says so, rather than taking the console, and everyone's sessions, down; a
+session not prebuilt whose hosts would need that is refused before its hosts are fetched
+(`unviewable`: a 2 GB host, or dozens, would only fill the console's disk, its memory on
+Cloud Run), saying whether its prebuild is still to come or why it was skipped.
 
 One build per workspace at a time: a request that would convert (a cache miss) holds the
 workspace's lock, and those waiting behind it then find the cache warm. That is what the
@@ -45,7 +48,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mldiag.errors import MldiagError
-from mldiag.model import SessionRecord
+from mldiag.limits import size_text
+from mldiag.model import REPORTED, SessionRecord
 from mldiag.ports import Storage
 
 log = logging.getLogger(__name__)
@@ -331,15 +335,8 @@ class Workspace:
     def too_large(self) -> str | None:
         """Why this workspace must not convert (a host viewed whole that xprof's converters
         would need more than `memory_budget` for), or None."""
-        if self.memory_budget is None or not self.sizes:
-            return None
-        host, size = max(self.sizes.items(), key=lambda kv: kv[1])
-        need = PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size
-        if need <= self.memory_budget:
-            return None
-        return (f"host {host} is {size / 1024**2:,.1f} MB: xprof's viewer conversions need "
-                f"about {need / 1024**3:.1f} GiB, over this console's "
-                f"{self.memory_budget / 1024**3:.1f} GiB; its caches are not prebuilt yet")
+        why = _over_budget(self.sizes, self.memory_budget)
+        return f"{why}, and this request is not among its prebuilt answers" if why else None
 
     @property
     def plugin(self) -> Any:
@@ -526,6 +523,49 @@ PREBUILD_RSS_PER_BYTE = 17.5
 PREBUILD_BASE_BYTES = 300 * 1024**2
 
 
+def _over_budget(sizes: Mapping[str, int], budget: int | None) -> str | None:
+    """Why converting the largest of these hosts, viewed whole, would not fit `budget` (a
+    console's memory), or None."""
+    if budget is None or not sizes:
+        return None
+    host, size = max(sizes.items(), key=lambda kv: kv[1])
+    need = PREBUILD_BASE_BYTES + PREBUILD_RSS_PER_BYTE * size
+    if need <= budget:
+        return None
+    return (f"host {host} is {size / 1024**2:,.1f} MB: xprof's viewer conversions need "
+            f"about {size_text(need)}, over this console's {size_text(budget)}")
+
+
+def unviewable(session: SessionRecord, storage: Storage,
+               memory_budget: int | None) -> str | None:
+    """Why a console with `memory_budget` cannot open `session`'s viewer now, or None.
+
+    A session without prebuilt caches is converted on demand, which needs its hosts' files
+    here and memory for the largest host viewed whole. When that is over the budget, opening
+    it would only fetch gigabytes (a 2 GB host, or dozens) and then refuse every tool: it is
+    refused before anything is fetched, saying why and whether the prebuild is still to come
+    (its `skipped.json` says why it never will). A prebuilt session always opens: its large
+    hosts are viewed in windows that each fit."""
+    sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
+    why = _over_budget(sizes, memory_budget)
+    if why is None:
+        return None
+    prefix = cache_prefix(session)
+    if storage.stat(f"{prefix}/{MANIFEST}") is not None:
+        return None
+    if storage.stat(f"{prefix}/{SKIPPED}") is not None:
+        try:
+            skipped = json.loads(storage.read_bytes(f"{prefix}/{SKIPPED}"))
+            reason = str(skipped["reason"])
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            reason = "not prebuilt (its note cannot be read)"
+        return f"the viewer's caches were {reason}; and {why}"
+    if session.state != REPORTED:
+        return (f"{why}; the viewer's caches are prebuilt once the session is reported "
+                f"(it is {session.state})")
+    return f"{why}; the viewer's caches are being prebuilt: try again in a few minutes"
+
+
 def prebuild_memory_bytes(session: SessionRecord) -> int:
     """About how much memory `prebuild` needs for `session`."""
     sizes = [r.size for r in session.hosts.values() if r.status == "ARRIVED"]
@@ -573,6 +613,11 @@ class Viewers:
             with _file_lock(self.root / f"{key}.lock"):
                 done = root / ".ready"
                 if not done.is_file():
+                    why = unviewable(session, self.storage, self.memory_budget)
+                    if why is not None:
+                        with self._lock:
+                            self._opening.pop(key, None)
+                        raise ViewerError(f"not opened: {why}", 503)
                     shutil.rmtree(root, ignore_errors=True)
                     ws = Workspace(root, session)
                     ws.materialise(session, self.storage)

@@ -40,6 +40,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mldiag.errors import MldiagError
+from mldiag.limits import size_text
 from mldiag.model import SessionRecord
 from mldiag.ports import Storage
 from mldiag.viewer import (
@@ -113,15 +114,15 @@ def view_windows(session: SessionRecord, budget_bytes: int | None, *,
     if window < MIN_VIEW_WINDOW_BYTES and not window_bytes:
         raise NotPrebuilt(
             f"not even time windows of {MIN_VIEW_WINDOW_BYTES // 1024**2} MB would fit "
-            f"beside the {whole / 1024**3:.1f} GiB of hosts viewed whole, under the "
-            f"prebuild's {budget_bytes / 1024**3:.1f} GiB")
+            f"beside the {size_text(whole)} of hosts viewed whole, under the "
+            f"prebuild's {size_text(budget_bytes)}")
     host, largest = max(big.items(), key=lambda kv: kv[1])
     cut = PREBUILD_BASE_BYTES + whole + int((2 + CUT_RSS_PER_BYTE) * largest)
     if cut > budget_bytes and not window_bytes:
         raise NotPrebuilt(
             f"cutting host {host} ({largest / 1024**2:,.0f} MB) into windows needs about "
-            f"{cut / 1024**3:.1f} GiB with its windows beside it, over the prebuild's "
-            f"{budget_bytes / 1024**3:.1f} GiB")
+            f"{size_text(cut)} with its windows beside it, over the prebuild's "
+            f"{size_text(budget_bytes)}")
     return {h: -(-s // window) for h, s in sorted(big.items())}
 
 

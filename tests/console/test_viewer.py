@@ -271,7 +271,7 @@ def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
     assert storage.stat(f"{prefix}/{MANIFEST}") is None
     note = json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}"))
     assert note["reason"].startswith("not prebuilt: its largest host is 0.8 MB")
-    assert "over this instance's memory budget of 0.0 GiB" in note["reason"]
+    assert "over this instance's memory budget of 16.0 MiB" in note["reason"]
     assert note["needs_bytes"] > note["budget_bytes"] == 16 * 1024**2
     # Delivered again, it does nothing more.
     stages.prebuild_viewer(message, services)
@@ -401,7 +401,7 @@ def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Sit
     stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=over.version),
                            services)
     note = json.loads(storage.read_bytes(f"{cache_prefix(over)}/{viewer_module.SKIPPED}"))
-    assert "over the collect job's memory budget of 0.0 GiB" in note["reason"]
+    assert "over the collect job's memory budget of 32.0 MiB" in note["reason"]
     assert note["budget_bytes"] == 32 * 1024**2
 
 
@@ -509,19 +509,79 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(
     assert [h["hostname"] for h in json.loads(_body(hosts))] == names
 
 
-def test_a_host_too_large_for_the_console_to_convert_gets_a_503_with_the_reason(
+def test_a_session_not_prebuilt_too_large_for_the_console_is_refused_before_any_fetch(
         site: Site) -> None:
-    """A session not prebuilt (yet) whose host would need more memory than the console has:
-    the console says so for what is not cached, instead of converting and going down."""
+    """A session not prebuilt whose host would need more memory than the console has is not
+    opened: its hosts are not fetched (a 2 GB host, or dozens, would fill the console's disk
+    and then be refused anyway), and the 503 says whether its prebuild is still to come or
+    why it was skipped. Prebuilt, it opens, and what is not among its answers gets the 503."""
     big = _unbuilt(site, "refused")
-    viewers = Viewers(site.runtime.storage, Path(site.home) / "small-viewers",
-                      memory_budget=64 * 1024**2)
+    storage = site.runtime.storage
+    root = Path(site.home) / "small-viewers"
+    viewers = Viewers(storage, root, memory_budget=64 * 1024**2)
+    with pytest.raises(ViewerError) as e:
+        viewers.workspace(big)
+    assert e.value.status == 503
+    assert str(e.value) == (
+        f"not opened: host {HOST} is 0.8 MB: xprof's viewer conversions need about 314.4 MiB, "
+        "over this console's 64.0 MiB; the viewer's caches are being prebuilt: try again in a "
+        "few minutes")
+    assert not [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
+    prefix = cache_prefix(big)
+    storage.write_bytes(f"{prefix}/{viewer_module.SKIPPED}", json.dumps(
+        {"reason": "not prebuilt: over the deadline"}).encode(), content_type="application/json")
+    with pytest.raises(ViewerError) as e:
+        viewers.workspace(big)
+    assert str(e.value) == ("not opened: the viewer's caches were not prebuilt: over the "
+                            f"deadline; and host {HOST} is 0.8 MB: xprof's viewer conversions "
+                            "need about 314.4 MiB, over this console's 64.0 MiB")
+    # A console with the memory converts it on demand.
+    roomy = Viewers(storage, Path(site.home) / "roomy-viewers", memory_budget=1024**3)
+    tools = json.loads(_body(roomy.workspace(big).answer("run_tools", {"run": "s1"})))
+    assert "overview_page" in tools
+    # Prebuilt (an empty manifest here): it opens, and a request not among its answers is
+    # refused rather than converted.
+    storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps({"files": []}).encode(),
+                        content_type="application/json")
     ws = viewers.workspace(big)
     with pytest.raises(ViewerError) as e:
         ws.answer("data", {"run": "s1", "tag": "trace_viewer@", "host": HOST,
                            "resolution": "4096"})
     assert e.value.status == 503
-    assert f"host {HOST} is 0.8 MB" in str(e.value) and "over this console's" in str(e.value)
+    assert f"host {HOST} is 0.8 MB" in str(e.value) and "not among its prebuilt" in str(e.value)
+
+
+def test_the_session_page_says_why_the_viewer_would_not_open(site: Site) -> None:
+    """The session page says it before anyone clicks "Open in XProf"; a prebuilt session, or
+    one the console can convert, says nothing."""
+    from dataclasses import replace
+
+    from fastapi.testclient import TestClient
+
+    from mldiag.console.app import create_app
+
+    page = site.client.get("/runs/tpu/sessions/s1", headers=site.auth("viewer")).text
+    assert 'data-field="viewer_note"' not in page and "Open in XProf" in page
+    big = _unbuilt(site, "page")
+    console = replace(site.console, viewers=Viewers(
+        site.runtime.storage, Path(site.home) / "page-viewers", memory_budget=64 * 1024**2),
+        plane=replace(site.console.plane, state=_FixedState(big, site.runtime.state)))
+    with TestClient(create_app(console), base_url="http://127.0.0.1:8790") as client:
+        page = client.get("/runs/tpu/sessions/s1", headers=site.auth("viewer")).text
+        note = re.search(r'data-field="viewer_note">([^<]*)<', page)
+        assert note is not None, page
+        assert note.group(1).startswith(f"XProf viewer: host {HOST} is 0.8 MB")
+        assert note.group(1).endswith("being prebuilt: try again in a few minutes")
+        opened = client.get(f"{XP}/run_tools?run=s1", headers=site.auth("viewer"))
+        assert opened.status_code == 503 and "not opened: host" in opened.text
+        # "Open in XProf" leads to a page that says so, not to a frontend spinning on 503s.
+        index = client.get(f"{XP}/", headers=site.auth("viewer"))
+        assert index.status_code == 503 and "text/html" in index.headers["content-type"]
+        assert "The XProf viewer cannot open this session. Host " in index.text
+        assert "<app></app>" not in index.text
+    # The console that can open it serves the frontend.
+    index = site.client.get(f"{XP}/", headers=site.auth("viewer"))
+    assert index.status_code == 200 and "<app></app>" in index.text
 
 
 def _body(response: Any) -> bytes:
@@ -562,7 +622,7 @@ def test_a_session_of_many_2_gb_hosts_is_viewed_window_by_window_one_host_at_a_t
     windows = view_windows(session, 14 * 1024**3)
     assert windows == {h: -(-size // VIEW_WINDOW_BYTES) for h in session.hosts}
     with pytest.raises(NotPrebuilt, match=r"cutting host h00 \(1,913 MB\) into windows needs "
-                                          r"about 4\.\d GiB .* over the prebuild's 4\.0 GiB"):
+                                          r"about 4\.\d+ GiB .* over the prebuild's 4\.00 GiB"):
         view_windows(session, 4 * 1024**3)
     # A small host beside them is viewed whole, and its file counts.
     small = replace(session, hosts={**session.hosts, "small": HostRecord(

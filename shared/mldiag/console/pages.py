@@ -45,7 +45,8 @@ def report_csp() -> str:
     return (f"sandbox; default-src 'none'; style-src {style_hash()}; img-src data:; "
             "frame-ancestors 'self'")
 _TITLES = {401: "Sign in required", 403: "Not allowed", 404: "Not found",
-           409: "Conflict", 413: "Request too large", 422: "Bad request", 500: "Server error"}
+           409: "Conflict", 413: "Request too large", 422: "Bad request", 500: "Server error",
+           503: "Unavailable"}
 
 
 def wants_json(request: Request) -> bool:
@@ -64,8 +65,9 @@ def render(request: Request, template: str, status: int = 200, **context: Any) -
 
 
 def error_response(request: Request, status: int, detail: str,
-                   headers: dict[str, str] | None = None) -> Response:
-    if wants_json(request):
+                   headers: dict[str, str] | None = None, *, page: bool = False) -> Response:
+    """The error as JSON for API and data routes, else (or with `page`) as a page."""
+    if wants_json(request) and not page:
         return JSONResponse({"detail": detail}, status_code=status, headers=headers)
     try:
         resolve(request)

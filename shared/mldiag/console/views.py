@@ -22,7 +22,7 @@ from mldiag.model import (
     TargetRecord,
     summarize_metrics,
 )
-from mldiag.viewer import session_dir
+from mldiag.viewer import session_dir, unviewable
 
 log = logging.getLogger(__name__)
 # How many of a run's newest metric points the run page reads: for the table of metrics,
@@ -203,6 +203,10 @@ def session_view(console: Console, principal: Principal, s: SessionRecord) -> di
                       "fix": f.get("fix") or f.get("recommendation")}
                      for f in (analysis or {}).get("findings", [])],
         "can_view_profile": may_profile,
+        # Why the XProf viewer would refuse to open now (no I/O unless a host is too large
+        # for the console to convert).
+        "viewer_note": unviewable(s, console.plane.storage, console.viewers.memory_budget)
+        if may_profile else None,
         "regression": _regression(s, analysis),
     })
     return view

@@ -24,9 +24,9 @@ from fastapi.responses import RedirectResponse
 
 from mldiag.access import PROFILE, Principal
 from mldiag.console.auth import console_of, require
-from mldiag.console.pages import get_session
+from mldiag.console.pages import error_response, get_session
 from mldiag.model import SessionRecord
-from mldiag.viewer import ViewerError, xprof_version
+from mldiag.viewer import ViewerError, unviewable, xprof_version
 
 router = APIRouter()
 PLUGIN = "/xprof/data/plugin/profile"
@@ -122,14 +122,19 @@ def _json(data: Any) -> Response:
 def serve(request: Request, s: SessionRecord, path: str) -> Response:
     """Answer `path` (what follows `/xprof/data/plugin/profile/`) for session `s`."""
     name = path.strip("/") or "index.html"
-    if name in STATIC:
+    if name in STATIC and name != "index.html":
         request.state.csp = frontend_csp()
         headers = {} if name.endswith(".html") else {"Cache-Control": "public, max-age=3600"}
         return Response(_static(name), media_type=STATIC[name], headers=headers)
     if name in DATA_ROUTES or name in ("config", "version") or name in REFUSED_ROUTES:
         return _answer(request, s, name)
-    # The frontend's own routes (`overview_page?run=...`, a tool page reloaded): its index,
-    # which routes itself.
+    # The frontend's index, or its own routes (`overview_page?run=...`, a tool page
+    # reloaded): its index, which routes itself; unless the session cannot be opened here,
+    # which a page says (the frontend would only spin on its 503s).
+    console = console_of(request)
+    if why := unviewable(s, console.plane.storage, console.viewers.memory_budget):
+        return error_response(request, 503, f"The XProf viewer cannot open this session. "
+                              f"{why[0].upper()}{why[1:]}.", page=True)
     request.state.csp = frontend_csp()
     return Response(_static("index.html"), media_type=STATIC["index.html"])
 

@@ -529,8 +529,8 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
             largest = max(r.size for r in s.hosts.values() if r.status == "ARRIVED")
             where = "the collect job's" if settings.in_job else "this instance's"
             memory = (f"its largest host is {largest / 1024**2:,.1f} MB, and xprof's viewer "
-                      f"conversions need about {need / 1024**3:.1f} GiB, over {where} memory "
-                      f"budget of {budget / 1024**3:.1f} GiB, and " if need > budget else "")
+                      f"conversions need about {limits.size_text(need)}, over {where} memory "
+                      f"budget of {limits.size_text(budget)}, and " if need > budget else "")
             why = f"not prebuilt: {memory}{e}"
             services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
                 {"reason": why, "needs_bytes": need, "budget_bytes": budget,
