@@ -1,8 +1,9 @@
 """Benchmark: the viewer prebuild of a session of several large hosts, in the collect job's
-budget (`viewer_prebuild.prebuild`, as the collect job runs it after the report).
+budget (`viewer_prebuild.prebuild`, as the collect job runs it after the report), in one
+task or shared by `--tasks` (`viewer_prebuild.build_share` in the others).
 
-    python bench/prebuild.py HOST.xplane.pb [--hosts 3] [--budget 14G] [--op-stats PATH]
-                             [--workdir DIR] [--json OUT]
+    python bench/prebuild.py HOST.xplane.pb [--hosts 3] [--tasks 1] [--budget 14G]
+                             [--op-stats PATH] [--workdir DIR] [--json OUT]
 
 The session: HOST.xplane.pb under `--hosts` host names (hard links: one file's bytes on disk,
 each host a different object to the prebuild), in a local bucket. The op_stats shown beside
@@ -77,18 +78,46 @@ def _op_stats(path: str | None, dest: Path) -> None:
         dest.write_bytes((ws.run_dir / OP_STATS_FILE).read_bytes())
 
 
-def _child(bucket: str, session: dict[str, Any], budget: int, tmp: str,
-           out: mp.Queue) -> None:  # type: ignore[type-arg]
+def _child(bucket: str, session: dict[str, Any], budget: int, tmp: str, task: int, tasks: int,
+           claims: str, out: mp.Queue) -> None:  # type: ignore[type-arg]
+    """Task `task` of `tasks`: task 0 the prebuild (`prebuild`), the others their shares
+    (`build_share`), claiming hosts in one SQLite state store as the job's tasks do in
+    Firestore."""
+    from contextlib import contextmanager
+
+    from mldiag.adapters.local.state import SqliteStateStore
     from mldiag.adapters.local.storage import LocalDirStorage
     from mldiag.model import SessionRecord
     from mldiag.stages.analysis import op_stats_name
-    from mldiag.viewer_prebuild import prebuild
+    from mldiag.viewer_prebuild import build_share, prebuild
 
     record = SessionRecord.from_dict(session)
+    state = SqliteStateStore(Path(claims))
+    owner = f"task-{task}"
+
+    @contextmanager
+    def take(host: str) -> Any:
+        key = f"viewer-host:{record.run}/{record.session}/{host}"
+        mine = state.claim(key, owner, 3600.0, time.time())
+        try:
+            yield mine
+        except BaseException:
+            if mine:
+                state.release(key, owner)
+            raise
+        if mine:
+            state.complete(key, owner)
+
+    storage = LocalDirStorage(Path(bucket))
     started = time.monotonic()
-    manifest = prebuild(record, LocalDirStorage(Path(bucket)), tmp_dir=tmp,
-                        budget_bytes=budget, op_stats_name=op_stats_name(record))
-    out.put({"wall_s": round(time.monotonic() - started, 1),
+    if task:
+        hosts = build_share(record, storage, task=task, tasks=tasks, take=take, tmp_dir=tmp,
+                            budget_bytes=budget)
+        out.put({"task": task, "wall_s": round(time.monotonic() - started, 1), "built": hosts})
+        return
+    manifest = prebuild(record, storage, tmp_dir=tmp, budget_bytes=budget,
+                        op_stats_name=op_stats_name(record), tasks=tasks, take=take)
+    out.put({"task": 0, "wall_s": round(time.monotonic() - started, 1),
              "windows": manifest.get("view", {}).get("windows", {}),
              "files": len(manifest["files"]), "built": len(manifest["built"])})
 
@@ -171,6 +200,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xplane", help="one large host's .xplane.pb")
     parser.add_argument("--hosts", type=int, default=3)
+    parser.add_argument("--tasks", type=int, default=1,
+                        help="the collect job's tasks sharing the windowed hosts, each a "
+                             "process here (on Cloud Run, each its own container)")
     parser.add_argument("--budget", default="14G", help="the prebuild's memory budget")
     parser.add_argument("--op-stats", help="the session's op_stats (default: the fixture's)")
     parser.add_argument("--workdir", help="where the bucket and the prebuild's files go "
@@ -207,40 +239,53 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return
-    tmp = work / "tmp"
-    tmp.mkdir(exist_ok=True)
-    peak_files = 0
+    tmps = [work / "tmp" / f"task{t}" for t in range(args.tasks)]
+    for tmp in tmps:
+        tmp.mkdir(parents=True, exist_ok=True)
+    peak_files = [0] * args.tasks
     done = threading.Event()
 
     def sample() -> None:
-        nonlocal peak_files
         while not done.wait(0.2):
-            peak_files = max(peak_files, _du(tmp))
+            for t, tmp in enumerate(tmps):
+                peak_files[t] = max(peak_files[t], _du(tmp))
 
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
     cpu0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.monotonic()
-    child = ctx.Process(target=_child, args=(str(bucket), session.to_dict(), budget,
-                                             str(tmp), out))
+    claims = work / "claims.db"
+    claims.unlink(missing_ok=True)
+    children = [ctx.Process(target=_child, args=(str(bucket), session.to_dict(), budget,
+                                                 str(tmps[t]), t, args.tasks, str(claims), out))
+                for t in range(args.tasks)]
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    child.start()
-    child.join()
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
     done.set()
     sampler.join()
     wall = time.monotonic() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     result: dict[str, Any] = {
-        "hosts": args.hosts, "session_bytes": size, "budget": args.budget,
+        "hosts": args.hosts, "tasks": args.tasks, "session_bytes": size, "budget": args.budget,
         "plan": plan if isinstance(plan, str) else {"windows": plan},
-        "rc": child.exitcode, "wall_s": round(wall, 1),
+        "rc": [child.exitcode for child in children], "wall_s": round(wall, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
-        "peak_rss_mb": round(usage.ru_maxrss / 1024), "peak_files_mb": round(peak_files / 2**20),
+        # The largest of the tasks' processes, and each task's files at their peak (each
+        # task is its own container, its files its memory).
+        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        "peak_files_mb": max(round(f / 2**20) for f in peak_files),
+        "peak_files_mb_per_task": [round(f / 2**20) for f in peak_files],
         "bucket_cache_mb": round(_du(bucket / RUN / "plugins" / "profile" / SESSION / "analysis"
                                      / "xprof_cache") / 2**20)}
-    if child.exitcode == 0:
-        result.update(out.get())
+    if all(child.exitcode == 0 for child in children):
+        reports = sorted((out.get() for _ in children), key=lambda r: r["task"])
+        result.update({k: v for k, v in reports[0].items() if k != "task"})
+        result["task_shares"] = [{"task": r["task"], "wall_s": r["wall_s"],
+                                  "built": r["built"]} for r in reports]
         result["first_open"] = _first_open(bucket, session, work, args.clients)
     print(json.dumps(result), flush=True)
     if args.json:

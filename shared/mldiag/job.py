@@ -10,6 +10,8 @@ FAILED), 1 on a transient error, so Cloud Run retries the task.
 A job of several tasks (Cloud Run's `CLOUD_RUN_TASK_INDEX` and `CLOUD_RUN_TASK_COUNT`; the
 local runner sets the same) shares a large host's time windows: task 0 runs the stage, the
 others `stages.collect_windows`, their share of the windows (analysis/collection/window_tasks).
+A viewer prebuild's windowed hosts are shared the same way: the others run
+`stages.prebuild_viewer_share` (`viewer_prebuild`'s notes).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import os
 import sys
 
 from mldiag.errors import PoisonMessage
-from mldiag.messages import AnalyzeSession, parse
+from mldiag.messages import AnalyzeSession, PrebuildViewer, parse
 from mldiag.settings import Settings
 
 
@@ -53,6 +55,9 @@ def main() -> int:
         services = bootstrap(settings).services
     try:
         if settings.job_task > 0:
+            if isinstance(message, PrebuildViewer):
+                stages.prebuild_viewer_share(message, services)
+                return 0
             if not isinstance(message, AnalyzeSession):
                 print(f"mldiag job task {task}: nothing to share in {type(message).__name__}",
                       file=sys.stderr)

@@ -25,16 +25,28 @@ in the same pass), which is all xprof reads to list the tools and the hosts. The
 reads the collection's op_stats. Each window's trace is then built from the real window,
 fetched back, and its files go to the bucket before the next one: the files held at once are
 the hosts viewed whole, the host being cut and its windows, or one window and its tables.
+
+**Shared by the collect job's tasks.** The time grows with the hosts (about 4 minutes per
+2 GB host on 2 cores), so in a job of several tasks each windowed host is built by one task:
+each takes its share first (`task_share`, balanced by windows), then any host nobody holds,
+each under a claim (`take`); a host's windows, stub, traces and answers go to the bucket with
+a part that lists them (`parts/<host>.json`). Task 0 also waits for the other tasks' parts
+(taking over a host whose claim lapses), then builds what concerns the whole session (the
+tool and host lists, the overview) with the stubs standing in for every window, and writes
+the manifest.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import logging
 import os
 import tempfile
 import time
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -73,6 +85,12 @@ CUT_RSS_PER_BYTE = 0.1
 VIEW_SECONDS_PER_BYTE = 1.6e-7
 # Below this, windows are too many and too short to be worth viewing one by one.
 MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
+
+
+# Where a windowed host's part is kept in the cache: its windows and the files it put.
+PARTS = "parts"
+# Claims one host's share of a prebuild: yields whether this task builds it (see `prebuild`).
+Take = Callable[[str], AbstractContextManager[bool]]
 
 
 class NotPrebuilt(MldiagError):
@@ -142,11 +160,15 @@ def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
     first = _first_listed(ws, "trace_viewer@")
     windowed = [h for h in ws.hosts if h not in arrived_hosts_of(ws)]
     for host in [first, *(h for h in windowed if h != first)]:
-        out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host}))
-        for resolution in PREBUILT_RESOLUTIONS:
-            out.append(("data", {"run": ws.run, "tag": "trace_viewer@", "host": host,
-                                 "resolution": str(resolution)}))
+        out.extend(trace_queries(ws.run, host))
     return out
+
+
+def trace_queries(run: str, host: str) -> list[tuple[str, dict[str, str]]]:
+    """The trace viewer's first requests for `host`, as the frontend makes them."""
+    return [("data", {"run": run, "tag": "trace_viewer@", "host": host}), *(
+        ("data", {"run": run, "tag": "trace_viewer@", "host": host,
+                  "resolution": str(resolution)}) for resolution in PREBUILT_RESOLUTIONS)]
 
 
 def _first_listed(ws: Workspace, tag: str) -> str:
@@ -259,30 +281,186 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 60:,.0f} min" if seconds >= 120 else f"{seconds:,.2f} s"
 
 
-def prebuild_seconds(session: SessionRecord) -> float:
-    """About how long the prebuild of `session` takes (VIEW_SECONDS_PER_BYTE)."""
-    return VIEW_SECONDS_PER_BYTE * sum(
-        r.size for r in session.hosts.values() if r.status == "ARRIVED")
+def task_share(windows: Mapping[str, int], task: int, tasks: int) -> list[str]:
+    """The windowed hosts task `task` of `tasks` builds first: hosts with the most windows
+    first, each to the task with the fewest windows so far (the lowest index on a tie)."""
+    loads = [0] * max(1, tasks)
+    shares: list[list[str]] = [[] for _ in loads]
+    for host, count in sorted(windows.items(), key=lambda kv: (-kv[1], kv[0])):
+        t = min(range(len(loads)), key=lambda i: (loads[i], i))
+        loads[t] += count
+        shares[t].append(host)
+    return shares[task] if 0 <= task < len(shares) else []
+
+
+def prebuild_seconds(session: SessionRecord, windows: Mapping[str, int] | None = None,
+                     tasks: int = 1) -> float:
+    """About how long the prebuild of `session` takes (VIEW_SECONDS_PER_BYTE): with its
+    windowed hosts (`windows`) shared by `tasks`, the hosts viewed whole and the largest
+    share."""
+    sizes = {h: r.size for h, r in session.hosts.items() if r.status == "ARRIVED"}
+    windows = windows or {}
+    shares = [task_share(windows, t, tasks) for t in range(max(1, tasks))]
+    whole = sum(size for h, size in sizes.items() if h not in windows)
+    return VIEW_SECONDS_PER_BYTE * (whole + max(sum(sizes[h] for h in share)
+                                                for share in shares))
+
+
+def _plan(session: SessionRecord, budget_bytes: int | None, window_bytes: int | None,
+          deadline_s: float, tasks: int) -> dict[str, int]:
+    """The windowed hosts (`view_windows`); NotPrebuilt when over the deadline."""
+    windows = view_windows(session, budget_bytes, window_bytes=window_bytes)
+    if deadline_s and (took := prebuild_seconds(session, windows, tasks)) > deadline_s:
+        size = sum(r.size for r in session.hosts.values() if r.status == "ARRIVED")
+        shared = f", shared by {tasks} tasks," if tasks > 1 and windows else ""
+        raise NotPrebuilt(
+            f"prebuilding its {len(session.hosts)} hosts ({size / 1024**3:,.2f} GiB){shared} "
+            f"would take about {_duration(took)}, over its deadline of {_duration(deadline_s)}")
+    return windows
+
+
+def part_name(host: str) -> str:
+    """Where a windowed host's part is kept in the cache (see the module's notes)."""
+    return f"{PARTS}/{host}.json"
+
+
+def _build_host(ws: Workspace, session: SessionRecord, storage: Storage, host: str,
+                count: int, scratch: Path, prefix: str,
+                view: dict[str, Any]) -> dict[str, Any]:
+    """Cut one windowed host into its windows and build each window's trace, every file
+    going to the bucket as it is done; then its part, which lists them. `view` (the
+    workspace's windowed view so far) gets the host's windows and stub."""
+    counts, put = _cut(ws, session, storage, {host: count}, scratch, prefix)
+    view["windows"][host] = counts[host]
+    view["stubs"][host] = stub_name(host)
+    ws.view(view)
+    answers: dict[str, list[str]] = {}
+    built: list[str] = []
+    in_place = _WindowInPlace(ws, storage, prefix, scratch, counts, answers)
+    for k in range(counts[host]):
+        for route, query in trace_queries(ws.run, window_host(host, k)):
+            try:
+                in_place.before(query)
+                ws.answer(route, query)
+            except Exception as e:  # noqa: BLE001 - one window's failure leaves the others
+                log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
+                continue
+            built.append(f"{route}?{urlencode(sorted(query.items()))}")
+            body = ws.cached_path(route, query)
+            answers.setdefault(query["host"], []).extend(
+                p.relative_to(ws.root).as_posix() for p in (body, body.with_suffix(".json")))
+    in_place.done()
+    part = {"host": host, "windows": counts[host], "put": sorted([*put, *in_place.put]),
+            "answers": answers, "built": built}
+    storage.write_bytes(f"{prefix}/{part_name(host)}", json.dumps(part).encode(),
+                        content_type="application/json")
+    return part
+
+
+def _read_part(storage: Storage, prefix: str, host: str) -> dict[str, Any] | None:
+    if storage.stat(f"{prefix}/{part_name(host)}") is None:
+        return None
+    part: dict[str, Any] = json.loads(storage.read_bytes(f"{prefix}/{part_name(host)}"))
+    return part
+
+
+def _walk(ws: Workspace, session: SessionRecord, storage: Storage, order: list[str],
+          windows: Mapping[str, int], scratch: Path, prefix: str, view: dict[str, Any],
+          take: Take) -> dict[str, dict[str, Any]]:
+    """Build each host of `order` that has no part yet and that this task takes; returns
+    the parts built here."""
+    parts: dict[str, dict[str, Any]] = {}
+    for host in order:
+        if storage.stat(f"{prefix}/{part_name(host)}") is not None:
+            continue
+        with take(host) as mine:
+            if mine:
+                parts[host] = _build_host(ws, session, storage, host, windows[host], scratch,
+                                          prefix, view)
+    return parts
+
+
+def _free(host: str) -> AbstractContextManager[bool]:
+    """`take` without other tasks: every host is this task's."""
+    return contextlib.nullcontext(True)
+
+
+def build_share(session: SessionRecord, storage: Storage, *, task: int, tasks: int,
+                take: Take, tmp_dir: str | None = None, budget_bytes: int | None = None,
+                window_bytes: int | None = None, deadline_s: float = 0.0) -> list[str]:
+    """Task `task` (> 0) of a collect job of `tasks`: build its share of the session's
+    windowed hosts, then any host nobody has taken, each with its part (see the module's
+    notes); returns the hosts it built. Task 0's `prebuild` writes the manifest."""
+    prefix = cache_prefix(session)
+    windows = _plan(session, budget_bytes, window_bytes, deadline_s, tasks)
+    mine = task_share(windows, task, tasks)
+    order = [*mine, *(h for h in sorted(windows) if h not in mine)]
+    if not order:
+        return []
+    with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
+        ws = Workspace(Path(tmp) / "ws", session)
+        ws.trim = False
+        ws.materialise(session, storage, skip=set(arrived_hosts(session)))
+        scratch = Path(tmp) / "scratch"
+        scratch.mkdir()
+        (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
+        view: dict[str, Any] = {"windows": {}, "stubs": {}}
+        return sorted(_walk(ws, session, storage, order, windows, scratch, prefix, view, take))
+
+
+def _gather(ws: Workspace, session: SessionRecord, storage: Storage,
+            windows: Mapping[str, int], scratch: Path, prefix: str, view: dict[str, Any],
+            take: Take, started: float, deadline_s: float, poll_s: float,
+            tasks: int) -> dict[str, dict[str, Any]]:
+    """Task 0's windowed hosts: its share and any host nobody holds, built here; the
+    others' parts as their tasks write them (a host whose claim lapses is taken over).
+    Each host built elsewhere has its stub fetched to stand in for its windows."""
+    mine = task_share(windows, 0, tasks)
+    parts = _walk(ws, session, storage, [*mine, *(h for h in sorted(windows) if h not in mine)],
+                  windows, scratch, prefix, view, take)
+    # Past the deadline the task would be killed: the job's retry then finds the parts.
+    wait_until = started + (deadline_s or 2 * prebuild_seconds(session, windows, tasks) + 600)
+    while missing := [h for h in sorted(windows) if h not in parts]:
+        for host in missing:
+            part = _read_part(storage, prefix, host)
+            if part is None:
+                parts.update(_walk(ws, session, storage, [host], windows, scratch, prefix,
+                                   view, take))
+                continue
+            stub = _stub(scratch, host)
+            storage.fetch_to(f"{prefix}/{stub_name(host)}", stub)
+            for k in range(int(part["windows"])):
+                path = ws.run_dir / f"{window_host(host, k)}.xplane.pb"
+                path.unlink(missing_ok=True)
+                os.link(stub, path)
+            view["windows"][host] = int(part["windows"])
+            view["stubs"][host] = stub_name(host)
+            ws.view(view)
+            parts[host] = part
+        if [h for h in windows if h not in parts]:
+            if time.monotonic() > wait_until:
+                raise TimeoutError(
+                    "the viewer prebuild's other tasks did not finish hosts "
+                    f"{', '.join(h for h in sorted(windows) if h not in parts)} in time")
+            time.sleep(poll_s)
+    return parts
 
 
 def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None,
              budget_bytes: int | None = None, op_stats_name: str | None = None,
-             window_bytes: int | None = None, deadline_s: float = 0.0) -> dict[str, Any]:
+             window_bytes: int | None = None, deadline_s: float = 0.0, tasks: int = 1,
+             take: Take | None = None, poll_s: float = 2.0) -> dict[str, Any]:
     """Build a session's viewer caches and store them in the bucket; returns the manifest.
 
     Hosts whose conversions would not fit `budget_bytes` are viewed window by window (see
     the module's notes; `window_bytes` sets the windows' size), with the session's op_stats
     from `op_stats_name`. Raises NotPrebuilt when that cannot be done, or would not be done
-    within `deadline_s` (0: no deadline). The manifest is written last, so a reader never
-    sees half a cache."""
+    within `deadline_s` (0: no deadline). With `tasks` > 1 this is task 0 of a collect job
+    whose other tasks run `build_share`, and `take` claims a host (see the module's notes).
+    The manifest is written last, so a reader never sees half a cache."""
     prefix = cache_prefix(session)
     started = time.monotonic()
-    windows = view_windows(session, budget_bytes, window_bytes=window_bytes)
-    if deadline_s and (took := prebuild_seconds(session)) > deadline_s:
-        size = sum(r.size for r in session.hosts.values() if r.status == "ARRIVED")
-        raise NotPrebuilt(
-            f"prebuilding its {len(session.hosts)} hosts ({size / 1024**3:,.2f} GiB) would take "
-            f"about {_duration(took)}, over its deadline of {_duration(deadline_s)}")
+    windows = _plan(session, budget_bytes, window_bytes, deadline_s, tasks)
     if windows and (op_stats_name is None or storage.stat(op_stats_name) is None):
         raise NotPrebuilt("its hosts are viewed in time windows, and the collection kept no "
                           "op_stats of the session to show beside them")
@@ -292,37 +470,31 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
         # traces of 45 windows are over it, and the overview built first went).
         ws.trim = False
         ws.materialise(session, storage, skip=set(windows))
-        view: dict[str, Any] | None = None
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
-        put: list[str] = []  # already in the bucket
+        (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
+        view: dict[str, Any] = {"windows": {}, "stubs": {}}
+        parts = _gather(ws, session, storage, windows, scratch, prefix, view, take or _free,
+                        started, deadline_s, poll_s, max(1, tasks)) if windows else {}
+        put = sorted(rel for part in parts.values() for rel in part["put"])
+        built = [b for h in sorted(parts) for b in parts[h]["built"]]
+        answers = {w: files for part in parts.values() for w, files in part["answers"].items()}
         if windows:
-            counts, put = _cut(ws, session, storage, windows, scratch, prefix)
-            view = {"windows": counts, "stubs": {h: stub_name(h) for h in counts}}
-            ws.view(view)
             assert op_stats_name is not None
             storage.fetch_to(op_stats_name, ws.run_dir / ALL_HOSTS_OP_STATS)
             # xprof's plugin clears a run directory's saved results (these op_stats included)
             # before its first conversion there unless this file names its version.
             (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
-        built: list[str] = []
-        answers: dict[str, list[str]] = {}  # window -> its whole answers' files
-        in_place = _WindowInPlace(ws, storage, prefix, scratch, (view or {}).get("windows", {}),
-                                  answers)
+        traced = {window_host(h, k) for h, n in view["windows"].items() for k in range(n)}
         for route, query in default_queries(ws):
+            if query.get("host") in traced and query.get("tag") == "trace_viewer@":
+                continue  # a window's trace: built with its host
             try:
-                in_place.before(query)
                 ws.answer(route, query)
                 built.append(f"{route}?{urlencode(sorted(query.items()))}")
             except Exception as e:  # noqa: BLE001 - one tool's failure leaves the others
                 log.warning("viewer prebuild of %s %s failed: %s", route, query, e)
-                continue
-            if view is not None and query.get("host") in ws.hosts:
-                body = ws.cached_path(route, query)
-                answers.setdefault(query["host"], []).extend(
-                    p.relative_to(ws.root).as_posix() for p in (body, body.with_suffix(".json")))
-        in_place.done()
-        files: list[str] = sorted([*put, *in_place.put])
+        files: list[str] = list(put)
         for path in sorted(ws.root.rglob("*")):
             rel = path.relative_to(ws.root).as_posix()
             if not path.is_file() or any(part.startswith(".") for part in rel.split("/")):
@@ -335,9 +507,9 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
             storage.put_file(f"{prefix}/{rel}", path)
             files.append(rel)
         manifest: dict[str, Any] = {
-            "key": ws.key, "xprof": xprof_version(), "files": sorted(files), "built": built,
-            "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
-        if view is not None:
+            "key": ws.key, "xprof": xprof_version(), "files": sorted(set(files)),
+            "built": built, "elapsed_ms": round((time.monotonic() - started) * 1000, 1)}
+        if windows:
             # The console fetches a window's answers with the window, when a request names it.
             manifest["view"] = {**view, "answers": answers}
         storage.write_bytes(f"{prefix}/{MANIFEST}", json.dumps(manifest, indent=1).encode(),

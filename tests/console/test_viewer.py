@@ -509,6 +509,102 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(
     assert [h["hostname"] for h in json.loads(_body(hosts))] == names
 
 
+def _two_windowed_hosts(site: Site, tag: str) -> SessionRecord:
+    """The reported session under a version of its own, with a second host (the same
+    profile) and the session's op_stats: both hosts windowed under 310M and 300 kB windows."""
+    from dataclasses import replace
+
+    from mldiag.stages.analysis import op_stats_name
+
+    reported = site.runtime.state.get_session("tpu", "s1")
+    assert reported is not None
+    s = _unbuilt(site, tag)
+    record = s.hosts[HOST]
+    s.hosts = {HOST: record, "h2": replace(record, generation=f"{record.generation}-h2")}
+    storage = site.runtime.storage
+    storage.write_bytes(op_stats_name(s), storage.read_bytes(op_stats_name(reported)))
+    return s
+
+
+def _job_task(site: Site, s: SessionRecord, task: int, tasks: int) -> Any:
+    """The services of task `task` of a collect job of `tasks`, as `mldiag.job` builds them."""
+    from dataclasses import replace
+
+    settings = replace(site.runtime.services.settings, in_job=True, job_task=task,
+                       collect_job_tasks=tasks, viewer_memory_budget="310M",
+                       window_bytes=300_000)
+    return replace(site.runtime.services, jobs=_Jobs(), settings=settings,
+                   owner=f"task-{task}", state=_FixedState(s, site.runtime.state))
+
+
+def test_the_collect_job_s_tasks_share_a_prebuild_s_windowed_hosts(site: Site) -> None:
+    """In a job of two tasks, task 1 builds its share of the windowed hosts (one host, its
+    windows and their traces, and a part naming them) and task 0 the rest, then the
+    session's answers over the stubs, and the manifest: the same cache as one task builds.
+    A console serves the windows task 1 built warm."""
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+    from mldiag.viewer_prebuild import part_name, task_share
+
+    storage = site.runtime.storage
+    alone = _two_windowed_hosts(site, "share-alone")
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=alone.version),
+                           _job_task(site, alone, 0, 1))
+    one = json.loads(storage.read_bytes(f"{cache_prefix(alone)}/{MANIFEST}"))
+    assert set(one["view"]["windows"]) == {HOST, "h2"}
+
+    shared = _two_windowed_hosts(site, "share-two")
+    message = PrebuildViewer(run="tpu", session="s1", version=shared.version)
+    prefix = cache_prefix(shared)
+    assert task_share(one["view"]["windows"], 1, 2) == [HOST]
+    # Both start at once: task 0 is on its share (h2) while task 1 builds its own.
+    state = site.runtime.state
+    key = f"viewer-host:tpu/s1/v{shared.version}/h2"
+    assert state.claim(key, "task-0", 300.0, time.time())
+    stages.prebuild_viewer_share(message, _job_task(site, shared, 1, 2))
+    assert storage.stat(f"{prefix}/{part_name(HOST)}") is not None
+    assert storage.stat(f"{prefix}/{part_name('h2')}") is None  # held by task 0
+    assert storage.stat(f"{prefix}/{MANIFEST}") is None
+    state.release(key, "task-0")
+    stages.prebuild_viewer(message, _job_task(site, shared, 0, 2))
+    two = json.loads(storage.read_bytes(f"{prefix}/{MANIFEST}"))
+    assert two["view"] == one["view"]
+    assert two["files"] == one["files"]
+    assert sorted(two["built"]) == sorted(one["built"])
+
+    # Task 1's windows open warm on a console that never saw the session, with the answer
+    # one task built.
+    window = f"{HOST}.window01"
+    query = {"run": "s1", "tag": "trace_viewer@", "host": window, "resolution": "4096"}
+    ws = Viewers(storage, Path(site.home) / "share-viewers", memory_budget=1).workspace(shared)
+    calls = _count_conversions(ws)
+    got = ws.answer("data", query)
+    assert calls == []
+    expected = Viewers(storage, Path(site.home) / "share-alone-viewers").workspace(
+        alone).answer("data", query)
+    assert json.loads(_body(got)) == json.loads(_body(expected))
+
+
+def test_task_0_builds_the_hosts_of_a_task_that_never_ran(site: Site) -> None:
+    """A task that never starts (or whose claim lapses) leaves no host unbuilt: task 0 takes
+    every host nobody holds. (Task 1 alone takes every host too: a task that is done with
+    its share takes what nobody holds.)"""
+    from mldiag import stages
+    from mldiag.messages import PrebuildViewer
+
+    s = _two_windowed_hosts(site, "share-orphan")
+    # Task 1 took its host and died: its claim lapses after its lease (a second here).
+    assert site.runtime.state.claim(f"viewer-host:tpu/s1/v{s.version}/{HOST}", "task-1",
+                                    1.0, time.time())
+    stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=s.version),
+                           _job_task(site, s, 0, 2))
+    manifest = json.loads(site.runtime.storage.read_bytes(f"{cache_prefix(s)}/{MANIFEST}"))
+    assert set(manifest["view"]["windows"]) == {HOST, "h2"}
+    for host, count in manifest["view"]["windows"].items():
+        for k in range(count):
+            assert f"plugins/profile/s1/{host}.window{k:02d}.SSTABLE" in manifest["files"]
+
+
 def test_a_session_not_prebuilt_too_large_for_the_console_is_refused_before_any_fetch(
         site: Site) -> None:
     """A session not prebuilt whose host would need more memory than the console has is not

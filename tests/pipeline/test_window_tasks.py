@@ -139,3 +139,47 @@ def test_a_task_other_than_the_first_exits_cleanly_with_nothing_to_share(
                          env={**env, "CLOUD_RUN_TASK_INDEX": "one"}, capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "CLOUD_RUN_TASK_INDEX" in bad.stderr
+
+
+def test_a_task_other_than_the_first_builds_its_share_of_a_viewer_prebuild(
+        make_runtime: MakeRuntime, xplane_bytes: bytes) -> None:
+    """Task 1 of a collect job given a PrebuildViewer message builds its share of the
+    session's windowed hosts (here the one host, nobody holding it), with its part for task
+    0's manifest; where the caches are built already, it does nothing."""
+    import shutil
+
+    from mldiag.messages import PrebuildViewer
+    from mldiag.viewer import MANIFEST, cache_prefix
+    from mldiag.viewer_prebuild import part_name
+
+    rt = make_runtime()
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    rt.start()
+    s = wait_state(rt, REPORTED)
+    bucket = Path(rt.services.settings.home) / "bucket"
+    cache = bucket / cache_prefix(s)
+    deadline = time.monotonic() + 60
+    while not (cache / MANIFEST).is_file() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert rt.wait_idle(30)
+    rt.stop()
+    shutil.rmtree(cache)  # as if the session had been handed to the job
+    env = {**rt.services.settings.to_env(), "MLDIAG_VIEWER_MEMORY_BUDGET": "310M",
+           "MLDIAG_WINDOW_BYTES": "300000",
+           "MLDIAG_JOB_MESSAGE": PrebuildViewer(run=RUN, session=SESSION,
+                                                version=s.version).to_json(),
+           "CLOUD_RUN_TASK_INDEX": "1", "CLOUD_RUN_TASK_COUNT": "2",
+           "PYTHONPATH": str(REPO / "shared"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run([sys.executable, "-m", "mldiag.job"], env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    part = json.loads((cache / part_name("h0")).read_text())
+    assert part["windows"] >= 2 and not (cache / MANIFEST).exists()
+    for k in range(part["windows"]):
+        assert (cache / "plugins" / "profile" / SESSION / f"h0.window{k:02d}.SSTABLE").is_file()
+    (cache / part_name("h0")).unlink()
+    (cache / MANIFEST).write_text("{}")
+    again = subprocess.run([sys.executable, "-m", "mldiag.job"], env=env, capture_output=True,
+                           text=True, timeout=300)
+    assert again.returncode == 0, again.stderr
+    assert not (cache / part_name("h0")).exists()

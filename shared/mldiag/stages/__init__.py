@@ -19,7 +19,8 @@ One module per concern; the imports point one way, from the registry down to the
   collect_windows for the other tasks of a collect job sharing a large host's windows or
   a fanned-out session's hosts),
   investigate (the investigator and its follow-up calls), render_report (analysis.json and
-  summary.html; the session is REPORTED) and prebuild_viewer.
+  summary.html; the session is REPORTED) and prebuild_viewer (prebuild_viewer_share for
+  the other tasks of a collect job sharing its windowed hosts).
 - window_shards: where the collect job's tasks share a large host's windows (StoredWindows:
   claims in the state store, windows in the bucket; window_exchange, window_count_of).
 - registry: HANDLERS, the message type → stage registry; handle and dispatch route by it.
@@ -38,6 +39,7 @@ from mldiag.stages.analysis import (
     collect_windows,
     investigate,
     prebuild_viewer,
+    prebuild_viewer_share,
     render_report,
 )
 from mldiag.stages.capture import continuous, on_capture_request, on_degradation_alert
@@ -62,6 +64,7 @@ __all__ = [
     "on_degradation_alert",
     "on_profile_object",
     "prebuild_viewer",
+    "prebuild_viewer_share",
     "render_report",
     "requeue_stuck",
     "rescan",

@@ -16,6 +16,7 @@ import logging
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -477,6 +478,48 @@ def _what_changed(services: Services, s: SessionRecord, snapshot: Mapping[str, A
 # prebuild_viewer
 
 
+def _viewer_tasks(services: Services, msg: PrebuildViewer) -> dict[str, Any]:
+    """How the collect job's tasks share a prebuild's windowed hosts: their count, and the
+    claim of one host (`viewer_prebuild.Take`), renewed while its windows are built."""
+    settings = services.settings
+    tasks = max(1, settings.collect_job_tasks) if settings.in_job else 1
+
+    def take(host: str) -> AbstractContextManager[bool]:
+        return claimed(services, f"viewer-host:{msg.run}/{msg.session}/v{msg.version}/{host}",
+                       keep_alive=lambda now: None)
+
+    return {"tasks": tasks, "take": take}
+
+
+def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
+    """A task other than the first of a collect job of several (`settings.job_task`): build
+    its share of the session's windowed hosts for task 0's `prebuild_viewer`
+    (`viewer_prebuild.build_share`). Nothing to do when the session has none, or its caches
+    are built or skipped already; a plan over the budget or the deadline is task 0's to say."""
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.state != REPORTED or s.version != msg.version:
+        return
+    from mldiag import viewer, viewer_prebuild
+
+    prefix = viewer.cache_prefix(s)
+    if any(services.storage.stat(f"{prefix}/{name}") is not None
+           for name in (viewer.MANIFEST, viewer.SKIPPED)):
+        return
+    settings = services.settings
+    try:
+        hosts = viewer_prebuild.build_share(
+            s, services.storage, task=settings.job_task,
+            budget_bytes=settings.viewer_memory_budget_bytes or default_budget_bytes(),
+            window_bytes=settings.window_bytes or None, deadline_s=settings.viewer_deadline_s,
+            **_viewer_tasks(services, msg))
+    except viewer_prebuild.NotPrebuilt as e:
+        log.info("collect job task %d: viewer caches of %s/%s v%d not prebuilt (%s): task 0 "
+                 "says why", settings.job_task, msg.run, msg.session, msg.version, e)
+        return
+    log.info("collect job task %d: viewer caches of %s/%s v%d: built hosts %s",
+             settings.job_task, msg.run, msg.session, msg.version, hosts or "none")
+
+
 def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
     """Build the XProf viewer's caches of a REPORTED session into the bucket, once per
     version, so that the first open in the console is warm (see mldiag.viewer).
@@ -522,7 +565,8 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
             manifest = viewer_prebuild.prebuild(s, services.storage, budget_bytes=budget,
                                                 op_stats_name=op_stats_name(s),
                                                 window_bytes=settings.window_bytes or None,
-                                                deadline_s=settings.viewer_deadline_s)
+                                                deadline_s=settings.viewer_deadline_s,
+                                                **_viewer_tasks(services, msg))
         except viewer_prebuild.NotPrebuilt as e:
             # Said once, where the console looks: its first open then says why it cannot
             # convert what xprof would need more memory for.
