@@ -28,14 +28,14 @@ locals {
 
   # Large JSON fields that no query reads: kept out of the automatic single-field indexes.
   firestore_unindexed_fields = {
-    runs_data             = { collection = "runs", field = "data" }
-    targets_data          = { collection = "targets", field = "data" }
-    sessions_data         = { collection = "sessions", field = "data" }
-    dead_letters_payload  = { collection = "dead_letters", field = "payload" }
-    captures_times        = { collection = "captures", field = "times" }
-    captures_keys         = { collection = "captures", field = "keys" }
-    metrics_points        = { collection = "metrics", field = "points" }
-    requests_data         = { collection = "requests", field = "data" }
+    runs_data            = { collection = "runs", field = "data" }
+    targets_data         = { collection = "targets", field = "data" }
+    sessions_data        = { collection = "sessions", field = "data" }
+    dead_letters_payload = { collection = "dead_letters", field = "payload" }
+    captures_times       = { collection = "captures", field = "times" }
+    captures_keys        = { collection = "captures", field = "keys" }
+    metrics_points       = { collection = "metrics", field = "points" }
+    requests_data        = { collection = "requests", field = "data" }
   }
 }
 

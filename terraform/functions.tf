@@ -11,19 +11,19 @@ locals {
   # <session>/<host>.xplane.pb (local.xplane_condition). publishes: the topics it publishes to.
   functions = {
     on_profile_object = {
-      memory = "1Gi", cpu = "1", timeout = 300, max_instances = 20
+      memory    = "1Gi", cpu = "1", timeout = 300, max_instances = 20
       storage   = ["roles/storage.objectViewer"]
       publishes = ["analysis-requests"]
     }
     on_degradation_alert = {
-      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 5
+      memory    = "512Mi", cpu = "1", timeout = 60, max_instances = 5
       storage   = []
       publishes = ["capture-requests"]
     }
     # Writes each target's xplane (a redelivered capture rewrites its host's object) and
     # completes the session when its last host failed (analysis-requests).
     on_capture_request = {
-      memory = "2Gi", cpu = "1", timeout = 540, max_instances = 10
+      memory        = "2Gi", cpu = "1", timeout = 540, max_instances = 10
       storage       = ["roles/storage.objectViewer"]
       xplane_writer = true
       publishes     = ["analysis-requests"]
@@ -34,27 +34,27 @@ locals {
     # collect Cloud Run job (job.tf); many-host and large sessions fan out to collect_host
     # (host-analysis-requests) and come back here to be combined.
     collect = {
-      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
+      memory          = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage         = ["roles/storage.objectViewer"]
       analysis_writer = true
       publishes       = ["investigation-requests", "report-requests", "host-analysis-requests"]
     }
     # One instance per host of a fanned-out session; the last one asks for the combine.
     collect_host = {
-      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 50
+      memory          = "8Gi", cpu = "2", timeout = 540, max_instances = 50
       storage         = ["roles/storage.objectViewer"]
       analysis_writer = true
       publishes       = ["analysis-requests"]
     }
     investigate = {
-      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
+      memory          = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage         = ["roles/storage.objectViewer"]
       analysis_writer = true
       publishes       = ["report-requests"]
     }
     # Asks for the viewer's caches once the session is REPORTED (viewer-requests).
     render_report = {
-      memory = "1Gi", cpu = "1", timeout = 300, max_instances = 10
+      memory          = "1Gi", cpu = "1", timeout = 300, max_instances = 10
       storage         = ["roles/storage.objectViewer"]
       analysis_writer = true
       publishes       = ["viewer-requests"]
@@ -64,7 +64,7 @@ locals {
     # conversions, like collect. It reads the bucket and writes only under the sessions'
     # analysis/xprof_cache/ (viewer_cache: local.viewer_cache_condition).
     prebuild_viewer = {
-      memory = "8Gi", cpu = "2", timeout = 540, max_instances = 10
+      memory       = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage      = ["roles/storage.objectViewer"]
       viewer_cache = true
       publishes    = []
@@ -73,12 +73,12 @@ locals {
     # investigation-requests). One instance: ticks never overlap. Once an hour it lists the
     # bucket (objectViewer) for profiles whose finalize event was lost (stages.rescan).
     sweep = {
-      memory = "512Mi", cpu = "1", timeout = 300, max_instances = 1
+      memory    = "512Mi", cpu = "1", timeout = 300, max_instances = 1
       storage   = ["roles/storage.objectViewer"]
       publishes = ["analysis-requests", "investigation-requests"]
     }
     dead_letters = {
-      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 5
+      memory    = "512Mi", cpu = "1", timeout = 60, max_instances = 5
       storage   = []
       publishes = []
     }
@@ -87,7 +87,7 @@ locals {
     # run owners) and the creation of xplanes, which it hands out as signed upload URLs for one
     # object each.
     register = {
-      memory = "512Mi", cpu = "1", timeout = 60, max_instances = 20
+      memory        = "512Mi", cpu = "1", timeout = 60, max_instances = 20
       storage       = []
       xplane_writer = true
       http          = true
@@ -120,29 +120,29 @@ locals {
   }
 
   environment = merge({
-    MLDIAG_BACKEND             = "gcp"
-    MLDIAG_PROJECT             = var.project
-    MLDIAG_BUCKET              = google_storage_bucket.profiles.name
-    MLDIAG_LOCATION            = local.vertex_location
-    MLDIAG_TOPIC_PREFIX        = var.prefix
-    MLDIAG_FIRESTORE_DATABASE  = google_firestore_database.main.name
-    MLDIAG_MAX_ATTEMPTS        = tostring(local.max_function_attempts)
+    MLDIAG_BACKEND            = "gcp"
+    MLDIAG_PROJECT            = var.project
+    MLDIAG_BUCKET             = google_storage_bucket.profiles.name
+    MLDIAG_LOCATION           = local.vertex_location
+    MLDIAG_TOPIC_PREFIX       = var.prefix
+    MLDIAG_FIRESTORE_DATABASE = google_firestore_database.main.name
+    MLDIAG_MAX_ATTEMPTS       = tostring(local.max_function_attempts)
     # Hosts of one dropped multi-host session upload seconds apart: wait longer than locally
     # before analysing a session that expects no particular hosts.
-    MLDIAG_SETTLE_S            = tostring(var.settle_seconds)
+    MLDIAG_SETTLE_S = tostring(var.settle_seconds)
     # Where on_capture_request may connect (mldiag.capture.egress): the workloads' networks
     # and ports, never loopback, link-local or the metadata server.
     MLDIAG_CAPTURE_ALLOWED_NETWORKS = join(",", var.capture_allowed_networks)
     MLDIAG_CAPTURE_ALLOWED_PORTS    = var.capture_allowed_ports
     MLDIAG_CAPTURE_ALLOW_LOOPBACK   = "0"
-    LOG_EXECUTION_ID           = "true"
+    LOG_EXECUTION_ID                = "true"
   }, var.extra_environment)
 
   # Only investigate calls Gemini (and only it holds roles/aiplatform.user); the others keep
   # the rule-based default.
   investigator_environment = {
-    MLDIAG_INVESTIGATOR  = var.investigator
-    MLDIAG_GEMINI_MODEL  = var.gemini_model
+    MLDIAG_INVESTIGATOR = var.investigator
+    MLDIAG_GEMINI_MODEL = var.gemini_model
   }
 
   # Where collect sends what it cannot take on (job.tf).

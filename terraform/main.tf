@@ -8,17 +8,17 @@ data "google_project" "this" {
 }
 
 locals {
-  bucket_name       = coalesce(var.bucket_name, "${var.project}-mldiag-profiles")
-  firestore_loc     = coalesce(var.firestore_location, var.region)
-  vertex_location   = coalesce(var.vertex_location, var.region)
-  dist_dir          = coalesce(var.functions_dist_dir, "${path.module}/../dist/functions")
+  bucket_name     = coalesce(var.bucket_name, "${var.project}-mldiag-profiles")
+  firestore_loc   = coalesce(var.firestore_location, var.region)
+  vertex_location = coalesce(var.vertex_location, var.region)
+  dist_dir        = coalesce(var.functions_dist_dir, "${path.module}/../dist/functions")
   # The service agents, created up front (google_project_service_identity below) so that no
   # grant to one races its creation on a fresh project. Some services return no email for
   # their agent: then it is the documented service-PROJECT_NUMBER@gcp-sa-... address.
-  pubsub_agent      = "serviceAccount:${coalesce(google_project_service_identity.agent["pubsub.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com")}"
-  storage_agent     = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
-  monitoring_agent  = "serviceAccount:${coalesce(google_project_service_identity.agent["monitoring.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com")}"
-  registry_agent    = "serviceAccount:${coalesce(google_project_service_identity.agent["artifactregistry.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-artifactregistry.iam.gserviceaccount.com")}"
+  pubsub_agent     = "serviceAccount:${coalesce(google_project_service_identity.agent["pubsub.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com")}"
+  storage_agent    = "serviceAccount:${data.google_storage_project_service_account.gcs.email_address}"
+  monitoring_agent = "serviceAccount:${coalesce(google_project_service_identity.agent["monitoring.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-monitoring-notification.iam.gserviceaccount.com")}"
+  registry_agent   = "serviceAccount:${coalesce(google_project_service_identity.agent["artifactregistry.googleapis.com"].email, "service-${data.google_project.this.number}@gcp-sa-artifactregistry.iam.gserviceaccount.com")}"
 
   # The message topics (DESIGN.md "The event chain", mldiag.messages.TOPIC_OF) and the function
   # each one is pushed to. Every topic has a `<topic>-dead-letter` topic, pushed to dead_letters.
