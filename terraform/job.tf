@@ -49,7 +49,8 @@ resource "google_cloud_run_v2_job" "collect" {
             MLDIAG_IN_JOB = "1"
             # Cloud Run sets CLOUD_RUN_TASK_COUNT too; this says it where settings are read.
             MLDIAG_COLLECT_JOB_TASKS = tostring(var.collect_job_tasks)
-            # A viewer prebuild handed over by prebuild_viewer runs alone in task 0.
+            # A viewer prebuild handed over by prebuild_viewer: task 0 runs it, the others
+            # build their shares of its windowed hosts (viewer_prebuild.build_share).
             MLDIAG_VIEWER_MEMORY_BUDGET = var.collect_job_viewer_memory_budget
             # Its deadline, with a tenth of the task's left for the rest: a prebuild estimated
             # over it is skipped with the reason rather than killed at the task's deadline.

@@ -158,13 +158,13 @@ variable "collect_job_cpu" {
 }
 
 variable "collect_job_viewer_memory_budget" {
-  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs alone in task 0, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it, one host at a time (BENCHMARKS.md, \"XProf viewer\": one 2 GB host 311 s, the process at 3.9 GiB; three 1.9 GB hosts 648 s, the process at 2.6 GiB beside 3.7 GiB of files at most, one host and its windows while it is cut, whatever the number of hosts)."
+  description = "The memory a viewer prebuild may use in the collect job (MLDIAG_VIEWER_MEMORY_BUDGET): the prebuild runs in the job's tasks, with no collection workers beside it. xprof's viewer conversions need about 17.5 bytes per byte of the largest host plus the hosts' files (BENCHMARKS.md, \"XProf viewer\"): with 14Gi, hosts up to about 800 MB are prebuilt whole. A larger host is viewed in time windows of 128 MB, each prebuilt within it, one host at a time per task, the tasks sharing the hosts (BENCHMARKS.md, \"XProf viewer\": one 1.9 GB host 240 s, the process at 2.6 GiB; three 1.9 GB hosts 648 s in one task, each task's process at most 2.8 GiB beside 3.8 GiB of files, one host and its windows while it is cut, whatever the number of hosts)."
   type        = string
   default     = "14Gi"
 }
 
 variable "collect_job_tasks" {
-  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 82 s against 141 s in one task, every task's process tree under 4.4 GiB. A fanned-out session over the function's limits has its hosts shared by the tasks the same way (each task collects the hosts it claims; task 0 combines): one 1.9 GB host's share takes 114 s with its process tree at 4.3 GiB (bench/collect_host.py). Each task has collect_job_memory and collect_job_cpu."
+  description = "Tasks of the collect job, all started at once. A large host's time windows are shared by tasks 1..N-1, while task 0 runs the rest of the collection and combines them. BENCHMARKS.md, \"The collect job's tasks\": with 4, a 2.0 GB TPU-shaped host (15 windows, 5 per task) completes in 82 s against 141 s in one task, every task's process tree under 4.4 GiB. A fanned-out session over the function's limits has its hosts shared by the tasks the same way (each task collects the hosts it claims; task 0 combines): one 1.9 GB host's share takes 114 s with its process tree at 4.3 GiB (bench/collect_host.py). So has a viewer prebuild's windowed hosts (each task builds the hosts it claims; task 0 writes the manifest). Each task has collect_job_memory and collect_job_cpu."
   type        = number
   default     = 4
 
@@ -175,7 +175,7 @@ variable "collect_job_tasks" {
 }
 
 variable "collect_job_timeout_seconds" {
-  description = "Deadline of one collect job task. A viewer prebuild in the job gets nine tenths of it (MLDIAG_VIEWER_DEADLINE_S): about 160 s per GB of the session's hosts (BENCHMARKS.md, \"XProf viewer\"), so 3600 s prebuilds sessions up to about 19 GiB of xplanes (a session over it is skipped, with the reason in skipped.json)."
+  description = "Deadline of one collect job task. A viewer prebuild in the job gets nine tenths of it (MLDIAG_VIEWER_DEADLINE_S): about 160 s per GB of the hosts viewed whole and of the largest task's share of the windowed hosts (BENCHMARKS.md, \"XProf viewer\"), so 3600 s prebuilds about 19 GiB of xplanes per task, 75 GiB with 4 tasks (a session over it is skipped, with the reason in skipped.json)."
   type        = number
   default     = 3600
 }

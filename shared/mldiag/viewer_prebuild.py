@@ -79,9 +79,10 @@ VIEW_WINDOW_BYTES = 128 * 1024**2
 VIEW_TABLES_PER_BYTE = 1.45
 # The cut's own memory per byte of the host (`plan.RSS_PER_BYTE["split_windows"]`).
 CUT_RSS_PER_BYTE = 0.1
-# The prebuild's time per byte of the session's hosts, the slower of two measurements on 2
-# cores (BENCHMARKS.md, "XProf viewer": one 1.9 GB host in 311 s, 1.6e-7 s per byte; three in
-# 652 s, 1.1e-7), for the deadline it runs under.
+# The prebuild's time per byte of a task's hosts, above the measurements on 2 cores
+# (BENCHMARKS.md, "XProf viewer": one 1.9 GB host in 311 s under a loaded `mldiag up`,
+# 1.6e-7 s per byte, and in 240 s alone, 1.2e-7; three in 648 s, 1.1e-7), for the deadline it
+# runs under (`prebuild_seconds`).
 VIEW_SECONDS_PER_BYTE = 1.6e-7
 # Below this, windows are too many and too short to be worth viewing one by one.
 MIN_VIEW_WINDOW_BYTES = 16 * 1024**2
