@@ -559,7 +559,7 @@ def test_the_collect_job_s_tasks_share_a_prebuild_s_windowed_hosts(site: Site) -
     assert task_share(one["view"]["windows"], 1, 2) == [HOST]
     # Both start at once: task 0 is on its share (h2) while task 1 builds its own.
     state = site.runtime.state
-    key = f"viewer-host:tpu/s1/v{shared.version}/h2"
+    key = f"viewer-host:tpu/s1/{cache_key(shared)}/h2"
     assert state.claim(key, "task-0", 300.0, time.time())
     stages.prebuild_viewer_share(message, _job_task(site, shared, 1, 2))
     assert storage.stat(f"{prefix}/{part_name(HOST)}") is not None
@@ -594,7 +594,7 @@ def test_task_0_builds_the_hosts_of_a_task_that_never_ran(site: Site) -> None:
 
     s = _two_windowed_hosts(site, "share-orphan")
     # Task 1 took its host and died: its claim lapses after its lease (a second here).
-    assert site.runtime.state.claim(f"viewer-host:tpu/s1/v{s.version}/{HOST}", "task-1",
+    assert site.runtime.state.claim(f"viewer-host:tpu/s1/{cache_key(s)}/{HOST}", "task-1",
                                     1.0, time.time())
     stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=s.version),
                            _job_task(site, s, 0, 2))

@@ -478,15 +478,18 @@ def _what_changed(services: Services, s: SessionRecord, snapshot: Mapping[str, A
 # prebuild_viewer
 
 
-def _viewer_tasks(services: Services, msg: PrebuildViewer) -> dict[str, Any]:
+def _viewer_tasks(services: Services, s: SessionRecord) -> dict[str, Any]:
     """How the collect job's tasks share a prebuild's windowed hosts: their count, and the
-    claim of one host (`viewer_prebuild.Take`), renewed while its windows are built."""
+    claim of one host (`viewer_prebuild.Take`), renewed while its windows are built. The
+    claim is the cache's (its key covers the hosts' generations and the xprof version)."""
+    from mldiag.viewer import cache_key
+
     settings = services.settings
     tasks = max(1, settings.collect_job_tasks) if settings.in_job else 1
+    key = f"viewer-host:{s.run}/{s.session}/{cache_key(s)}"
 
     def take(host: str) -> AbstractContextManager[bool]:
-        return claimed(services, f"viewer-host:{msg.run}/{msg.session}/v{msg.version}/{host}",
-                       keep_alive=lambda now: None)
+        return claimed(services, f"{key}/{host}", keep_alive=lambda now: None)
 
     return {"tasks": tasks, "take": take}
 
@@ -511,7 +514,7 @@ def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
             s, services.storage, task=settings.job_task,
             budget_bytes=settings.viewer_memory_budget_bytes or default_budget_bytes(),
             window_bytes=settings.window_bytes or None, deadline_s=settings.viewer_deadline_s,
-            **_viewer_tasks(services, msg))
+            **_viewer_tasks(services, s))
     except viewer_prebuild.NotPrebuilt as e:
         log.info("collect job task %d: viewer caches of %s/%s v%d not prebuilt (%s): task 0 "
                  "says why", settings.job_task, msg.run, msg.session, msg.version, e)
@@ -566,7 +569,7 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
                                                 op_stats_name=op_stats_name(s),
                                                 window_bytes=settings.window_bytes or None,
                                                 deadline_s=settings.viewer_deadline_s,
-                                                **_viewer_tasks(services, msg))
+                                                **_viewer_tasks(services, s))
         except viewer_prebuild.NotPrebuilt as e:
             # Said once, where the console looks: its first open then says why it cannot
             # convert what xprof would need more memory for.
