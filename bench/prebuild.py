@@ -229,7 +229,7 @@ def main() -> None:
         plan = f"NotPrebuilt: {e}"
     print(f"session: {args.hosts} hosts, {size / 1024**3:.2f} GiB; budget {args.budget}; "
           f"plan: {plan}", flush=True)
-    from mldiag.viewer import MANIFEST, cache_prefix
+    from mldiag.viewer_cache import MANIFEST, cache_prefix
 
     if args.reuse and (bucket / cache_prefix(session) / MANIFEST).is_file():
         result = json.loads(Path(args.json).read_text()) if args.json and Path(

@@ -158,7 +158,7 @@ locals {
     MLDIAG_COLLECT_JOB = "${var.prefix}collect"
   }
 
-  # objectUser on the XProf viewer's caches only (mldiag.viewer.cache_prefix:
+  # objectUser on the XProf viewer's caches only (mldiag.viewer_cache.cache_prefix:
   # <session dir>/analysis/xprof_cache/<key>/...), for prebuild_viewer and the console. The
   # session directory is any depth under the bucket (an optional prefix, then the run), so the
   # condition looks for the analysis/xprof_cache/ segment after plugins/profile/<session>/ and

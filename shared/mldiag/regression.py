@@ -21,7 +21,7 @@ from mldiag.analysis.report.diff import render_diff_html
 from mldiag.errors import MldiagError
 from mldiag.model import REPORTED, SessionRecord
 from mldiag.ports import StateStore, Storage
-from mldiag.viewer import session_dir
+from mldiag.viewer_cache import session_dir
 
 DIFF_JSON, DIFF_HTML = "diff.json", "diff.html"
 # How many ranked changes the report's "What changed" section keeps.

@@ -6,11 +6,11 @@ plugin wrote (trace-viewer SSTABLEs, op_stats, HLO protos) and every whole answe
 under `analysis/xprof_cache/<key>/` with a manifest, written last.
 
 **Large hosts, window by window.** xprof's viewer conversions read a whole host in memory,
-about 17.5 bytes per byte (`viewer.PREBUILD_RSS_PER_BYTE`): a 2 GB host needs about 35 GiB,
+about 17.5 bytes per byte (`viewer_cache.PREBUILD_RSS_PER_BYTE`): a 2 GB host needs about 35 GiB,
 over any Cloud Run instance. A host whose conversions would not fit the prebuild's budget is
 cut into time windows between module executions (`op_stats_shards.module_cuts`, the same
 seam as the collection's), each small enough to convert within it, and viewed as hosts of
-their own, `<host>.window<k>` (`viewer.window_host`): the trace viewer of each window is
+their own, `<host>.window<k>` (`viewer_cache.window_host`): the trace viewer of each window is
 prebuilt, and the first window's is what a first open shows. The session's tools that read
 op_stats (overview, op profile, roofline, HLO stats, ...) read the session's op_stats as the
 collection combined them (`analysis/v<n>/op_stats.pb`, adopted as the workspace's
@@ -55,12 +55,11 @@ from mldiag.errors import MldiagError
 from mldiag.limits import size_text
 from mldiag.model import SessionRecord
 from mldiag.ports import Storage
-from mldiag.viewer import (
+from mldiag.viewer import PREBUILT_RESOLUTIONS, Workspace
+from mldiag.viewer_cache import (
     MANIFEST,
     PREBUILD_BASE_BYTES,
     PREBUILD_RSS_PER_BYTE,
-    PREBUILT_RESOLUTIONS,
-    Workspace,
     arrived_hosts,
     cache_prefix,
     window_host,

@@ -27,7 +27,7 @@ from mldiag.console.context import build_console, ensure_local_admin
 from mldiag.console.guard import MAX_BODY
 from mldiag.model import HostRecord, RunRecord, SessionRecord, TargetRecord
 from mldiag.settings import Settings
-from mldiag.viewer import session_dir
+from mldiag.viewer_cache import session_dir
 from tests.console.conftest import Site
 
 S1 = "/runs/tpu/sessions/s1"

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from mldiag import viewer as viewer_module
+from mldiag import viewer_cache
 from mldiag.model import SessionRecord
-from mldiag.viewer import MANIFEST, ViewerError, Viewers, Workspace, cache_key, cache_prefix
+from mldiag.viewer import ViewerError, Viewers, Workspace
+from mldiag.viewer_cache import MANIFEST, cache_key, cache_prefix
 from tests.console.conftest import FAST, HOST, Site
 
 XP = "/runs/tpu/sessions/s1/xprof/data/plugin/profile"
@@ -179,7 +181,7 @@ def test_a_new_generation_or_xprof_version_gets_a_new_cache(site: Site,
     newer = copy.deepcopy(s)
     newer.hosts[HOST].generation += "1"
     assert cache_key(newer) != key
-    monkeypatch.setattr("mldiag.viewer.xprof_version", lambda: "9.9.9")
+    monkeypatch.setattr("mldiag.viewer_cache.xprof_version", lambda: "9.9.9")
     assert cache_key(s) != key
 
 
@@ -269,13 +271,13 @@ def test_a_session_too_large_for_the_prebuild_is_skipped_once_with_the_reason(
     prefix = cache_prefix(big)
     storage = site.runtime.storage
     assert storage.stat(f"{prefix}/{MANIFEST}") is None
-    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}"))
+    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_cache.SKIPPED}"))
     assert note["reason"].startswith("not prebuilt: its largest host is 0.8 MB")
     assert "over this instance's memory budget of 16.0 MiB" in note["reason"]
     assert note["needs_bytes"] > note["budget_bytes"] == 16 * 1024**2
     # Delivered again, it does nothing more.
     stages.prebuild_viewer(message, services)
-    assert json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}")) == note
+    assert json.loads(storage.read_bytes(f"{prefix}/{viewer_cache.SKIPPED}")) == note
 
 
 def test_a_prebuild_that_would_outlast_its_deadline_is_skipped_with_the_reason(
@@ -300,7 +302,7 @@ def test_a_prebuild_that_would_outlast_its_deadline_is_skipped_with_the_reason(
     prefix = cache_prefix(late)
     storage = site.runtime.storage
     assert storage.stat(f"{prefix}/{MANIFEST}") is None
-    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_module.SKIPPED}"))
+    note = json.loads(storage.read_bytes(f"{prefix}/{viewer_cache.SKIPPED}"))
     assert re.fullmatch(r"not prebuilt: prebuilding its 1 hosts \(0\.00 GiB\) would take "
                         r"about 0\.\d\d s, over its deadline of 0\.\d\d s", note["reason"])
     # Within the deadline, it is built.
@@ -371,7 +373,7 @@ def test_a_session_too_large_for_the_function_s_prebuild_goes_to_the_collect_job
     prefix = cache_prefix(big)
     storage = site.runtime.storage
     assert storage.stat(f"{prefix}/{MANIFEST}") is None
-    assert storage.stat(f"{prefix}/{viewer_module.SKIPPED}") is None
+    assert storage.stat(f"{prefix}/{viewer_cache.SKIPPED}") is None
 
 
 def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Site) -> None:
@@ -400,7 +402,7 @@ def test_the_collect_job_prebuilds_with_its_own_memory_or_says_why_not(site: Sit
                        state=_FixedState(over, site.runtime.state))
     stages.prebuild_viewer(PrebuildViewer(run="tpu", session="s1", version=over.version),
                            services)
-    note = json.loads(storage.read_bytes(f"{cache_prefix(over)}/{viewer_module.SKIPPED}"))
+    note = json.loads(storage.read_bytes(f"{cache_prefix(over)}/{viewer_cache.SKIPPED}"))
     assert "over the collect job's memory budget of 32.0 MiB" in note["reason"]
     assert note["budget_bytes"] == 32 * 1024**2
 
@@ -624,7 +626,7 @@ def test_a_session_not_prebuilt_too_large_for_the_console_is_refused_before_any_
         "few minutes")
     assert not [p for p in root.rglob("*") if p.is_file() and not p.name.endswith(".lock")]
     prefix = cache_prefix(big)
-    storage.write_bytes(f"{prefix}/{viewer_module.SKIPPED}", json.dumps(
+    storage.write_bytes(f"{prefix}/{viewer_cache.SKIPPED}", json.dumps(
         {"reason": "not prebuilt: over the deadline"}).encode(), content_type="application/json")
     with pytest.raises(ViewerError) as e:
         viewers.workspace(big)

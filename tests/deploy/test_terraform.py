@@ -433,7 +433,7 @@ def _allows(clauses: list[str], resource_name: str) -> bool:
 
 def test_viewer_cache_writers_can_write_the_caches_and_nothing_else(tf: Terraform) -> None:
     from mldiag.model import XPLANE_SUFFIXES, HostRecord, SessionRecord
-    from mldiag.viewer import MANIFEST, cache_prefix
+    from mldiag.viewer_cache import MANIFEST, cache_prefix
 
     clauses = _cache_condition(tf)
     session = SessionRecord(run="my_run", session="s1", state="REPORTED", hosts={

@@ -25,7 +25,7 @@ from mldiag.messages import Message, ProfileObjectFinalized, parse
 from mldiag.model import REPORTED
 from mldiag.settings import Settings
 from mldiag.stages import Services
-from mldiag.viewer import MANIFEST, cache_prefix
+from mldiag.viewer_cache import MANIFEST, cache_prefix
 from tests.emulators import Emulators
 from tests.gcp.conftest import jwks_endpoint
 

@@ -149,7 +149,7 @@ def test_a_task_other_than_the_first_builds_its_share_of_a_viewer_prebuild(
     import shutil
 
     from mldiag.messages import PrebuildViewer
-    from mldiag.viewer import MANIFEST, cache_prefix
+    from mldiag.viewer_cache import MANIFEST, cache_prefix
     from mldiag.viewer_prebuild import part_name
 
     rt = make_runtime()

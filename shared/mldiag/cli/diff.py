@@ -156,7 +156,7 @@ def _xprof_kernels(args: argparse.Namespace, a: _Input, b: _Input) -> dict[str, 
 
 def _download(stack: Any, args: argparse.Namespace, s: Any) -> ProfileSession:
     from mldiag.bootstrap import control_plane
-    from mldiag.viewer import arrived_hosts
+    from mldiag.viewer_cache import arrived_hosts
 
     plane = control_plane(Settings.from_env(home=args.home))
     names = list(arrived_hosts(s).values())

@@ -33,7 +33,7 @@ from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
 from mldiag.model import SessionRecord
-from mldiag.viewer import session_dir
+from mldiag.viewer_cache import session_dir
 
 router = APIRouter(include_in_schema=False)
 BROWSER_TOKEN_S = 7 * 86400.0

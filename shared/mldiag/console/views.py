@@ -22,7 +22,7 @@ from mldiag.model import (
     TargetRecord,
     summarize_metrics,
 )
-from mldiag.viewer import session_dir, unviewable
+from mldiag.viewer_cache import session_dir, unviewable
 
 log = logging.getLogger(__name__)
 # How many of a run's newest metric points the run page reads: for the table of metrics,

@@ -26,7 +26,8 @@ from mldiag.access import PROFILE, Principal
 from mldiag.console.auth import console_of, require
 from mldiag.console.pages import error_response, get_session
 from mldiag.model import SessionRecord
-from mldiag.viewer import ViewerError, unviewable, xprof_version
+from mldiag.viewer import ViewerError
+from mldiag.viewer_cache import unviewable, xprof_version
 
 router = APIRouter()
 PLUGIN = "/xprof/data/plugin/profile"

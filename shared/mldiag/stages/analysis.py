@@ -482,7 +482,7 @@ def _viewer_tasks(services: Services, s: SessionRecord) -> dict[str, Any]:
     """How the collect job's tasks share a prebuild's windowed hosts: their count, and the
     claim of one host (`viewer_prebuild.Take`), renewed while its windows are built. The
     claim is the cache's (its key covers the hosts' generations and the xprof version)."""
-    from mldiag.viewer import cache_key
+    from mldiag.viewer_cache import cache_key
 
     settings = services.settings
     tasks = max(1, settings.collect_job_tasks) if settings.in_job else 1
@@ -502,11 +502,11 @@ def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
     s = services.state.get_session(msg.run, msg.session)
     if s is None or s.state != REPORTED or s.version != msg.version:
         return
-    from mldiag import viewer, viewer_prebuild
+    from mldiag import viewer_cache, viewer_prebuild
 
-    prefix = viewer.cache_prefix(s)
+    prefix = viewer_cache.cache_prefix(s)
     if any(services.storage.stat(f"{prefix}/{name}") is not None
-           for name in (viewer.MANIFEST, viewer.SKIPPED)):
+           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
         return
     settings = services.settings
     try:
@@ -536,13 +536,13 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
         return  # a newer version (or none) supersedes it: nothing to build
     if not any(h.status == "ARRIVED" for h in s.hosts.values()):
         return
-    from mldiag import viewer
+    from mldiag import viewer_cache
 
-    prefix = viewer.cache_prefix(s)
+    prefix = viewer_cache.cache_prefix(s)
     if any(services.storage.stat(f"{prefix}/{name}") is not None
-           for name in (viewer.MANIFEST, viewer.SKIPPED)):
+           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
         return
-    need = viewer.prebuild_memory_bytes(s)
+    need = viewer_cache.prebuild_memory_bytes(s)
     settings = services.settings
     budget = settings.viewer_memory_budget_bytes or default_budget_bytes()
     if need > budget and services.jobs is not None and not settings.in_job:
@@ -579,7 +579,7 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
                       f"conversions need about {limits.size_text(need)}, over {where} memory "
                       f"budget of {limits.size_text(budget)}, and " if need > budget else "")
             why = f"not prebuilt: {memory}{e}"
-            services.storage.write_bytes(f"{prefix}/{viewer.SKIPPED}", json.dumps(
+            services.storage.write_bytes(f"{prefix}/{viewer_cache.SKIPPED}", json.dumps(
                 {"reason": why, "needs_bytes": need, "budget_bytes": budget,
                  "at": services.clock()}).encode(), content_type="application/json")
             log.warning("viewer caches of %s/%s v%d %s", msg.run, msg.session, msg.version,
