@@ -293,6 +293,12 @@ def task_share(windows: Mapping[str, int], task: int, tasks: int) -> list[str]:
     return shares[task] if 0 <= task < len(shares) else []
 
 
+def _order(windows: Mapping[str, int], task: int, tasks: int) -> list[str]:
+    """The windowed hosts in the order task `task` tries to take them: its share first."""
+    mine = task_share(windows, task, tasks)
+    return [*mine, *(h for h in sorted(windows) if h not in mine)]
+
+
 def prebuild_seconds(session: SessionRecord, windows: Mapping[str, int] | None = None,
                      tasks: int = 1) -> float:
     """About how long the prebuild of `session` takes (VIEW_SECONDS_PER_BYTE): with its
@@ -393,8 +399,7 @@ def build_share(session: SessionRecord, storage: Storage, *, task: int, tasks: i
     notes); returns the hosts it built. Task 0's `prebuild` writes the manifest."""
     prefix = cache_prefix(session)
     windows = _plan(session, budget_bytes, window_bytes, deadline_s, tasks)
-    mine = task_share(windows, task, tasks)
-    order = [*mine, *(h for h in sorted(windows) if h not in mine)]
+    order = _order(windows, task, tasks)
     if not order:
         return []
     with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
@@ -415,9 +420,8 @@ def _gather(ws: Workspace, session: SessionRecord, storage: Storage,
     """Task 0's windowed hosts: its share and any host nobody holds, built here; the
     others' parts as their tasks write them (a host whose claim lapses is taken over).
     Each host built elsewhere has its stub fetched to stand in for its windows."""
-    mine = task_share(windows, 0, tasks)
-    parts = _walk(ws, session, storage, [*mine, *(h for h in sorted(windows) if h not in mine)],
-                  windows, scratch, prefix, view, take)
+    parts = _walk(ws, session, storage, _order(windows, 0, tasks), windows, scratch, prefix,
+                  view, take)
     # Past the deadline the task would be killed: the job's retry then finds the parts.
     wait_until = started + (deadline_s or 2 * prebuild_seconds(session, windows, tasks) + 600)
     while missing := [h for h in sorted(windows) if h not in parts]:

@@ -486,6 +486,8 @@ def _viewer_tasks(services: Services, s: SessionRecord) -> dict[str, Any]:
 
     settings = services.settings
     tasks = max(1, settings.collect_job_tasks) if settings.in_job else 1
+    if tasks == 1:
+        return {}  # every host is this one's: nothing to claim
     key = f"viewer-host:{s.run}/{s.session}/{cache_key(s)}"
 
     def take(host: str) -> AbstractContextManager[bool]:
@@ -494,20 +496,34 @@ def _viewer_tasks(services: Services, s: SessionRecord) -> dict[str, Any]:
     return {"tasks": tasks, "take": take}
 
 
+def _viewer_to_build(msg: PrebuildViewer, services: Services) -> SessionRecord | None:
+    """The session whose viewer caches `msg` asks for, unless there is nothing to build: a
+    newer version (or none) supersedes it, no host arrived, or its caches are built or
+    skipped already."""
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.state != REPORTED or s.version != msg.version:
+        return None
+    if not any(h.status == "ARRIVED" for h in s.hosts.values()):
+        return None
+    from mldiag import viewer_cache
+
+    prefix = viewer_cache.cache_prefix(s)
+    if any(services.storage.stat(f"{prefix}/{name}") is not None
+           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
+        return None
+    return s
+
+
 def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
     """A task other than the first of a collect job of several (`settings.job_task`): build
     its share of the session's windowed hosts for task 0's `prebuild_viewer`
     (`viewer_prebuild.build_share`). Nothing to do when the session has none, or its caches
     are built or skipped already; a plan over the budget or the deadline is task 0's to say."""
-    s = services.state.get_session(msg.run, msg.session)
-    if s is None or s.state != REPORTED or s.version != msg.version:
+    s = _viewer_to_build(msg, services)
+    if s is None:
         return
-    from mldiag import viewer_cache, viewer_prebuild
+    from mldiag import viewer_prebuild
 
-    prefix = viewer_cache.cache_prefix(s)
-    if any(services.storage.stat(f"{prefix}/{name}") is not None
-           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
-        return
     settings = services.settings
     try:
         hosts = viewer_prebuild.build_share(
@@ -531,17 +547,12 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
     (task 0 runs this stage there, with the job's `MLDIAG_VIEWER_MEMORY_BUDGET`); over that
     too, its large hosts are viewed in time windows (`viewer_prebuild`), and when not even
     those fit, `skipped.json` says why."""
-    s = services.state.get_session(msg.run, msg.session)
-    if s is None or s.state != REPORTED or s.version != msg.version:
-        return  # a newer version (or none) supersedes it: nothing to build
-    if not any(h.status == "ARRIVED" for h in s.hosts.values()):
+    s = _viewer_to_build(msg, services)
+    if s is None:
         return
     from mldiag import viewer_cache
 
     prefix = viewer_cache.cache_prefix(s)
-    if any(services.storage.stat(f"{prefix}/{name}") is not None
-           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
-        return
     need = viewer_cache.prebuild_memory_bytes(s)
     settings = services.settings
     budget = settings.viewer_memory_budget_bytes or default_budget_bytes()

@@ -93,27 +93,26 @@ class Events:
             pos[i] = body
         self._stats_start = pos
 
+    def _times(self) -> tuple[I64, I64, I64]:
+        """Offsets, durations and stats starts, decoded together on first use."""
+        if self._stats_start is None:
+            self._decode_times()
+        assert self._offset_ps is not None and self._duration_ps is not None
+        assert self._stats_start is not None
+        return self._offset_ps, self._duration_ps, self._stats_start
+
     @property
     def offset_ps(self) -> I64:
-        if self._offset_ps is None:
-            self._decode_times()
-        assert self._offset_ps is not None
-        return self._offset_ps
+        return self._times()[0]
 
     @property
     def duration_ps(self) -> I64:
-        if self._duration_ps is None:
-            self._decode_times()
-        assert self._duration_ps is not None
-        return self._duration_ps
+        return self._times()[1]
 
     @property
     def stats_start(self) -> I64:
         """Where each event's stats start, in bytes of the file."""
-        if self._stats_start is None:
-            self._decode_times()
-        assert self._stats_start is not None
-        return self._stats_start
+        return self._times()[2]
 
     def take(self, idx: I64) -> Events:
         """The events at `idx` (ascending), as columns of their own."""
