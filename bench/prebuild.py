@@ -2,7 +2,7 @@
 budget (`viewer_prebuild.prebuild`, as the collect job runs it after the report), in one
 task or shared by `--tasks` (`viewer_prebuild.build_share` in the others).
 
-    python bench/prebuild.py HOST.xplane.pb [--hosts 3] [--tasks 1] [--budget 14G]
+    python bench/prebuild.py HOST.xplane.pb [--hosts 3] [--tasks 1,2] [--budget 14G]
                              [--op-stats PATH] [--workdir DIR] [--json OUT]
 
 The session: HOST.xplane.pb under `--hosts` host names (hard links: one file's bytes on disk,
@@ -27,6 +27,7 @@ import json
 import multiprocessing as mp
 import os
 import resource
+import shutil
 import sys
 import threading
 import time
@@ -113,18 +114,19 @@ def _child(bucket: str, session: dict[str, Any], budget: int, tmp: str, task: in
     if task:
         hosts = build_share(record, storage, task=task, tasks=tasks, take=take, tmp_dir=tmp,
                             budget_bytes=budget)
-        out.put({"task": task, "wall_s": round(time.monotonic() - started, 1), "built": hosts})
+        out.put({"task": task, "wall_s": round(time.monotonic() - started, 1), "built": hosts,
+                 "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)})
         return
     manifest = prebuild(record, storage, tmp_dir=tmp, budget_bytes=budget,
                         op_stats_name=op_stats_name(record), tasks=tasks, take=take)
     out.put({"task": 0, "wall_s": round(time.monotonic() - started, 1),
+             "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
              "windows": manifest.get("view", {}).get("windows", {}),
              "files": len(manifest["files"]), "built": len(manifest["built"])})
 
 
 def _first_open(bucket: Path, session: Any, work: Path, clients: int) -> dict[str, Any]:
     """The frontend's first requests on a console instance that never saw the session."""
-    import shutil
     from concurrent.futures import ThreadPoolExecutor
 
     from mldiag.adapters.local.storage import LocalDirStorage
@@ -200,9 +202,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("xplane", help="one large host's .xplane.pb")
     parser.add_argument("--hosts", type=int, default=3)
-    parser.add_argument("--tasks", type=int, default=1,
+    parser.add_argument("--tasks", default="1",
                         help="the collect job's tasks sharing the windowed hosts, each a "
-                             "process here (on Cloud Run, each its own container)")
+                             "process here (on Cloud Run, each its own container); several "
+                             "counts (1,2) run one after the other on a fresh cache")
     parser.add_argument("--budget", default="14G", help="the prebuild's memory budget")
     parser.add_argument("--op-stats", help="the session's op_stats (default: the fixture's)")
     parser.add_argument("--workdir", help="where the bucket and the prebuild's files go "
@@ -239,10 +242,27 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(result, indent=1))
         return
-    tmps = [work / "tmp" / f"task{t}" for t in range(args.tasks)]
+    results = []
+    for tasks in [int(t) for t in args.tasks.split(",")]:
+        shutil.rmtree(bucket / cache_prefix(session), ignore_errors=True)
+        result = _prebuild(work, bucket, session, budget, tasks, args.clients)
+        result.update(hosts=args.hosts, session_bytes=size, budget=args.budget,
+                      plan=plan if isinstance(plan, str) else {"windows": plan})
+        print(json.dumps(result), flush=True)
+        results.append(result)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results[0] if len(results) == 1 else results,
+                                              indent=1))
+
+
+def _prebuild(work: Path, bucket: Path, session: Any, budget: int, tasks: int,
+              clients: int) -> dict[str, Any]:
+    """One prebuild of the session by `tasks` tasks (processes), then its first opens."""
+    tmps = [work / "tmp" / f"task{t}" for t in range(tasks)]
     for tmp in tmps:
-        tmp.mkdir(parents=True, exist_ok=True)
-    peak_files = [0] * args.tasks
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    peak_files = [0] * tasks
     done = threading.Event()
 
     def sample() -> None:
@@ -257,8 +277,8 @@ def main() -> None:
     claims = work / "claims.db"
     claims.unlink(missing_ok=True)
     children = [ctx.Process(target=_child, args=(str(bucket), session.to_dict(), budget,
-                                                 str(tmps[t]), t, args.tasks, str(claims), out))
-                for t in range(args.tasks)]
+                                                 str(tmps[t]), t, tasks, str(claims), out))
+                for t in range(tasks)]
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
     for child in children:
@@ -270,26 +290,23 @@ def main() -> None:
     wall = time.monotonic() - started
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     result: dict[str, Any] = {
-        "hosts": args.hosts, "tasks": args.tasks, "session_bytes": size, "budget": args.budget,
-        "plan": plan if isinstance(plan, str) else {"windows": plan},
-        "rc": [child.exitcode for child in children], "wall_s": round(wall, 1),
+        "tasks": tasks, "rc": [child.exitcode for child in children], "wall_s": round(wall, 1),
         "cpu_s": round(usage.ru_utime + usage.ru_stime - cpu0.ru_utime - cpu0.ru_stime, 1),
-        # The largest of the tasks' processes, and each task's files at their peak (each
-        # task is its own container, its files its memory).
-        "peak_rss_mb": round(usage.ru_maxrss / 1024),
+        # Each task's files at their peak (each task is its own container, its files its
+        # memory).
         "peak_files_mb": max(round(f / 2**20) for f in peak_files),
         "peak_files_mb_per_task": [round(f / 2**20) for f in peak_files],
         "bucket_cache_mb": round(_du(bucket / RUN / "plugins" / "profile" / SESSION / "analysis"
                                      / "xprof_cache") / 2**20)}
     if all(child.exitcode == 0 for child in children):
         reports = sorted((out.get() for _ in children), key=lambda r: r["task"])
+        # The largest of the tasks' processes (each its own VmHWM).
+        result["peak_rss_mb"] = max(r.pop("peak_rss_mb") for r in reports)
         result.update({k: v for k, v in reports[0].items() if k != "task"})
         result["task_shares"] = [{"task": r["task"], "wall_s": r["wall_s"],
                                   "built": r["built"]} for r in reports]
-        result["first_open"] = _first_open(bucket, session, work, args.clients)
-    print(json.dumps(result), flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+        result["first_open"] = _first_open(bucket, session, work, clients)
+    return result
 
 
 if __name__ == "__main__":
