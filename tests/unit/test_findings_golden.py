@@ -27,6 +27,7 @@ from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings,
 from mldiag.analysis.judgement.followups import FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
 from mldiag.analysis.judgement.triage import triage
+from mldiag.analysis.judgement.verdict import conclude
 
 DATA = Path(__file__).parent / "data" / "findings_golden"
 GOLDEN = DATA / "findings.json"
@@ -157,12 +158,14 @@ def judge(case: str) -> dict[str, Any]:
     report = RuleBasedInvestigator().investigate(snapshot, t, ReplayedFollowUps(
         recorded["follow_ups"], strict=edit is None))
     keys = ("id", "category", "priority", "title", "what", "evidence", "impact", "fix")
+    # What the page says: the verdict, checks and summary of the final list.
+    story = conclude(t, report["findings"])
     return {
-        "status": t.status, "metrics": t.metrics, "checks": t.checks,
-        "not_judged": t.not_judged,
+        "status": story.status, "triage_status": t.status, "metrics": t.metrics,
+        "checks": story.checks, "not_judged": t.not_judged,
         "follow_ups": [[r["tool"], r["args"]] for r in report["follow_ups"]],
-        "findings": [{k: f[k] for k in keys} for f in report["findings"]],
-        "summary": report["summary"],
+        "findings": [{k: f[k] for k in keys} for f in story.findings],
+        "summary": story.summary,
     }
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.judgement.triage import NEEDS_ATTENTION, OPTIMAL, idle_sources, triage
+from mldiag.analysis.judgement.readings import idle_sources
+from mldiag.analysis.judgement.triage import NEEDS_ATTENTION, OPTIMAL, triage
 from mldiag.analysis.report.summary import render_summary_html
 from tests.pipeline.test_optimal import _tool, healthy_snapshot
 
@@ -55,7 +56,7 @@ def test_an_op_profile_that_saw_no_op_is_not_an_idle_source() -> None:
                                               {"busy_in_active_span_percent": 3.15,
                                                "active_span_ms": 953.3}]}})
     s["tools"]["get_xprof_overview"]["data"]["performance_summary"] = {}
-    sources = [x.label for x in idle_sources(s)]
+    sources = [x.label for x in idle_sources(s, cpu=False)]
     assert sources == ["timeline (busy share of the active span)", "step trace (1 step)"]
     t = triage(s)
     assert t.metrics["device_idle_percent"] == pytest.approx(96.85)

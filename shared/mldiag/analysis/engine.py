@@ -19,13 +19,15 @@ from mldiag.analysis.collection.profile_input import ProfileSession, resolve_ses
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
-from mldiag.analysis.judgement.triage import OPTIMAL, Triage, triage
+from mldiag.analysis.judgement.model import Triage
+from mldiag.analysis.judgement.reading import read_session
+from mldiag.analysis.judgement.triage import OPTIMAL, triage
+from mldiag.analysis.judgement.verdict import conclude
 from mldiag.analysis.report.summary import render_summary_html
 from mldiag.ports import Investigator
 
 ANALYSIS_SCHEMA_VERSION = "1.0"
 ARTIFACTS = ("health_snapshot.json", "investigation.json", "analysis.json", "summary.html")
-_PRIORITY_ORDER = {"P0": 0, "P1": 1, "P2": 2}
 
 
 @dataclass(frozen=True)
@@ -81,11 +83,12 @@ def build_analysis(
     snapshot: Mapping[str, Any], result: Triage, investigation: Mapping[str, Any]
 ) -> dict[str, Any]:
     """The analysis.json document (DESIGN.md contract; field names are fixed)."""
-    findings = sorted(
-        investigation.get("findings", []),
-        key=lambda f: (_PRIORITY_ORDER.get(f["priority"], 3),
-                       -(f.get("impact", {}).get("value") or 0.0)),
-    )
+    # The page's story (verdict, findings, checks, summary) from the final list of findings.
+    if result.reading is None:
+        result = Triage.from_dict(result.to_dict(), read_session(snapshot))
+    story = conclude(result, investigation.get("findings", []))
+    reading = result.reading
+    assert reading is not None
     tools = [
         {k: v for k, v in t.items() if k in ("name", "status", "elapsed_ms", "error", "cli")}
         | ({"reason": t["data"].get("reason")} if t.get("status") == "NO_DATA"
@@ -107,11 +110,14 @@ def build_analysis(
         "schema_version": ANALYSIS_SCHEMA_VERSION,
         "session": {**snapshot.get("session", {}),
                     "analyzed_at": datetime.now(UTC).isoformat(timespec="seconds")},
-        "status": result.status,
-        "summary": investigation.get("summary", ""),
+        "status": story.status,
+        "summary": story.summary,
         "metrics": result.metrics,
-        "findings": findings,
-        "checks": result.checks,
+        # The session's one reading: device kind, steps, per-host figures, each metric with
+        # its unit and provenance, and every tool's status.
+        "reading": reading.to_dict(),
+        "findings": story.findings,
+        "checks": story.checks,
         "not_judged": result.not_judged,
         "tools": tools,
         "passes": passes,
@@ -122,6 +128,10 @@ def build_analysis(
         # Gemini's evidence check (findings dropped or corrected) and why it fell back to the
         # rule-based investigator, when it did.
         **{k: investigation[k] for k in ("fallback", "evidence_check") if k in investigation},
+        # A model's own summary, kept beside the page's (which is written from the final list).
+        **({"investigator_summary": investigation["summary"]}
+           if investigation.get("summary") and investigation.get("investigator", "rule-based")
+           != "rule-based" else {}),
         "xprof_version": snapshot.get("xprof_version"),
         "mldiag_version": mldiag.__version__,
     }

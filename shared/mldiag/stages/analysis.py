@@ -28,6 +28,8 @@ from mldiag.analysis.collection.window_tasks import convert_windows, task_window
 from mldiag.analysis.collection.workers import default_budget_bytes
 from mldiag.analysis.engine import build_analysis
 from mldiag.analysis.engine import investigate as run_investigator
+from mldiag.analysis.judgement.model import Triage
+from mldiag.analysis.judgement.reading import read_session
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.analysis.report.summary import render_summary_html
 from mldiag.errors import MldiagError, ProfileUnreadable
@@ -173,7 +175,10 @@ def _collect_claimed(services: Services, msg: AnalyzeSession,
         snapshot["collection"]["collect_job"] = _job_note(services, s) or {
             "why": "the session was handed to the collect job"}
     _write_json(services, s, "health_snapshot.json", snapshot)
-    status = triage(snapshot).status
+    # Triage runs once per version, here; the investigator and the report read its result.
+    result = triage(snapshot)
+    _write_json(services, s, TRIAGE_JSON, result.to_dict())
+    status = result.status
     services.state.transition(msg.run, msg.session, ANALYZING, expect=[ANALYZING],
                               version=msg.version, now=services.clock(),
                               progress=f"collected:{status}")
@@ -376,6 +381,21 @@ def _job_note(services: Services, s: SessionRecord) -> dict[str, Any] | None:
     return {"why": str(note.get("why", ""))} if isinstance(note, dict) else None
 
 
+TRIAGE_JSON = "triage.json"
+
+
+def _triaged(services: Services, s: SessionRecord, snapshot: Mapping[str, Any]) -> Triage:
+    """The version's triage, as collect wrote it, with the session's reading. A version
+    collected before collect wrote it is triaged here, once, and written for the next stage."""
+    reading = read_session(snapshot)
+    name = f"{analysis_dir(s)}/v{s.version}/{TRIAGE_JSON}"
+    if services.storage.stat(name) is not None:
+        return Triage.from_dict(read_json(services, name), reading)
+    result = triage(reading)
+    _write_json(services, s, TRIAGE_JSON, result.to_dict())
+    return result
+
+
 def _route_after_collect(services: Services, msg: AnalyzeSession, status: str) -> None:
     if status == OPTIMAL:
         services.bus.publish(RenderReport(run=msg.run, session=msg.session, version=msg.version))
@@ -404,7 +424,7 @@ def investigate(msg: InvestigateSession, services: Services) -> None:
             return
         base = analysis_dir(s)
         snapshot = read_json(services, f"{base}/v{s.version}/health_snapshot.json")
-        result = triage(snapshot)
+        result = _triaged(services, s, snapshot)
         names = [r.object_name for r in s.hosts.values() if r.status == "ARRIVED"]
         # The follow-ups read the generations collect analysed, each under the per-host cap.
         with services.storage.local_files(names, generations=generations(s),
@@ -430,7 +450,7 @@ def render_report(msg: RenderReport, services: Services) -> None:
             return
         base = f"{analysis_dir(s)}/v{s.version}"
         snapshot = read_json(services, f"{base}/health_snapshot.json")
-        result = triage(snapshot)
+        result = _triaged(services, s, snapshot)
         if services.storage.stat(f"{base}/investigation.json") is not None:
             investigation = read_json(services, f"{base}/investigation.json")
         else:

@@ -22,8 +22,9 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import hlo_excerpt_of
 from mldiag.analysis.judgement.followups import FOLLOW_UP_PASSES
 from mldiag.analysis.judgement.model import Triage
+from mldiag.analysis.judgement.reading import reading_of
 from mldiag.analysis.judgement.rules import CATEGORIES
-from mldiag.analysis.judgement.summary import summarize
+from mldiag.analysis.judgement.summary import ordered, summarize
 
 PRIORITIES = ("P0", "P1", "P2")
 
@@ -215,7 +216,7 @@ def check_report(
             "to": "the rule-based summary",
             "reason": (f"states numbers not in any tool output: {', '.join(unknown)}"
                        if unknown else "empty summary")})
-        summary = summarize(snapshot, triage, findings)
+        summary = summarize(reading_of(triage.reading or snapshot), triage, ordered(findings))
     return findings, hypotheses, summary, check
 
 

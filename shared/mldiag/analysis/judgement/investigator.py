@@ -18,7 +18,8 @@ from mldiag.analysis.judgement.context import Context, Plan
 from mldiag.analysis.judgement.evidence_check import check_report
 from mldiag.analysis.judgement.followups import FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.model import Hypothesis, Triage
-from mldiag.analysis.judgement.summary import summarize
+from mldiag.analysis.judgement.reading import reading_of
+from mldiag.analysis.judgement.summary import ordered, summarize
 
 
 class RuleBasedInvestigator:
@@ -48,13 +49,15 @@ class RuleBasedInvestigator:
         # said so, as a model's would be (the tests hold the rules to none dropped); those
         # that pass keep everything the rule wrote (the check's copy keeps the contract's
         # keys only).
-        report = {"findings": written, "summary": summarize(snapshot, triage, written)}
-        checked, _, summary, check = check_report(report, snapshot, triage,
-                                                  follow_ups.records)
+        reading = reading_of(triage.reading or snapshot)
+        report = {"findings": written,
+                  "summary": summarize(reading, triage, ordered(written))}
+        checked, _, _, check = check_report(report, snapshot, triage, follow_ups.records)
         dropped = {d["finding"] for d in check["dropped"]}
-        findings = [{**f, "id": f"F{i}"} for i, f in enumerate(
-            (f for f in written if f["title"] not in dropped), start=1)]
+        # The summary is the final list's: written after the check, from what it kept.
+        findings = ordered(f for f in written if f["title"] not in dropped)
         assert len(findings) == len(checked)
+        summary = summarize(reading, triage, findings)
         return {
             "investigator": self.name,
             "hypotheses": [h.to_dict() for h in triage.hypotheses],

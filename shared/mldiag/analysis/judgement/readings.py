@@ -31,11 +31,6 @@ COLLECTIVE_CATEGORIES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-a
                           "all-gather-start", "all-gather-done", "collective-permute-done")
 
 
-def is_cpu(snapshot: Mapping[str, Any]) -> bool:
-    dtype = ev.get(snapshot, "get_xprof_overview", "run_environment.device_type")
-    return str(dtype or "").upper() == "CPU"
-
-
 def category_fraction(
     snapshot: Mapping[str, Any], names: tuple[str, ...]
 ) -> list[Mapping[str, Any]]:
@@ -114,7 +109,7 @@ class IdleSource:
     cites: tuple[tuple[str, str], ...]
 
 
-def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
+def idle_sources(snapshot: Mapping[str, Any], cpu: bool) -> list[IdleSource]:
     """Every measurement of device idle the profile has, the one to judge by first.
 
     On CPU: the timeline's host wait per step or, with no step markers, the busy share of
@@ -134,7 +129,7 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
                               "capture window", (
                                   (ev.TIMELINE, "per_host[0].busy_in_active_span_percent"),
                                   (ev.TIMELINE, "per_host[0].active_span_ms")))
-    if is_cpu(snapshot):
+    if cpu:
         wait = ev.number(hb.get("host_wait_percent"))
         if wait is not None:
             out.append(IdleSource("timeline host wait per step", wait, "steps", (
@@ -178,8 +173,8 @@ def idle_sources(snapshot: Mapping[str, Any]) -> list[IdleSource]:
     return out
 
 
-def device_idle_evidence(snapshot: Mapping[str, Any]) -> list[dict[str, Any]]:
-    sources = idle_sources(snapshot)
+def device_idle_evidence(snapshot: Mapping[str, Any], cpu: bool) -> list[dict[str, Any]]:
+    sources = idle_sources(snapshot, cpu)
     if not sources:
         return []
     out = []

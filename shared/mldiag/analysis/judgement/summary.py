@@ -4,10 +4,28 @@ summary that states an untraceable number is replaced by it)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from mldiag.analysis.judgement.model import Triage
+from mldiag.analysis.judgement.reading import SessionReading
+
+_PRIORITY_ORDER = {"P0": 0, "P1": 1, "P2": 2}
+
+
+def ordered(findings: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The findings most urgent first (priority, then impact), renumbered F1, F2, … in that
+    order, so the summary's top issue is the first finding on the page."""
+    out = sorted((dict(f) for f in findings),
+                 key=lambda f: (_PRIORITY_ORDER.get(str(f.get("priority")), 3),
+                                -(_impact(f) or 0.0)))
+    return [{**f, "id": f"F{i}"} for i, f in enumerate(out, start=1)]
+
+
+def _impact(f: Mapping[str, Any]) -> float | None:
+    value = (f.get("impact") or {}).get("value") if isinstance(f.get("impact"), Mapping) \
+        else None
+    return float(value) if isinstance(value, int | float) else None
 
 
 def _first_sentence(text: str, limit: int = 320) -> str:
@@ -71,21 +89,32 @@ def excluded_steps_said(metrics: Mapping[str, Any]) -> str:
     return f" (left out as not the workload's steady state: {said}{more})"
 
 
-def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[str, Any]]) -> str:
-    """Three to five sentences: verdict, the top finding, key metrics, what was not judged."""
+def summarize(reading: SessionReading, triage: Triage, findings: list[dict[str, Any]],
+              status: str | None = None) -> str:
+    """Three to five sentences: verdict, the top finding, key metrics, what was not judged.
+
+    `findings` is the final list, most urgent first (`verdict.ordered`), and `status` the
+    verdict of that list (default: triage's)."""
     m = triage.metrics
-    device = snapshot.get("session", {}).get("device_type") or "unknown device"
-    hosts = len(snapshot.get("session", {}).get("hosts") or [])
+    status = status or triage.status
+    device = reading.device_type or "unknown device"
+    hosts = len(reading.hosts)
     sentences = []
-    top = [f for f in findings if f["priority"] == "P0"] or findings
-    if triage.status == "OPTIMAL":
+    top = findings
+    if status == "OPTIMAL":
         sentences.append(f"This {device} profile ({hosts} host(s)) looks healthy: every "
                          "OPTIMAL check passed with measured evidence.")
     elif top:
         n0 = sum(1 for f in findings if f["priority"] == "P0")
         n1 = sum(1 for f in findings if f["priority"] == "P1")
-        sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
-                         f"{n0} P0 and {n1} P1 finding(s).")
+        n2 = len(findings) - n0 - n1
+        counts = f"{n0} P0 and {n1} P1 finding(s)" + (f" ({n2} P2)" if n2 else "")
+        if status == "NEEDS_ATTENTION":
+            sentences.append(f"This {device} profile ({hosts} host(s)) needs attention: "
+                             f"{counts}.")
+        else:
+            sentences.append(f"Health could not be confirmed for this {device} profile "
+                             f"({hosts} host(s)) from the data it holds; {counts}, none urgent.")
         title, impact = top[0]["title"].rstrip("."), top[0]["impact"]
         value = impact.get("value")
         # The impact line adds to the title only when it states a number the title lacks.
@@ -105,6 +134,11 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
                     f"the check \"{c['check']}\" failed ({_check_value(c['value'])}, "
                     f"target {c['target']}, "
                     f"from {c['source']})" for c in failed) + ".")
+        elif not reading.judgeable:
+            what = reading.device_type or "host-only"
+            sentences.append(f"Nothing in this {what} profile ({hosts} host(s)) could be "
+                             "judged: it has no step time, device idle, roofline or memory "
+                             "figure to judge by.")
         else:
             sentences.append(f"No bottleneck was found in this {device} profile ({hosts} "
                              "host(s)), but health could not be confirmed from the data "
@@ -118,7 +152,10 @@ def summarize(snapshot: Mapping[str, Any], triage: Triage, findings: list[dict[s
             if spread.get("outlier_count"):
                 extra += (f" ({spread['outlier_count']} outlier step(s), up to "
                           f"{spread['max_ms']:.2f} ms)")
-        parts.append(f"step time {m['step_time_ms']:.2f} ms{extra}{excluded_steps_said(m)}")
+        one = (" (one step: a single sample, not an average)" if reading.steps.one_step
+               else "")
+        parts.append(f"step time {m['step_time_ms']:.2f} ms{one}{extra}"
+                     f"{excluded_steps_said(m)}")
     if m.get("device_idle_percent") is not None:
         window = " of the capture window" if m.get("device_idle_window") == "capture window" \
             else ""

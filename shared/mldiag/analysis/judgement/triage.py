@@ -16,6 +16,11 @@ from mldiag.analysis.judgement import detections, op_kinds, rules
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.detections import DETECTOR_P1_PERCENT
 from mldiag.analysis.judgement.model import Hypothesis, Triage
+from mldiag.analysis.judgement.reading import (
+    SessionReading,
+    read_session,
+    reading_of,
+)
 from mldiag.analysis.judgement.readings import (
     COLLECTIVE_CATEGORIES,
     CUSTOM_CALL_REPORT_PERCENT,
@@ -23,17 +28,11 @@ from mldiag.analysis.judgement.readings import (
     TRANSFER_CATEGORIES,
     category_fraction,
     custom_call_share,
-    idle_sources,
-    is_cpu,
-    short_window,
-    stepped_module,
     timeline_collective_percent,
 )
 from mldiag.analysis.judgement.roofline import (
     ROOFLINE_IDLE_LIMIT_PERCENT,
-    judged_roofline_efficiency,
     roofline_caveats,
-    roofline_efficiency,
     roofline_ops,
 )
 
@@ -45,88 +44,12 @@ CATEGORIES = rules.CATEGORIES
 HIGH_UTILIZATION_PERCENT = 80.0
 LOW_OVERHEAD_PERCENT = 15.0
 
-CPU_MEMORY_RULE = (f"CPU: no device capacity in the profile; LOW when the live buffers of the "
-                   f"largest compiled program that ran in the measured steps (or, without "
-                   f"steps, in the capture) are under {LARGE_MODULE_GIB:g} GiB")
-
-
 def compute_metrics(snapshot: Mapping[str, Any]) -> dict[str, Any]:
-    """The headline metrics of analysis.json, each read from a tool output (None if absent)."""
-    hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
-    # Our timeline's steps are the denominator of every per-step figure in the report, so the
-    # headline step time comes from the same steps (xprof's step trace may drop some).
-    step = ev.number(hb.get("step_time_ms_average")) if hb.get("steps_analyzed") else None
-    if not step:
-        step = ev.number(ev.get(snapshot, "get_step_trace", "summary.step_time_ms_average"))
-    if not step:
-        step = ev.number(ev.get(snapshot, "get_xprof_overview",
-                                "performance_summary.steptime_ms_average")) or None
-    sources = idle_sources(snapshot)
-    chosen = sources[0] if sources else None
-    idle = chosen.value if chosen else None
-    roofline = judged_roofline_efficiency(snapshot)
-    xprof_roofline = roofline_efficiency(snapshot)
-    peak = ev.number(ev.get(snapshot, "get_memory_profile", "peak_memory_usage_gib"))
-    capacity = ev.number(ev.get(snapshot, "get_memory_profile", "memory_capacity_gib"))
-    source = "get_memory_profile" if peak is not None else None
-    program = None
-    if peak is None:
-        top_i, _ = stepped_module(snapshot)
-        mib = ev.number(ev.get(snapshot, "get_peak_allocations",
-                               f"summary.top_modules[{top_i}].total_hbm_mib"))
-        peak = round(mib / 1024.0, 4) if mib is not None else None
-        source = "get_peak_allocations" if peak is not None else None
-        if peak is not None:
-            program = ev.get(snapshot, "get_peak_allocations",
-                             f"summary.top_modules[{top_i}].module_name")
-    if capacity is not None and capacity <= 0:
-        capacity = None
-    risk = oom_risk(peak, capacity)
-    rule = None
-    if is_cpu(snapshot) and capacity is None and peak is not None:
-        # XLA:CPU buffers live in host RAM, whose size the profile does not record: the stated
-        # rule judges the live buffers of the largest compiled program instead.
-        rule = CPU_MEMORY_RULE
-        risk = "LOW" if peak < LARGE_MODULE_GIB else "UNKNOWN"
-    return {
-        "step_time_ms": round(step, 3) if step else None,
-        "device_idle_percent": round(idle, 2) if idle is not None else None,
-        "roofline_efficiency_percent": roofline,
-        # Where roofline_efficiency_percent comes from: xprof's program row, or that row
-        # with shape-derived custom-call FLOPs counted once per call (see roofline.py).
-        "roofline_efficiency_basis": None if roofline is None else (
-            "get_roofline_model program.roofline_efficiency_percent" if roofline == xprof_roofline
-            else f"mldiag.roofline: xprof's {xprof_roofline}% counts one call's shape-derived "
-                 "FLOPs of each custom call against all its calls' time; recounted per call "
-                 "from the op profile's occurrences"),
-        "peak_memory_gib": peak,
-        "memory_capacity_gib": capacity,
-        "oom_risk": risk,
-        "oom_risk_rule": rule,
-        "peak_memory_source": source,
-        # The compiled program whose buffers peak_memory_gib is (get_peak_allocations only).
-        "peak_memory_program": program,
-        # Where device idle came from, over what, and what every source said.
-        "device_idle_source": chosen.label if chosen else None,
-        "device_idle_window": chosen.window if chosen else None,
-        "device_idle_sources": {x.label: round(x.value, 2) for x in sources},
-        "judged_over": chosen.window if chosen else ("steps" if step else "capture window"),
-        # The spread of the same steps the headline step time averages (our timeline's).
-        "step_time_spread": hb.get("step_time_spread") if hb.get("steps_analyzed") else None,
-        # Compile and warm-up steps inside the window, left out of every step figure.
-        "steps_excluded": list(hb.get("excluded_steps") or []) if hb.get("steps_analyzed")
-        else [],
-    }
+    """The headline metrics of analysis.json (the session reading's `values`)."""
+    return dict(read_session(snapshot).values)
 
 
-def oom_risk(peak: float | None, capacity: float | None) -> str:
-    if peak is None or capacity is None or capacity <= 0:
-        return "UNKNOWN"
-    ratio = peak / capacity
-    return "HIGH" if ratio >= 0.9 else "MEDIUM" if ratio >= 0.75 else "LOW"
-
-
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
     """Every suspected bottleneck, strongest first: each rule's, in raise order, then sorted
     by priority and impact (stably, so the raise order decides ties)."""
     out: list[Hypothesis] = []
@@ -135,10 +58,10 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
         if isinstance(rule, rules.DetectorRule):
             if not detectors_raised:
                 # One op, one finding: the detector categories are raised in one pass.
-                out += detections.hypotheses(snapshot, rules.DETECTORS)
+                out += detections.hypotheses(reading.snapshot, rules.DETECTORS)
                 detectors_raised = True
         else:
-            out += rule.hypotheses(snapshot, metrics)
+            out += rule.hypotheses(reading)
     order = {"P0": 0, "P1": 1, "P2": 2}
     out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
     share_of_one_whole(out)
@@ -171,12 +94,13 @@ def share_of_one_whole(found: list[Hypothesis]) -> None:
         left -= h.impact["value"]
 
 
-def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
-                  found: list[Hypothesis]) -> tuple[list[dict[str, Any]], list[str]]:
+def health_checks(reading: SessionReading, found: list[Hypothesis]
+                  ) -> tuple[list[dict[str, Any]], list[str]]:
     """The four OPTIMAL checks: each passes, fails, or could not be judged."""
+    snapshot, metrics = reading.snapshot, reading.values
     checks: list[dict[str, Any]] = []
     not_judged: list[str] = []
-    cpu = is_cpu(snapshot)
+    cpu = reading.cpu
     hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
 
     util: float | None = None
@@ -270,7 +194,7 @@ def health_checks(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
     for caveat in roofline_caveats(snapshot):
         not_judged.append(f"roofline FLOP rate: {caveat}")
     not_judged += opaque_call_notes(snapshot, metrics, found)
-    short = short_window(snapshot)
+    short = reading.steps.short_window
     if short is not None:
         window_ms, calls = short
         idle_now = metrics.get("device_idle_percent")
@@ -331,11 +255,14 @@ def _check(name: str, value: Any, source: str, passed: bool | None, target: str)
             "passed": passed, "why_unknown": why}
 
 
-def triage(snapshot: Mapping[str, Any]) -> Triage:
-    """Decide OPTIMAL vs NEEDS_ATTENTION and list the hypotheses for the investigator."""
-    metrics = compute_metrics(snapshot)
-    found = hypotheses(snapshot, metrics)
-    checks, not_judged = health_checks(snapshot, metrics, found)
+def triage(source: Mapping[str, Any] | SessionReading) -> Triage:
+    """Decide OPTIMAL vs NEEDS_ATTENTION and list the hypotheses for the investigator.
+
+    `source` is the session's reading, or a snapshot read here once."""
+    reading = reading_of(source)
+    metrics = dict(reading.values)
+    found = hypotheses(reading)
+    checks, not_judged = health_checks(reading, found)
     # OPTIMAL needs positive evidence that the device computes (the utilization check) and no
     # failed check or P0/P1 hypothesis. A check without data is listed as not judged; on its
     # own it does not turn a healthy profile into NEEDS_ATTENTION.
@@ -345,4 +272,5 @@ def triage(snapshot: Mapping[str, Any]) -> Triage:
     return Triage(
         status=OPTIMAL if healthy else NEEDS_ATTENTION,
         metrics=metrics, checks=checks, not_judged=not_judged, hypotheses=found,
+        reading=reading,
     )

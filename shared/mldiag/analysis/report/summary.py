@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from mldiag.analysis.judgement.reading import SessionReading, read_session
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.diff import what_changed
 from mldiag.analysis.report.model import (
@@ -40,7 +41,7 @@ from mldiag.analysis.report.model import (
     why,
 )
 from mldiag.analysis.report.page import Page, TocEntry, render
-from mldiag.analysis.report.tools import cpu_profile, device_type_of, tool_sections
+from mldiag.analysis.report.tools import tool_sections
 
 _PRIORITY_RANK = {"P0": 0, "P1": 1, "P2": 2}
 _TOC = (TocEntry("summary", "Summary"), TocEntry("bottlenecks", "Bottlenecks"),
@@ -65,6 +66,8 @@ class Check:
     target: str
     result: str
     source: str
+    # One line where a finding about the same quantity seems to disagree (judgement.verdict).
+    note: str = ""
 
     @property
     def result_css(self) -> str:
@@ -79,6 +82,8 @@ class Summary:
     judged_over: str
     not_judged: Block
     collection: Block
+    # One line relating the page's efficiency and utilisation figures, when two appear.
+    figures: str = ""
 
 
 @dataclass(frozen=True)
@@ -175,6 +180,8 @@ def _roofline_note(metrics: Mapping[str, Any], analysis: Mapping[str, Any]) -> s
 def _step_note(metrics: Mapping[str, Any]) -> str:
     """Average per step, with the same steps' spread and outliers when they were measured."""
     spread = as_map(metrics.get("step_time_spread"))
+    if metrics.get("steps_measured") == 1:
+        return "one step: a single sample, not an average (profile more steps for a spread)"
     if not spread:
         return "average per step"
     note = (f"average of {spread.get('steps')} steps; ± {spread.get('stddev_ms')} ms, "
@@ -205,7 +212,7 @@ def _checks(analysis: Mapping[str, Any]) -> list[Check]:
             else (f"{value:g}" if isinstance(value, int | float) else str(value))
         result = "passed" if passed is True else "failed" if passed is False else "not judged"
         rows.append(Check(as_str(c.get("check")), shown, as_str(c.get("target")), result,
-                          as_str(c.get("source"))))
+                          as_str(c.get("source")), as_str(c.get("note"))))
     return rows
 
 
@@ -275,16 +282,46 @@ def _task_shares(by_task: Mapping[str, Any]) -> str:
                                                           key=lambda kv: int(kv[0])))
 
 
-def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> Summary:
+def figures_line(analysis: Mapping[str, Any], reading: SessionReading) -> str:
+    """One line naming each efficiency or utilisation figure the page shows and how they
+    relate, when it shows two or more; "" otherwise."""
+    said = []
+    util = next((as_map(c) for c in as_list(analysis.get("checks"))
+                 if as_map(c).get("check") == "compute utilization is high"), {})
+    if isinstance(util.get("value"), int | float):
+        said.append(f"compute utilization {util['value']:g}% is the share of device time "
+                    f"spent computing ({util.get('source')}): whether the device works")
+    roof = measured(as_map(analysis.get("metrics")).get("roofline_efficiency_percent"))
+    if roof is not None:
+        said.append(f"roofline efficiency {roof:g}% is how fast the whole program computes "
+                    "against its attainable FLOP rate over all its ops (get_roofline_model "
+                    "program): how well it works while it does")
+    summary = as_map(reading.get("get_xprof_overview", "performance_summary"))
+    duty = summary.get("device_duty_cycle_percent")
+    if duty not in (None, "", "N/A") and not reading.cpu:  # xprof's device metrics, not CPU's
+        said.append(f"device duty cycle {duty} (get_xprof_overview) counts any op, copies and "
+                    "collectives included")
+    mxu = summary.get("mxu_utilization_percent")
+    if mxu not in (None, "", "N/A") and reading.tpu:
+        said.append(f"MXU utilization {mxu} (get_xprof_overview) is the matrix units' share")
+    if len(said) < 2:
+        return ""
+    return ("How these figures relate: " + "; ".join(said) + ". A finding's per-op "
+            "efficiency is that op's own, over all its calls.")
+
+
+def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
+                 reading: SessionReading | None = None) -> Summary:
+    reading = reading or read_session(snapshot)
     not_judged = [item for item in as_list(analysis.get("not_judged")) if item]
     judged: Block = (
         Callout("Not judged (missing data is not evidence of health)",
                 [Prose(text(item)) for item in not_judged]) if not_judged
         else why("Every triage criterion had data; nothing was left unjudged."))
     return Summary(as_str(analysis.get("summary")),
-                   _card_notes(analysis, cpu_profile(analysis, snapshot)), _checks(analysis),
+                   _card_notes(analysis, reading.cpu), _checks(analysis),
                    as_str(as_map(analysis.get("metrics")).get("judged_over")), judged,
-                   _collection_note(analysis, snapshot))
+                   _collection_note(analysis, snapshot), figures_line(analysis, reading))
 
 
 # ---------------------------------------------------------------- 2. findings
@@ -338,8 +375,15 @@ def findings_view(analysis: Mapping[str, Any]) -> tuple[list[Finding], str]:
     """The findings, most urgent first, and what to say when there are none."""
     findings = [as_map(f) for f in as_list(analysis.get("findings")) if isinstance(f, Mapping)]
     findings.sort(key=_finding_key)
-    if analysis.get("status") == "OPTIMAL":
+    status = analysis.get("status")
+    if status == "OPTIMAL":
         none = "No bottleneck was found: the triage criteria for OPTIMAL hold."
+    elif status == "INSUFFICIENT_DATA":
+        none = ("No bottleneck was found, and health could not be confirmed either: what the "
+                "profile lacks is listed under \"Not judged\" above.")
+    elif any(as_map(c).get("passed") is False for c in as_list(analysis.get("checks"))):
+        none = ("No finding names a cause: the verdict rests on the failed health check(s) "
+                "above.")
     else:
         none = "No findings were produced for this session."
     return [finding_view(f) for f in findings], none
@@ -466,7 +510,10 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
     "n/a", never as 0.
     """
     session = as_map(analysis.get("session"))
-    device_type = device_type_of(analysis, snapshot)
+    reading = read_session(snapshot, as_str(session.get("device_type")) or None)
+    # The session's own name for its device, as analysis.json recorded it; the kind (what
+    # the page decides by) is the reading's.
+    device_type = as_str(session.get("device_type")) or reading.device_type
     status = as_str(analysis.get("status")) or "UNKNOWN"
     run = as_str(session.get("run")) or "unknown run"
     name = as_str(session.get("session")) or "unknown session"
@@ -484,8 +531,8 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         status=status, heading=f"{run} / {name}", meta=meta,
         capture=_capture_lines(as_map(session.get("capture"))),
         what_changed=what_changed(regression) if regression else None,
-        summary=summary_view(analysis, snapshot), findings=findings, no_findings=no_findings,
-        tools=tool_sections(analysis, snapshot, device_type),
+        summary=summary_view(analysis, snapshot, reading), findings=findings,
+        no_findings=no_findings, tools=tool_sections(analysis, snapshot, reading),
         provenance=Section("provenance", "Provenance", provenance_view(analysis, snapshot)),
         mldiag_version=text(analysis.get("mldiag_version") or ""),
         xprof_version=text(analysis.get("xprof_version") or snapshot.get("xprof_version") or ""),

@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from mldiag.analysis.judgement import evidence as ev
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.model import (
     KV,
@@ -67,44 +68,19 @@ _OVERVIEW_FIELDS = (
 )
 
 
-def device_type_of(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> str:
-    candidates = [
-        as_map(analysis.get("session")).get("device_type"),
-        as_map(data(tool(snapshot, "get_device_information"))).get("device_type"),
-        as_map(as_map(data(tool(snapshot, "get_xprof_overview"))).get("run_environment")).get(
-            "device_type"),
-    ]
-    return next((c for c in candidates if isinstance(c, str) and c.strip()), "")
-
-
-def is_cpu(device_type: str) -> bool:
-    return "cpu" in device_type.lower()
-
-
-def _is_gpu(device_type: str) -> bool:
-    return "gpu" in device_type.lower()
-
-
-def cpu_profile(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]) -> bool:
-    """True when the session or XProf's run environment says the profile is of CPU devices."""
-    env = as_map(as_map(data(tool(snapshot, "get_xprof_overview"))).get("run_environment"))
-    return any(is_cpu(as_str(candidate)) for candidate in
-               (as_map(analysis.get("session")).get("device_type"), env.get("device_type")))
-
-
-def why_absent(name: str, entry: Mapping[str, Any], device_type: str,
+def why_absent(name: str, entry: Mapping[str, Any], device: SessionReading,
                cpu_reason: str) -> list[Block]:
     status = entry.get("status")
     if not entry:
         said = f"{name} was not collected for this session."
-        if is_cpu(device_type) and cpu_reason:
+        if device.cpu and cpu_reason:
             said = f"{cpu_reason} ({name} was not collected)."
         return [why(said)]
     if status == "ERROR":
         return [why(f"{name} failed, so this could not be analysed:"),
                 Para(text(entry.get("error") or "no error text recorded"), "err")]
     message = tool_reason(entry)
-    if is_cpu(device_type) and cpu_reason:
+    if device.cpu and cpu_reason:
         if message:
             return [why(parts(cpu_reason, " ", Span(f"({name}: {message})", "mono")))]
         return [why(cpu_reason)]
@@ -115,7 +91,8 @@ def why_absent(name: str, entry: Mapping[str, Any], device_type: str,
 # ---------------------------------------------------------------- overview
 
 
-def _overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -> list[Block]:
+def _overview(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
+    cpu = device.cpu
     found = data(tool(snapshot, "get_xprof_overview"))
     if found is None:
         return []
@@ -134,13 +111,13 @@ def _overview(snapshot: Mapping[str, Any], cpu: bool, device_type: str) -> list[
         # profiles; they read 0 and would only mislead.
         facts: list[tuple[str, object]] = [
             ("XProf step time (its steps)", step_text),
-            ("Device type", env.get("device_type") or device_type),
+            ("Device type", env.get("device_type") or device.device_type),
             ("Hosts", env.get("host_count")),
             ("Training", env.get("is_training")),
         ]
         notes.append(why("XProf's device metrics do not apply to CPU profiles."))
     else:
-        gpu = _is_gpu(as_str(env.get("device_type")) or device_type)
+        gpu = device.gpu
         # Without a roofline ("Bound by: Unknown": no peak FLOP rate for the device) the
         # roofline-relative fields read 0.00% and mean nothing.
         no_roofline = as_str(perf.get("bound_by")).strip().lower() in ("", "unknown")
@@ -196,17 +173,17 @@ def _op_point(op: Mapping[str, Any]) -> tuple[float, float] | None:
     return point if charts.on_chart(point) else None
 
 
-def _roofline(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
+def _roofline(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
     entry = tool(snapshot, "get_roofline_model")
     found = data(entry)
     if found is None:
-        return why_absent("get_roofline_model", entry, device_type,
+        return why_absent("get_roofline_model", entry, device,
                           "CPU profile: XProf has no roofline for CPU.")
-    device = as_map(found.get("device_info")) or as_map(
+    info = as_map(found.get("device_info")) or as_map(
         data(tool(snapshot, "get_device_information")))
     program = as_map(found.get("program"))
-    peak = measured(device.get("peak_flop_rate"))
-    bw_gibs = measured(device.get("peak_hbm_bw_gibs"))
+    peak = measured(info.get("peak_flop_rate"))
+    bw_gibs = measured(info.get("peak_hbm_bw_gibs"))
     program_point: tuple[float, float] | None = None
     prog_x = measured(program.get("bottleneck_operational_intensity_flop_per_byte")) or (
         measured(program.get("operational_intensity_flop_per_byte")))
@@ -263,7 +240,7 @@ def _roofline(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
         ("Peak compute", fmt_si((peak or 0) * 1e9, "FLOP/s") if peak else na()),
         ("Compute efficiency", fmt_pct(program.get("compute_efficiency_percent"))),
         ("FLOPs provenance", text(program.get("flops_provenance") or "unknown")),
-        ("Device", text(device.get("device_type") or device_type or "unknown")),
+        ("Device", text(info.get("device_type") or device.device_type or "unknown")),
     ]
     top_ops = table([("#", "num"), ("Op", "mono op"), ("Category", ""), ("Self time", "num"),
                      ("% time", "num"), ("Bottleneck OI (FLOP/B)", "num"),
@@ -276,12 +253,12 @@ def _roofline(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
 # ---------------------------------------------------------------- memory
 
 
-def _memory(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
+def _memory(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
     entry = tool(snapshot, "get_memory_profile")
     found = data(entry)
     blocks: list[Block] = []
     if found is None:
-        blocks += why_absent("get_memory_profile", entry, device_type,
+        blocks += why_absent("get_memory_profile", entry, device,
                              "CPU profile: XProf records no device memory profile for CPU.")
     else:
         details = as_map(found.get("peak_usage_details"))
@@ -312,12 +289,12 @@ def _memory(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
 
     alloc_entry = tool(snapshot, "get_peak_allocations")
     alloc = data(alloc_entry)
-    cpu = is_cpu(device_type)
+    cpu = device.cpu
     blocks.append(Heading("Largest buffers of the compiled programs (get_peak_allocations)"
                           if cpu else "Top buffers at peak (get_peak_allocations)", css="gap"))
     if alloc is None:
         return blocks + why_absent(
-            "get_peak_allocations", alloc_entry, device_type,
+            "get_peak_allocations", alloc_entry, device,
             "CPU profile: XProf has no HLO buffer assignment for CPU devices.")
     modules = [as_map(m) for m in as_list(alloc.get("modules")) if isinstance(m, Mapping)]
     buffers = []
@@ -349,11 +326,11 @@ def _split_op_path(name: str) -> tuple[str, str]:
     return segments[-1], module
 
 
-def _hlo_ops(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
+def _hlo_ops(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
     entry = tool(snapshot, "get_hlo_op_profile")
     found = data(entry)
     if found is None:
-        return why_absent("get_hlo_op_profile", entry, device_type,
+        return why_absent("get_hlo_op_profile", entry, device,
                           "CPU profile: XProf builds no HLO op profile for CPU devices.")
     total_ms = measured(found.get("total_profile_time_ms"))
     cats: list[tuple[str, float, float | None]] = []
@@ -501,7 +478,7 @@ def _has_kernels(follow_up: Mapping[str, Any]) -> bool:
 
 
 def _kernels(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
-             device_type: str) -> list[Block]:
+             device: SessionReading) -> list[Block]:
     entry = tool(snapshot, "get_kernel_stats")
     follow = _follow_ups(analysis, "get_kernel_stats")
     blocks: list[Block] = []
@@ -531,7 +508,7 @@ def _kernels(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
         if entry.get("status") == "DATA" and info:
             blocks.append(why(info))
         else:
-            blocks += why_absent("get_kernel_stats", entry, device_type,
+            blocks += why_absent("get_kernel_stats", entry, device,
                                  "CPU profile: no GPU kernels.")
     if follow:
         rendered = follow_data is not None and not records
@@ -539,7 +516,7 @@ def _kernels(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
     if not blocks:
         reason = ("Not collected: get_kernel_stats is a follow-up tool and the investigator "
                   "did not call it")
-        reason += "; a CPU profile has no GPU kernels." if is_cpu(device_type) else "."
+        reason += "; a CPU profile has no GPU kernels." if device.cpu else "."
         blocks.append(why(reason))
     return blocks
 
@@ -588,7 +565,7 @@ def _detection_row(d: Mapping[str, Any]) -> tuple[tuple[Cell, ...], str]:
     return row, "" if ran else "noexec"
 
 
-def _detectors(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
+def _detectors(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
     blocks: list[Block] = []
     for name, label in _DETECTORS:
         entry = tool(snapshot, name)
@@ -616,7 +593,7 @@ def _detectors(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
             if sources:
                 blocks.append(Para("Time source: " + "; ".join(sorted(sources)), "legend"))
         elif status in ("ERROR", "NO_DATA") or not entry:
-            blocks += why_absent(name, entry, device_type, "")
+            blocks += why_absent(name, entry, device, "")
         elif message := tool_reason(entry):
             blocks.append(why(message))
         else:
@@ -630,7 +607,7 @@ def _detectors(snapshot: Mapping[str, Any], device_type: str) -> list[Block]:
 
 
 def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
-         device_type: str) -> list[Block]:
+         device: SessionReading) -> list[Block]:
     blocks: list[Block] = []
     roof = data(tool(snapshot, "get_roofline_model"))
     custom = [as_map(op) for op in as_list(as_map(roof).get("top_operations"))
@@ -666,30 +643,30 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
     follow = _follow_ups(analysis, "llo_")
     for entry in llo_tools:
         if entry.get("status") == "ERROR":
-            blocks += why_absent(as_str(entry.get("name")) or "llo", entry, device_type, "")
+            blocks += why_absent(as_str(entry.get("name")) or "llo", entry, device, "")
     if follow:
         blocks.append(_follow_up_lines(follow))
     elif not llo_tools:
-        if "tpu" in device_type.lower():
+        if device.tpu:
             reason = ("No LLO follow-up was run: the investigator did not need "
                       "instruction-level (LLO) data for this session.")
         else:
-            reason = (f"LLO_DATA_ABSENT: not a TPU trace ({device_type or 'unknown device'}); "
-                      "LLO exists only on TPU.")
+            label = device.device_type or "unknown device"
+            reason = (f"LLO_DATA_ABSENT: not a TPU trace ({label}); LLO exists only on TPU.")
         blocks.append(why(reason))
     return blocks
 
 
 def tool_sections(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
-                  device_type: str) -> Section:
+                  device: SessionReading) -> Section:
     return Section("tools", "Detailed tool analysis", [
-        *_overview(snapshot, cpu_profile(analysis, snapshot), device_type),
-        ToolBlock("roofline", "Roofline", _roofline(snapshot, device_type)),
-        ToolBlock("memory", "Memory", _memory(snapshot, device_type)),
-        ToolBlock("hlo-ops", "HLO op profile", _hlo_ops(snapshot, device_type)),
-        ToolBlock("kernels", "Kernel statistics", _kernels(analysis, snapshot, device_type)),
-        ToolBlock("detectors", "Our detectors", _detectors(snapshot, device_type)),
-        ToolBlock("llo", "Custom kernels and LLO", _llo(analysis, snapshot, device_type)),
+        *_overview(snapshot, device),
+        ToolBlock("roofline", "Roofline", _roofline(snapshot, device)),
+        ToolBlock("memory", "Memory", _memory(snapshot, device)),
+        ToolBlock("hlo-ops", "HLO op profile", _hlo_ops(snapshot, device)),
+        ToolBlock("kernels", "Kernel statistics", _kernels(analysis, snapshot, device)),
+        ToolBlock("detectors", "Our detectors", _detectors(snapshot, device)),
+        ToolBlock("llo", "Custom kernels and LLO", _llo(analysis, snapshot, device)),
     ])
 
 

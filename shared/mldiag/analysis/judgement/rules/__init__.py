@@ -5,7 +5,8 @@ A rule module has:
 - `CATEGORY`, the category's name in analysis.json;
 - `RAISE_ORDER`: where its hypotheses come among the others'; triage then sorts them by
   priority and impact, stably, so this order decides ties;
-- `hypotheses(snapshot, metrics)`, or, for a category an HLO detector raises, `DETECTOR`
+- `hypotheses(reading)` (the session's one typed reading, `reading.py`), or, for a category
+  an HLO detector raises, `DETECTOR`
   (the tool) and `LABEL` (its title): `detections.py` raises those categories together,
   since an op that several detectors flag is one finding;
 - `follow_ups(snapshot, hypothesis)`: the follow-up tools worth calling for it;
@@ -22,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from mldiag.analysis.judgement.context import Context, Plan
 from mldiag.analysis.judgement.model import Hypothesis
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.rules import (
     communication,
     compute_bound,
@@ -55,8 +57,7 @@ class Rule(Protocol):
 class RaisingRule(Rule, Protocol):
     """A rule that raises its own hypotheses."""
 
-    def hypotheses(self, snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-                   ) -> list[Hypothesis]: ...
+    def hypotheses(self, reading: SessionReading) -> list[Hypothesis]: ...
 
 
 @runtime_checkable

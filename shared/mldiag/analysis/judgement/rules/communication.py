@@ -14,6 +14,7 @@ from typing import Any
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import Context, Plan, finding_of
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.readings import (
     COLLECTIVE_CATEGORIES,
     OP_CATEGORY_P0_PERCENT,
@@ -27,8 +28,8 @@ CATEGORY = "communication"
 RAISE_ORDER = 40
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot = reading.snapshot
     """From the op profile's collective rows or, where it has none (XLA:CPU), the timeline."""
     if not category_fraction(snapshot, COLLECTIVE_CATEGORIES):
         return _timeline_collectives(snapshot)

@@ -11,14 +11,15 @@ from typing import Any
 
 from mldiag.analysis.judgement.context import Context, Plan, finding_of
 from mldiag.analysis.judgement.model import Hypothesis
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.roofline import bound_hypotheses
 
 CATEGORY = "compute_bound"
 RAISE_ORDER = 51
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot, metrics = reading.snapshot, reading.values
     return [h for h in bound_hypotheses(snapshot, metrics) if h.category == CATEGORY]
 
 

@@ -22,14 +22,15 @@ from mldiag.analysis.judgement.context import (
     op_source,
 )
 from mldiag.analysis.judgement.model import Hypothesis
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.readings import TRANSFER_CATEGORIES, op_category_hypothesis
 
 CATEGORY = "data_transfer"
 RAISE_ORDER = 30
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot = reading.snapshot
     return op_category_hypothesis(snapshot, CATEGORY, TRANSFER_CATEGORIES, "Data transfer")
 
 

@@ -22,6 +22,7 @@ from mldiag.analysis.judgement.context import (
     instrumentation_events,
 )
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
+from mldiag.analysis.judgement.reading import SessionReading
 
 CATEGORY = "host_bound"
 RAISE_ORDER = 10
@@ -29,8 +30,8 @@ HOST_WAIT_P0_PERCENT = 50.0
 HOST_WAIT_P1_PERCENT = 20.0
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot = reading.snapshot
     hb = ev.tool_data(snapshot, ev.TIMELINE)
     if not hb or not hb.get("steps_analyzed"):
         return []

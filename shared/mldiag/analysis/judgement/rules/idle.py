@@ -19,7 +19,8 @@ from mldiag.analysis.judgement.context import (
     host_events_plan,
 )
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
-from mldiag.analysis.judgement.readings import device_idle_evidence, is_cpu, short_window
+from mldiag.analysis.judgement.reading import SessionReading
+from mldiag.analysis.judgement.readings import device_idle_evidence
 
 CATEGORY = "idle"
 RAISE_ORDER = 20
@@ -31,20 +32,21 @@ KERNEL_TABLE_FROM = ("xprof's kernel_stats converter table (the kernel stats pag
                      "percent_of_kernel_time each row's total_duration_us over that total",)
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
-    if is_cpu(snapshot) and metrics.get("device_idle_window") == "steps":
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot, metrics = reading.snapshot, reading.values
+    if reading.cpu and metrics.get("device_idle_window") == "steps":
         return []  # On CPU with steps, the host-bound analysis covers idle time.
     idle = metrics.get("device_idle_percent")
     if idle is None or idle < IDLE_P1_PERCENT:
         return []
-    if short_window(snapshot) is not None:
+    if reading.steps.micro_benchmark:
         return []  # launch gaps of a micro-benchmark: a note (triage), not a finding
-    proof = device_idle_evidence(snapshot)
+    proof = device_idle_evidence(snapshot, reading.cpu)
     window = metrics.get("device_idle_window") or "capture window"
     per_step = window == "steps" and proof[0]["tool"] == "get_step_trace"
     steps = int(ev.number(ev.get(snapshot, "get_step_trace", "summary.total_steps")) or 0)
     duty = ev.get(snapshot, "get_xprof_overview", "performance_summary.device_duty_cycle_percent")
-    if duty is not None and not is_cpu(snapshot):  # xprof's device metrics are not CPU's
+    if duty is not None and not reading.cpu:  # xprof's device metrics are not CPU's
         proof.append(ev.cite(snapshot, "get_xprof_overview",
                              "performance_summary.device_duty_cycle_percent"))
     hb = ev.tool_data(snapshot, ev.TIMELINE) or {}
@@ -80,7 +82,7 @@ def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[
                        f"running (source: {metrics.get('device_idle_source')})"),
         details={"source": metrics.get("device_idle_source"), "window": window,
                  "sources": metrics.get("device_idle_sources"),
-                 "idle_devices": idle_devices, "cpu": is_cpu(snapshot)},
+                 "idle_devices": idle_devices, "devices": len(devices), "cpu": reading.cpu},
     )]
 
 
@@ -139,9 +141,29 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
                                            f"kernels[{i}].percent_of_kernel_time", kernels,
                                            KERNEL_TABLE_FROM))
         what += " When it runs, its top kernels are " + " and ".join(named) + "."
-    if "tensorflow::" in names:
+    tensorflow = "tensorflow::" in names
+    if tensorflow:
         # Kernel names give the framework away; JAX advice would not apply to this trace.
         what += " The kernels are TensorFlow's (tensorflow:: kernels), so this is a TF program."
+    idle_devices = [str(d) for d in h.details.get("idle_devices") or ()]
+    if idle_devices:
+        # Devices that ran nothing at all are placement, not input: no prefetching puts work
+        # on a device the program never uses.
+        total = int(h.details.get("devices") or 0) or len(idle_devices)
+        what += (f" {len(idle_devices)} of {total} devices ran no op at all: the program runs "
+                 f"on {total - len(idle_devices)} of them, so most of this idle time is work "
+                 "that was never placed on the others, not an input stall.")
+        fix = (("Distribute the step over every GPU: build the model and optimizer inside "
+                "`tf.distribute.MirroredStrategy().scope()` (or `MultiWorkerMirroredStrategy` "
+                "across hosts), feed it through `strategy.experimental_distribute_dataset(...)` "
+                "and scale the global batch by `strategy.num_replicas_in_sync`; check that "
+                "`tf.config.list_logical_devices('GPU')` lists them all.") if tensorflow else
+               ("Put work on every device: shard the batch over all of them (a "
+                "`jax.sharding.Mesh(jax.devices(), ('data',))` with "
+                "`NamedSharding(mesh, P('data'))` on the inputs, or `jax.pmap`), make sure the "
+                "inputs are not committed to one device (`jax.device_put` with the sharding), "
+                "and check that `jax.devices()` lists every device the job was given."))
+    elif tensorflow:
         fix = ("Overlap input with compute with `tf.data` (`.prefetch(tf.data.AUTOTUNE)`, "
                "`.cache()`, parallel `map`), run the step as one `tf.function(jit_compile=True)` "
                "so ops are not dispatched one by one, and remove per-step host syncs "

@@ -13,14 +13,15 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import op_kinds
 from mldiag.analysis.judgement.context import Context, Plan, finding_of
 from mldiag.analysis.judgement.model import Hypothesis
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.roofline import bound_hypotheses
 
 CATEGORY = "memory_bound"
 RAISE_ORDER = 50
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot, metrics = reading.snapshot, reading.values
     return [h for h in bound_hypotheses(snapshot, metrics) if h.category == CATEGORY]
 
 

@@ -13,13 +13,15 @@ from typing import Any
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import Context, Plan, finding_of
 from mldiag.analysis.judgement.model import Hypothesis, impact_of
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.readings import LARGE_MODULE_GIB, stepped_module
 
 CATEGORY = "memory_pressure"
 RAISE_ORDER = 60
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot, metrics = reading.snapshot, reading.values
     risk = metrics.get("oom_risk")
     peak, cap = metrics.get("peak_memory_gib"), metrics.get("memory_capacity_gib")
     if risk in ("HIGH", "MEDIUM") and peak is not None and cap:

@@ -16,6 +16,7 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import op_kinds
 from mldiag.analysis.judgement.context import Context, Plan, finding_of
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
+from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.judgement.readings import (
     CUSTOM_CALL_REPORT_PERCENT,
     custom_call_api,
@@ -37,8 +38,8 @@ JUDGED_CALL_P1_PERCENT = 10.0
 JUDGED_CALL_MIN_PERCENT = 1.0
 
 
-def hypotheses(snapshot: Mapping[str, Any], metrics: Mapping[str, Any]
-               ) -> list[Hypothesis]:
+def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    snapshot = reading.snapshot
     if ev.tool_data(snapshot, "get_roofline_model") is not None:
         # xprof knows each custom call's FLOP provenance: judge the shape-derived ones.
         return _judged_calls(snapshot) + _suggestions(snapshot)
