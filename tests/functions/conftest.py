@@ -166,7 +166,7 @@ class Pipeline:
         """What the Cloud Scheduler sweeper does: settle and re-queue sessions."""
         return stages.sweep(self.services)
 
-    def drain(self, limit: int = 50) -> None:
+    def drain(self, limit: int = 100) -> None:
         """Deliver everything published and written until quiet; a 5xx is redelivered."""
         for _ in range(limit):
             if self.objects:

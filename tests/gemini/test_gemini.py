@@ -270,7 +270,15 @@ def test_analysis_json_from_a_gemini_investigation(fake, snapshot, verdict, sess
     analysis = build_analysis(snapshot, verdict, doc)
 
     assert analysis["investigator"] == f"gemini:{MODEL}"
-    assert analysis["summary"] == SUMMARY
+    # The page's summary is written from the final list of findings, as every page's is; the
+    # model's own is kept beside it and shown under provenance.
+    top = analysis["findings"][0]
+    assert analysis["summary"].startswith(
+        f"This TPU v6 Lite profile (1 host(s)) needs attention: "
+        f"{sum(f['priority'] == 'P0' for f in analysis['findings'])} P0 and "
+        f"{sum(f['priority'] == 'P1' for f in analysis['findings'])} P1 finding(s)")
+    assert f"Top issue ({top['priority']}): {top['title'].rstrip('.')}" in analysis["summary"]
+    assert analysis["investigator_summary"] == SUMMARY
     assert len(analysis["follow_ups"]) == 1
     for f in analysis["findings"]:
         assert f["category"] in CATEGORIES and f["priority"] in ("P0", "P1", "P2")
@@ -282,6 +290,7 @@ def test_analysis_json_from_a_gemini_investigation(fake, snapshot, verdict, sess
                 assert ev.lookup(snapshot["tools"][e["tool"]]["data"], e["field"]) == e["value"]
     html = render_summary_html(analysis, snapshot)
     assert f"gemini:{MODEL}" in html
+    assert "Host-to-device copies (copy-done) take 83.6% of device time" in html
 
 
 def test_at_most_four_tool_calls_when_the_model_keeps_asking(fake, snapshot, verdict, session):

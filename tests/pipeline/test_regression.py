@@ -81,7 +81,9 @@ def test_an_alert_session_is_compared_with_the_most_recent_optimal_one(rt: Local
     assert block["explanation"][0]["kind"] == "host_wait"
     # The verdict summary opens with the diff's one sentence.
     assert a["summary"].startswith(f"Since {RUN}/last-ok, step time rose from 10.00 to 50.00")
-    assert a["summary"].endswith("The device waits for the host.")
+    # …then says what the page's final list of findings says.
+    assert "needs attention: 1 P0 and 0 P1 finding(s). Top issue (P0): Host-bound" in a[
+        "summary"]
     base = Path(rt.storage.root) / _base("auto-1") / "analysis"
     for name in ("diff.json", "v1/diff.json", "diff.html", "v1/diff.html"):
         assert (base / name).is_file(), name
@@ -111,7 +113,8 @@ def test_without_a_baseline_the_report_says_so(rt: LocalRuntime):
     assert a["regression"]["baseline"] is None
     assert "no healthy (OPTIMAL) session" in a["regression"]["reason"]
     assert f"mldiag runs set-baseline {RUN} SESSION" in a["regression"]["reason"]
-    assert a["summary"] == "The device waits for the host."
+    assert a["summary"].startswith("This CPU profile (1 host(s)) needs attention: 1 P0 and 0 "
+                                   "P1 finding(s). Top issue (P0): Host-bound.")
     base = Path(rt.storage.root) / _base("auto-1") / "analysis"
     assert not (base / "diff.json").exists()
     page = (base / "summary.html").read_text()

@@ -118,8 +118,9 @@ def summarize(reading: SessionReading, triage: Triage, findings: list[dict[str, 
         title, impact = top[0]["title"].rstrip("."), top[0]["impact"]
         value = impact.get("value")
         # The impact line adds to the title only when it states a number the title lacks.
-        extra = "" if value is not None and f"{value:.1f}" in title else \
-            f"; {impact.get('text')}"
+        said = impact.get("text")
+        extra = "" if not said or value is not None and f"{value:.1f}" in title else \
+            f"; {said}"
         sentences.append(f"Top issue ({top[0]['priority']}): {title}{extra}.")
         fix = _first_sentence(str(top[0].get("fix") or ""))
         if fix:

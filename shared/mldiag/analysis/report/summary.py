@@ -441,6 +441,8 @@ def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         ("Investigator fallback", (f"{as_str(fallback.get('from'))} failed, so the rule-based "
                                    f"investigator ran: {as_str(fallback.get('reason'))}")
          if fallback else "none"),
+        *([("Investigator's own summary", analysis["investigator_summary"])]
+          if analysis.get("investigator_summary") else []),
         ("Evidence check", (f"{len(as_list(check.get('dropped')))} finding(s) dropped, "
                             f"{len(as_list(check.get('corrected')))} value(s) corrected against "
                             "the tool outputs") if check else "not needed (rule-based)"),
