@@ -97,6 +97,29 @@ def _pallas_derived(s: dict[str, Any]) -> None:
     s["tools"]["get_roofline_model"]["data"]["program"]["flops_provenance"] = "mixed"
 
 
+def _pallas_microbenchmark(s: dict[str, Any]) -> None:
+    # A kernel micro-benchmark: 3 calls of one Pallas kernel in a 0.6 ms window, no steps,
+    # nothing else on the device. The kernel's efficiency is the finding; the gaps around
+    # its calls are not judged, and the program's bound is the kernel's.
+    _custom_call_row(s, "matmul_optimized.1", "custom-call", "derived_from_shapes", "70.00%",
+                     0.42, "3.99%", "3.99%", 3, "tpu_custom_call", "bench.py:12")
+    tools = s["tools"]
+    roof = tools["get_roofline_model"]["data"]
+    roof["top_operations"] = roof["top_operations"][:1]
+    roof["program"]["flops_provenance"] = "derived_from_shapes"
+    ops = tools["get_hlo_op_profile"]["data"]
+    ops["grouped_operations"] = {"custom-call": ops["grouped_operations"]["custom-call"][-1:]}
+    ops["category_summary"] = [
+        {"category": "custom-call", "fraction_of_total_time": 0.7, "total_self_time_ms": 0.42,
+         "top_op": "matmul_optimized.1", "op_count": 1},
+        {"category": "IDLE", "fraction_of_total_time": 0.3, "total_self_time_ms": 0.18,
+         "top_op": "IDLE", "op_count": 1}]
+    ops["total_profile_time_ms"] = 0.6
+    tools["get_xprof_overview"]["data"]["performance_summary"][
+        "device_idle_time_percent"] = "30.0%"
+    tools["detect_layout_mismatch_copies"]["data"]["detections"] = []
+
+
 def _opaque_attention(s: dict[str, Any]) -> None:
     # TE fused attention, opaque to xprof: a note, not a P0-P2.
     _custom_call_row(s, "te_fused_attn_forward_ffi", "custom-call", "opaque_custom_call",
@@ -118,6 +141,7 @@ VARIANTS = {
     "variant_tpu_suggestions": ("fixture_tpu_inference_2", _suggestions),
     "variant_cpu_mixed_detectors": ("planted_layout_copy", _mixed_detectors),
     "variant_tpu_pallas_derived": ("fixture_tpu_inference_2", _pallas_derived),
+    "variant_tpu_pallas_microbenchmark": ("fixture_tpu_inference_2", _pallas_microbenchmark),
     "variant_tpu_opaque_attention": ("fixture_tpu_inference_2", _opaque_attention),
     "variant_gpu_library_gemm": ("fixture_tpu_inference_2", _library_gemm),
 }
@@ -189,9 +213,14 @@ def test_every_cited_field_resolves_in_a_tool_output() -> None:
         # Every cited field resolves, the HLO excerpts included (mldiag.hlo_excerpt).
         assert not check["corrected"], (case, check["corrected"])
         # The rule-based investigator went through the same check itself: no finding of a
-        # rule states a number that is in no tool or pass output, nor does its summary.
+        # rule states a number that is in no tool or pass output, nor does its summary
+        # (but for the fix it quotes, whose constants are advice: block shapes, dtypes).
         own = report["evidence_check"]
         assert own["dropped"] == [] and own["corrected"] == [], (case, own)
+        measured = report["summary"].split(" Fix first: ")[0] + " " + (
+            report["summary"].split(" Measured: ", 1)[1] if " Measured: " in report["summary"]
+            else "")
+        assert pool.unknown_in(measured) == [], (case, pool.unknown_in(measured))
         assert own["kept"] == own["checked"] == len(report["findings"]), case
         # The check keeps who made each number: mldiag's passes say what they came from.
         written = {f["title"]: f["evidence"] for f in report["findings"]}

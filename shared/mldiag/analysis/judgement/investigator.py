@@ -50,9 +50,8 @@ class RuleBasedInvestigator:
         # that pass keep everything the rule wrote (the check's copy keeps the contract's
         # keys only).
         reading = reading_of(triage.reading or snapshot)
-        report = {"findings": written,
-                  "summary": summarize(reading, triage, ordered(written))}
-        checked, _, _, check = check_report(report, snapshot, triage, follow_ups.records)
+        checked, _, _, check = check_report({"findings": written}, snapshot, triage,
+                                            follow_ups.records)
         dropped = {d["finding"] for d in check["dropped"]}
         # The summary is the final list's: written after the check, from what it kept.
         findings = ordered(f for f in written if f["title"] not in dropped)

@@ -62,6 +62,11 @@ def hypotheses(reading: SessionReading) -> list[Hypothesis]:
                 detectors_raised = True
         else:
             out += rule.hypotheses(reading)
+    if reading.steps.micro_benchmark and any(
+            h.details.get("kind") == "judged_call" for h in out):
+        # A kernel micro-benchmark's program is its kernel: the kernel's own finding is the
+        # verdict, and the program's bound would say the same thing with the wrong fix.
+        out = [h for h in out if h.category not in _ESTIMATES]
     order = {"P0": 0, "P1": 1, "P2": 2}
     out.sort(key=lambda h: (order[h.priority], -(h.impact.get("value") or 0.0)))
     share_of_one_whole(out)
@@ -141,9 +146,13 @@ def health_checks(reading: SessionReading, found: list[Hypothesis]
         if util is None:
             util = ev.number(ev.get(snapshot, "get_step_trace", "summary.compute_percent"))
             util_source = "compute share of step (get_step_trace)"
+    micro = reading.steps.micro_benchmark
+    # A micro-benchmark's time shares are the gaps around a handful of calls: said, not judged.
+    gaps = ("not judged: a micro-benchmark's few calls, whose gaps are launch overhead, not a "
+            "workload's behaviour (see the short-window note)")
     checks.append(_check("compute utilization is high", util, util_source,
-                         None if util is None else util >= HIGH_UTILIZATION_PERCENT,
-                         f">= {HIGH_UTILIZATION_PERCENT:g}%"))
+                         None if util is None or micro else util >= HIGH_UTILIZATION_PERCENT,
+                         f">= {HIGH_UTILIZATION_PERCENT:g}%", gaps if micro else None))
 
     overhead: float | None = None
     idle = metrics.get("device_idle_percent")
@@ -158,8 +167,9 @@ def health_checks(reading: SessionReading, found: list[Hypothesis]
         overhead = float(idle) + comm
     checks.append(_check("idle + communication overhead is low", overhead,
                          f"device idle % + {comm_source}",
-                         None if overhead is None else overhead <= LOW_OVERHEAD_PERCENT,
-                         f"<= {LOW_OVERHEAD_PERCENT:g}%"))
+                         None if overhead is None or micro else
+                         overhead <= LOW_OVERHEAD_PERCENT,
+                         f"<= {LOW_OVERHEAD_PERCENT:g}%", gaps if micro else None))
 
     risk = metrics.get("oom_risk")
     if metrics.get("oom_risk_rule"):
@@ -186,7 +196,7 @@ def health_checks(reading: SessionReading, found: list[Hypothesis]
             not_judged.append(f"{c['check']}: {c['why_unknown']}")
     idle_now = metrics.get("device_idle_percent")
     if metrics.get("roofline_efficiency_percent") is not None and idle_now is not None and (
-            idle_now >= ROOFLINE_IDLE_LIMIT_PERCENT):
+            idle_now >= ROOFLINE_IDLE_LIMIT_PERCENT) and not micro:
         not_judged.append(f"roofline bound: the device is idle {idle_now:.1f}% of the "
                           f"{metrics.get('judged_over') or 'window'}, so the bound of the "
                           "little work it does says nothing about the program (fix the idle "
@@ -247,10 +257,11 @@ def their(they: str) -> str:
     return "their" if they == "they" else "its"
 
 
-def _check(name: str, value: Any, source: str, passed: bool | None, target: str) -> dict[str, Any]:
+def _check(name: str, value: Any, source: str, passed: bool | None, target: str,
+           why_unknown: str | None = None) -> dict[str, Any]:
     why = ""
     if passed is None:
-        why = f"no data ({source} unavailable in this profile)"
+        why = why_unknown or f"no data ({source} unavailable in this profile)"
     return {"check": name, "value": value, "target": target, "source": source,
             "passed": passed, "why_unknown": why}
 

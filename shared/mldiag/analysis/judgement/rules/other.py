@@ -106,6 +106,10 @@ def _judged_calls(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
             | {"upper_bound": True},
             details={"kind": "judged_call", "op_kind": kind, "op": op.name,
                      "index": op.index, "calls": op.calls, "estimate": True,
+                     # Stated in the finding ("… ms per call"): computed here, so the
+                     # evidence check finds it in the triage.
+                     "per_call_ms": (op.self_time_ms / op.calls
+                                     if op.self_time_ms is not None and op.calls else None),
                      "source_file_line": _op_source(snapshot, op)},
         ))
     return out
