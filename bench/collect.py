@@ -30,15 +30,12 @@ from pathlib import Path
 
 from _proc import tree_cpu_s, tree_pids
 
-from mldiag.analysis.collection.collect import COLLECTION_TOOLS, collect
+from mldiag.analysis.collection.collect import COLLECTION_TOOLS, XPROF_CLI, collect
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 from mldiag.analysis.collection.workers import rss_bytes
 
-CLI_TOOLS = (
-    "get_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",
-    "get_utilization_viewer", "get_roofline_model", "get_hlo_op_profile", "list_hlo_modules",
-    "get_memory_profile", "get_peak_allocations",
-)
+# The xprof commands of the collection tools that have one, in the snapshot's order.
+CLI_TOOLS = tuple(cli[0] for cli in XPROF_CLI.values() if cli)
 
 
 def _fresh_copy(session: ProfileSession, root: Path) -> Path:

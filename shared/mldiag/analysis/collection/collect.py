@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan
+from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan, registry
 from mldiag.analysis.collection.host_share import combine_host_parts
 from mldiag.analysis.collection.jobs import pick_step_trace
 from mldiag.analysis.collection.profile_input import (
@@ -46,23 +46,8 @@ from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
 
-COLLECTION_TOOLS: tuple[str, ...] = (
-    "get_xprof_overview",
-    "get_step_trace",
-    "get_kpi_metrics",
-    "get_device_information",
-    "get_hosts",
-    "get_utilization_viewer",
-    "get_smart_suggestions",
-    "get_roofline_model",
-    "get_hlo_op_profile",
-    "detect_layout_mismatch_copies",
-    "detect_unfused_reshapes",
-    "detect_unnecessary_convert_reduce",
-    "list_hlo_modules",
-    "get_memory_profile",
-    "get_peak_allocations",
-)
+# The snapshot's order of the tools (the progress lines' and the report's too).
+COLLECTION_TOOLS: tuple[str, ...] = tuple(tool.name for tool in registry.IN_SNAPSHOT_ORDER)
 
 DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
 
@@ -84,11 +69,8 @@ def tool_result(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "status": status, "elapsed_ms": elapsed, **payload}
 
 
-_DETECTORS = {
-    "detect_layout_mismatch_copies": detectors.detect_layout_mismatch_copies,
-    "detect_unfused_reshapes": detectors.detect_unfused_reshapes,
-    "detect_unnecessary_convert_reduce": detectors.detect_unnecessary_convert_reduce,
-}
+# Each HLO detector tool's function, named after it.
+_DETECTORS = {name: getattr(detectors, name) for name in registry.DETECTORS}
 
 
 # mldiag's own passes, filed under the snapshot's `passes` by name (never inside an xprof
@@ -96,31 +78,16 @@ _DETECTORS = {
 # each is made of.
 _PASS_JOBS: dict[str, tuple[str, ...]] = {
     ev.TIMELINE: ("timeline_pass",),
-    ev.CUSTOM_CALLS: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
-    ev.ASYNC_COPIES: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+    ev.CUSTOM_CALLS: registry.HLO_JOBS,
+    ev.ASYNC_COPIES: registry.HLO_JOBS,
 }
 
 # The `xprof` CLI command that outputs each collection tool's data for the same file (the
-# arguments the collection calls it with): what a reader runs to check a cited field. The
-# smart suggestions are xprof's `smart_suggestion` converter output, which no CLI command
-# prints; the detectors are mldiag's (cited as `mldiag.<detector>`).
+# arguments the collection calls it with): what a reader runs to check a cited field. None:
+# no command prints it (the smart suggestions are xprof's `smart_suggestion` converter output;
+# the detectors are mldiag's, cited as `mldiag.<detector>`).
 XPROF_CLI: dict[str, tuple[str, ...] | None] = {
-    "get_xprof_overview": ("get_overview",),
-    "get_step_trace": ("get_step_trace", "--limit", "50"),
-    "get_kpi_metrics": ("get_kpi_metrics",),
-    "get_device_information": ("get_device_information",),
-    "get_hosts": ("get_hosts",),
-    "get_utilization_viewer": ("get_utilization_viewer",),
-    "get_smart_suggestions": None,
-    "get_roofline_model": ("get_roofline_model", "--top_n", "15"),
-    "get_hlo_op_profile": ("get_hlo_op_profile", "--top_n", "50"),
-    "detect_layout_mismatch_copies": None,
-    "detect_unfused_reshapes": None,
-    "detect_unnecessary_convert_reduce": None,
-    "list_hlo_modules": ("list_hlo_modules",),
-    "get_memory_profile": ("get_memory_profile",),
-    "get_peak_allocations": ("get_peak_allocations", "--limit", "10"),
-}
+    tool.name: tool.xprof.argv if tool.xprof else None for tool in registry.IN_SNAPSHOT_ORDER}
 
 
 def _with_cli(result: dict[str, Any]) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection import registry, timeline
 from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
@@ -25,6 +25,7 @@ from mldiag.analysis.collection.host_copies import (
 )
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.registry import XprofCommand
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
@@ -77,19 +78,29 @@ def _share_run_dir_lock() -> None:
     xprof_client._mldiag_shared_lock = True
 
 
-def _call(name: str, **kwargs: Any) -> Any:
+def _xprof(tool: str) -> XprofCommand:
+    command = registry.BY_NAME[tool].xprof
+    if command is None:
+        raise ValueError(f"{tool}: its spec names no xprof command")
+    return command
+
+
+def _call(tool: str) -> Any:
+    """The job that answers `tool` with its xprof command, as its spec says to call it."""
+    command = _xprof(tool)
+
     def run(ctx: Context, inputs: Mapping[str, Any]) -> Any:
-        return ctx.ws.call(name, **kwargs)
+        return ctx.ws.call(command.name, **command.kwargs)
 
     return run
 
 
 device_information = _call("get_device_information")
 hosts = _call("get_hosts")
-roofline = _call("get_roofline_model", top_n=15)
-op_profile = _call("get_hlo_op_profile", top_n=50)
+roofline = _call("get_roofline_model")
+op_profile = _call("get_hlo_op_profile")
 list_hlo_modules = _call("list_hlo_modules")
-peak_allocations = _call("get_peak_allocations", limit=10)
+peak_allocations = _call("get_peak_allocations")
 
 
 def kpi_metrics(ctx: Context, inputs: Mapping[str, Any]) -> Any:
@@ -371,7 +382,8 @@ def _step_trace_half(ctx: Context, *, pods: bool) -> dict[str, Any]:
 
     gst._fetch_first_available = this_half
     try:
-        data: dict[str, Any] = ctx.ws.call("get_step_trace", limit=50,
+        command = _xprof("get_step_trace")
+        data: dict[str, Any] = ctx.ws.call(command.name, **command.kwargs,
                                            run_dir=_overview_dir(ctx))
     except NoData as e:
         data = {"status": "NO_DATA", "message": str(e)}

@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from mldiag.analysis.collection import registry
 from mldiag.errors import MldiagError
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
@@ -66,8 +67,7 @@ CUSTOM_CALLS = "mldiag.custom_calls"
 ASYNC_COPIES = "mldiag.async_copies"
 KERNEL_TABLE = "mldiag.kernel_table"
 HLO_EXCERPT = "mldiag.hlo_excerpt"
-DETECTORS = ("detect_layout_mismatch_copies", "detect_unfused_reshapes",
-             "detect_unnecessary_convert_reduce")
+DETECTORS = registry.DETECTORS
 
 # mldiag's own passes whose results the snapshot holds, and what each is computed from (the
 # collection writes the `from` of each run; this is what a snapshot without it says).
