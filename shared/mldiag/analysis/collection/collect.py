@@ -21,6 +21,7 @@ import mldiag
 from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan, registry
 from mldiag.analysis.collection.host_share import combine_host_parts
 from mldiag.analysis.collection.jobs import pick_step_trace
+from mldiag.analysis.collection.passes import ASYNC_COPIES, CUSTOM_CALLS, PASSES, TIMELINE
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -41,7 +42,6 @@ from mldiag.analysis.collection.xprof_tools import (
     XprofWorkspace,
     xprof_installed_version,
 )
-from mldiag.analysis.judgement import evidence as ev
 from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
@@ -77,9 +77,9 @@ _DETECTORS = {name: getattr(detectors, name) for name in registry.DETECTORS}
 # tool's result: a reader re-running `xprof <tool>` would not find them there), with the jobs
 # each is made of.
 _PASS_JOBS: dict[str, tuple[str, ...]] = {
-    ev.TIMELINE: ("timeline_pass",),
-    ev.CUSTOM_CALLS: registry.HLO_JOBS,
-    ev.ASYNC_COPIES: registry.HLO_JOBS,
+    TIMELINE: ("timeline_pass",),
+    CUSTOM_CALLS: registry.HLO_JOBS,
+    ASYNC_COPIES: registry.HLO_JOBS,
 }
 
 # The `xprof` CLI command that outputs each collection tool's data for the same file (the
@@ -130,20 +130,20 @@ class _Assembler:
 
     def _pass(self, name: str, parts: list[Outcome]) -> dict[str, Any]:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
-        if name == ev.TIMELINE:
+        if name == TIMELINE:
             result = _as_result(name, parts[0], elapsed)
             if isinstance(result.get("data"), dict):
                 # Precomputed follow-ups go to the snapshot's own block, not the pass's.
                 result["data"] = {k: v for k, v in result["data"].items()
                                   if k != "precomputed"}
-            computed_from = list(ev.PASSES[name])
+            computed_from = list(PASSES[name])
         else:
             result = tool_result(name, lambda: self._hlo_pass(name, *parts)) | {
                 "elapsed_ms": elapsed}
             source = (result.get("data") or {}).get("time_source") if result.get(
                 "status") == DATA else None
-            computed_from = [ev.PASSES[name][0]] + [f"op times: {source}" if source else
-                                                    ev.PASSES[name][1]]
+            computed_from = [PASSES[name][0]] + [f"op times: {source}" if source else
+                                                 PASSES[name][1]]
         return {**result, "from": computed_from}
 
     @staticmethod
@@ -210,7 +210,7 @@ class _Assembler:
     def _hlo_pass(self, name: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
                   modules_o: Outcome) -> dict[str, Any]:
         texts, sources, times = self._hlo(texts_o, prof_o, tl_o, modules_o)
-        if name == ev.ASYNC_COPIES:
+        if name == ASYNC_COPIES:
             # Host offload and prefetch copies: their direction, and whether each is exposed
             # (its copy-done takes time) or hidden behind compute.
             copies = hlo_facts.async_copies(texts)
@@ -502,7 +502,7 @@ def collect(
                                elapsed_ms, session_bytes, windows,
                                remote.by_task if remote is not None else None),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
-        # mldiag's own passes by name (evidence.PASSES), each with what it was computed from.
+        # mldiag's own passes by name (passes.PASSES), each with what it was computed from.
         "passes": {name: assembler.passes[name] for name in _PASS_JOBS
                    if name in assembler.passes},
         # Follow-ups answered from data collection had decoded anyway: tool → {args, data,

@@ -24,6 +24,7 @@ from mldiag.analysis.collection.host_copies import (
     reduce_one,
 )
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
+from mldiag.analysis.collection.passes import ASYNC_OVERLAP, HOST_PYTHON_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.registry import XprofCommand
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
@@ -473,7 +474,6 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
     the device lines the timeline pass decoded; None when the trace has no XLA op lines (a
     CPU trace), where the investigator never asks for it."""
     from mldiag.analysis.collection import async_overlap
-    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
 
     if not async_overlap.has_async_lines(scan):
         return None
@@ -483,7 +483,6 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
 def combine_async_overlap(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The precomputed async-overlap follow-up from each host's label and share."""
     from mldiag.analysis.collection import async_overlap
-    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
 
     return {"args": dict(ASYNC_OVERLAP),
             "data": async_overlap.combine(parts, **ASYNC_OVERLAP),
@@ -499,7 +498,6 @@ def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
     from mldiag.analysis.collection.event_aggregates import aggregate_scans
-    from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
@@ -604,14 +602,6 @@ def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any
         except NoData as e:
             reasons.append(f"{host}: {e}")
     raise NoData("; ".join(reasons))
-
-
-def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:
-    """One investigator follow-up call (see `followups.FollowUps.call`)."""
-    from mldiag.analysis.judgement.followups import FollowUpRunner
-
-    runner = FollowUpRunner(ctx.ws, ctx.session, llo_db=inputs.get("llo_db"))
-    return runner.run(str(inputs["tool"]), dict(inputs.get("args") or {}))
 
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
