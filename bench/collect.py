@@ -6,8 +6,8 @@ Measures, in one run on the same profile:
   (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses (cold cache,
       fresh copy of the trace, as a script driving the CLI would run them; the detectors'
       input is fetched with `get_hlo_text` per module);
-  (b) our `collect()`: all 15 tools in its worker processes (fresh private workspace; the
-      workers are warm, as in a long-running pipeline process);
+  (b) our `collect()`: all the collection tools in its worker processes (fresh private
+      workspace; the workers are warm, as in a long-running pipeline process);
   (c) each tool alone in a fresh workspace, including the jobs it depends on; the slowest counts.
 
 Prints a table, then as the last line: speedup_vs_cli=<a/b> ratio_to_slowest_tool=<b/c>.

@@ -338,3 +338,22 @@ def test_the_checks_catch_what_is_broken(tmp_path: Path) -> None:
     assert unresolved("mldiag.cli.main.build_parser") is None
     assert unresolved("mldiag.cli.mian") is not None
     assert unresolved("mldiag.cli.main.no_such_name") is not None
+
+
+# The collection tools in prose: a count is the registry's, and the manual names every tool.
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda d: str(d.relative_to(REPO)))
+def test_counts_of_collection_tools_are_the_registrys(doc: Path) -> None:
+    from mldiag.analysis.collection import registry
+    from tests.unit.test_tools_registry import TOOL_COUNT
+
+    stated = [int(m.group(1)) for m in TOOL_COUNT.finditer(doc.read_text())]
+    assert [n for n in stated if n != len(registry.TOOLS)] == []
+
+
+def test_the_manual_names_every_collection_tool() -> None:
+    from mldiag.analysis.collection import registry
+
+    named = set(re.findall(r"`(\w+)`", (REPO / "docs" / "analysis.md").read_text()))
+    assert [t.name for t in registry.TOOLS if t.name not in named] == []

@@ -1,10 +1,11 @@
-"""Collection: the 15 tools of the health snapshot, from jobs run in killable worker processes.
+"""Collection: the health snapshot's tools, from jobs run in killable worker processes.
 
-The tools are assembled from jobs (`jobs.py`) that run in two worker processes (`workers.py`):
-one builds op_stats once, in a private xprof workspace, and runs every tool that reads them;
-the other runs our timeline pass and the converters that read the xplanes themselves. So the
-step set and every metric are the same each time a profile is analysed, each xprof converter
-runs once per session, and the two workers use two cores instead of sharing one GIL.
+The tools (`registry.TOOLS`, one spec each) are assembled from jobs (`jobs.py`) that run in
+two worker processes (`workers.py`): one builds op_stats once, in a private xprof workspace,
+and runs every tool that reads them; the other runs our timeline pass and the converters that
+read the xplanes themselves. So the step set and every metric are the same each time a profile
+is analysed, each xprof converter runs once per session, and the two workers use two cores
+instead of sharing one GIL.
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ def _with_cli(result: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Assembler:
-    """Turns job outcomes into the 15 tool results and mldiag's pass results, each as soon as
+    """Turns job outcomes into the tool results and mldiag's pass results, each as soon as
     its jobs are done."""
 
     def __init__(self, progress: ProgressFn | None, tools: Sequence[str]) -> None:
@@ -383,7 +384,7 @@ def collect(
     window_bytes: int | None = None,
     op_stats_out: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the 15 collection tools on a session and return the health snapshot.
+    """Run the collection tools (`registry.TOOLS`) on a session; return the health snapshot.
 
     `session_path` is a logdir, a run or session directory, or one `.xplane.pb`. The work
     runs in killable worker processes (`workers.py`): each job gets `tool_timeout_s` (the

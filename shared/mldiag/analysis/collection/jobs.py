@@ -1,7 +1,7 @@
 """The collection jobs, as they run inside a worker process (see `workers.py`).
 
 Each job is `fn(context, inputs) -> JSON-like value`, raising NoData when the profile has
-nothing for it. The parent (`collect.py`) plans them and assembles the 15 tools from their
+nothing for it. The parent (`collect.py`) plans them and assembles the tools from their
 results; a job never depends on another job's in-memory state, only on files in the session's
 private workspace (op_stats and HLO protos that xprof saved there) and on `inputs`.
 """
