@@ -6,8 +6,8 @@ Measures, in one run on the same profile:
   (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses (cold cache,
       fresh copy of the trace, as a script driving the CLI would run them; the detectors'
       input is fetched with `get_hlo_text` per module);
-  (b) our `collect()`: all 15 tools in its worker processes (fresh private workspace; the
-      workers are warm, as in a long-running pipeline process);
+  (b) our `collect()`: all the collection tools in its worker processes (fresh private
+      workspace; the workers are warm, as in a long-running pipeline process);
   (c) each tool alone in a fresh workspace, including the jobs it depends on; the slowest counts.
 
 Prints a table, then as the last line: speedup_vs_cli=<a/b> ratio_to_slowest_tool=<b/c>.
@@ -30,15 +30,12 @@ from pathlib import Path
 
 from _proc import tree_cpu_s, tree_pids
 
-from mldiag.analysis.collection.collect import COLLECTION_TOOLS, collect
+from mldiag.analysis.collection.collect import COLLECTION_TOOLS, XPROF_CLI, collect
 from mldiag.analysis.collection.profile_input import ProfileSession, resolve_session
 from mldiag.analysis.collection.workers import rss_bytes
 
-CLI_TOOLS = (
-    "get_overview", "get_step_trace", "get_kpi_metrics", "get_device_information", "get_hosts",
-    "get_utilization_viewer", "get_roofline_model", "get_hlo_op_profile", "list_hlo_modules",
-    "get_memory_profile", "get_peak_allocations",
-)
+# The xprof commands of the collection tools that have one, in the snapshot's order.
+CLI_TOOLS = tuple(cli[0] for cli in XPROF_CLI.values() if cli)
 
 
 def _fresh_copy(session: ProfileSession, root: Path) -> Path:

@@ -9,7 +9,7 @@ one run:
   (a) the xprof-backed collection tools as sequential `xprof` CLI subprocesses, cold (fresh
       TMPDIR, fresh copy), as bench/collect.py runs them;
   (b) `mldiag analyze` in a fresh process (cold: its worker processes start with it), which
-      runs all 15 tools, triage, investigation and the report.
+      runs all the collection tools, triage, investigation and the report.
 Wall time, CPU time (the process and all its descendants) and peak RSS: the largest single
 process, and the sum over the process tree (sampled every 50 ms). The file is read once before
 each side, so both start with it in the page cache.

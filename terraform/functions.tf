@@ -2,7 +2,7 @@
 # holds only what its stage touches. tests/deploy/test_terraform.py checks that this table and
 # functions/ name the same functions, and each one's trigger.
 locals {
-  # memory/cpu/timeout: collect runs the 15 xprof tools in parallel on whole profiles, and
+  # memory/cpu/timeout: collect runs the collection tools in parallel on whole profiles, and
   # investigate its follow-up tools and the Gemini call; both get the Cloud Functions maximum
   # for event functions (540 s). on_capture_request waits for the profiler's capture window.
   # storage: bucket-wide roles on the profile bucket (reading only). Writes are conditional

@@ -1,7 +1,9 @@
 """The docs say only what the repository has: every `mldiag ...` line of a bash block in
 README.md, CONTRIBUTING.md and docs/ parses with the real CLI parser, every relative link
-points at a file (and heading) that exists, every `scripts/...` path exists, and every
-`mldiag.<module>[.<name>]` the prose cites can be imported.
+points at a file (and heading) that exists, every `scripts/...` path exists, every
+`mldiag.<module>[.<name>]` the prose cites can be imported, every module of ours a bash block
+runs with `python -m` exists and runs, and every count of collection tools the prose states is
+the registry's.
 
 Command lines are parsed, never run: `mldiag.cli.main.build_parser()` is the parser `mldiag`
 itself uses, and `_gcloud.normalise` is the step it takes after parsing. Placeholders such as
@@ -338,3 +340,51 @@ def test_the_checks_catch_what_is_broken(tmp_path: Path) -> None:
     assert unresolved("mldiag.cli.main.build_parser") is None
     assert unresolved("mldiag.cli.mian") is not None
     assert unresolved("mldiag.cli.main.no_such_name") is not None
+
+
+# The collection tools in prose: a count is the registry's, and the manual names every tool.
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda d: str(d.relative_to(REPO)))
+def test_counts_of_collection_tools_are_the_registrys(doc: Path) -> None:
+    from mldiag.analysis.collection import registry
+    from tests.unit.test_tools_registry import TOOL_COUNT
+
+    stated = [int(m.group(1)) for m in TOOL_COUNT.finditer(doc.read_text())]
+    assert [n for n in stated if n != len(registry.TOOLS)] == []
+
+
+def test_the_manual_names_every_collection_tool() -> None:
+    from mldiag.analysis.collection import registry
+
+    named = set(re.findall(r"`(\w+)`", (REPO / "docs" / "analysis.md").read_text()))
+    assert [t.name for t in registry.TOOLS if t.name not in named] == []
+
+
+RUN_MODULE = re.compile(r"\bpython[\d.]*\s+-m\s+((?:mldiag|tests)(?:\.\w+)+)")
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda d: str(d.relative_to(REPO)))
+def test_our_modules_run_with_python_m_exist_and_run(doc: Path) -> None:
+    # `python -m tests.unit.test_findings_golden`: a module of ours that a bash block runs
+    # exists and does something when run (it has a `__main__` block, or is a package's).
+    import importlib.util
+
+    found = {m for line in shell_lines(doc) for m in RUN_MODULE.findall(_strip_comment(line.text))}
+    broken = []
+    for module in sorted(found):
+        spec = importlib.util.find_spec(module)
+        if spec is None or spec.origin is None:
+            broken.append(f"{module}: no such module")
+        elif spec.submodule_search_locations is not None:
+            if importlib.util.find_spec(f"{module}.__main__") is None:
+                broken.append(f"{module}: a package without __main__")
+        elif "__main__" not in Path(spec.origin).read_text():
+            broken.append(f"{module}: does nothing when run")
+    assert broken == []
+
+
+def test_the_goldens_commands_are_checked() -> None:
+    commands = {m for line in shell_lines(REPO / "CONTRIBUTING.md")
+                for m in RUN_MODULE.findall(line.text)}
+    assert {"tests.unit.test_findings_golden", "tests.unit.report.make_goldens"} <= commands

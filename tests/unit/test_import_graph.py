@@ -83,3 +83,39 @@ def test_no_import_circles() -> None:
     found = _cycles()
     assert [c for c in found if c not in PENDING] == []
     assert [c for c in PENDING if c not in found] == [], "a pending circle is gone: remove it"
+
+
+def _imports_of(prefix: str) -> dict[str, set[str]]:
+    """The mldiag modules each module under `prefix` imports (inside functions included)."""
+    known = _modules()
+    return {m: set(_imported(m, p, known)) for m, p in known.items()
+            if m == prefix or m.startswith(prefix + ".")}
+
+
+def test_the_collection_imports_no_judgement_report_or_diff() -> None:
+    # Collection is the bottom layer: judgement, the report and the diff read what it
+    # writes; what both sides name lives in its leaves (`registry`, `passes`).
+    above = ("mldiag.analysis.judgement", "mldiag.analysis.report", "mldiag.analysis.diff",
+             "mldiag.analysis.engine")
+    found = {m: sorted(d for d in deps if d.startswith(above))
+             for m, deps in _imports_of("mldiag.analysis.collection").items()}
+    assert {m: deps for m, deps in found.items() if deps} == {}
+
+
+def test_the_collections_leaves_import_only_each_other() -> None:
+    leaves = {"mldiag.analysis.collection.registry", "mldiag.analysis.collection.passes"}
+    for leaf in leaves:
+        deps = _imports_of(leaf)[leaf]
+        assert deps <= leaves, (leaf, deps)
+
+
+def test_judgement_still_names_what_the_leaves_hold() -> None:
+    from mldiag.analysis.collection import passes, registry
+    from mldiag.analysis.judgement import evidence, followups
+
+    for name in ("PASS_PREFIX", "TIMELINE", "CUSTOM_CALLS", "ASYNC_COPIES", "KERNEL_TABLE",
+                 "HLO_EXCERPT", "PASSES"):
+        assert getattr(evidence, name) is getattr(passes, name)
+    assert evidence.DETECTORS is registry.DETECTORS
+    assert followups.HOST_PYTHON_EVENTS is passes.HOST_PYTHON_EVENTS
+    assert followups.ASYNC_OVERLAP is passes.ASYNC_OVERLAP

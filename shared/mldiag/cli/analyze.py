@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from mldiag.analysis.collection import registry
 from mldiag.analysis.collection.profile_input import find_sessions
 from mldiag.analysis.engine import analyze
 from mldiag.errors import MldiagError, ProfileUnreadable
@@ -21,8 +22,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "analyze",
         help="analyse an XProf profile (logdir, session dir or .xplane.pb)",
-        description="Run the 15 collection tools, triage, investigate, and write "
-        "health_snapshot.json, investigation.json, analysis.json and summary.html.",
+        description=f"Run the {len(registry.TOOLS)} collection tools, triage, investigate, "
+        "and write health_snapshot.json, investigation.json, analysis.json and summary.html.",
     )
     p.add_argument("path", help="a logdir, run or session directory, or one .xplane.pb file")
     p.add_argument("--out", help="output directory (default: <session>/analysis)")

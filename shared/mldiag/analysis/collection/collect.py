@@ -1,10 +1,11 @@
-"""Collection: the 15 tools of the health snapshot, from jobs run in killable worker processes.
+"""Collection: the health snapshot's tools, from jobs run in killable worker processes.
 
-The tools are assembled from jobs (`jobs.py`) that run in two worker processes (`workers.py`):
-one builds op_stats once, in a private xprof workspace, and runs every tool that reads them;
-the other runs our timeline pass and the converters that read the xplanes themselves. So the
-step set and every metric are the same each time a profile is analysed, each xprof converter
-runs once per session, and the two workers use two cores instead of sharing one GIL.
+The tools (`registry.TOOLS`, one spec each) are assembled from jobs (`jobs.py`) that run in
+two worker processes (`workers.py`): one builds op_stats once, in a private xprof workspace,
+and runs every tool that reads them; the other runs our timeline pass and the converters that
+read the xplanes themselves. So the step set and every metric are the same each time a profile
+is analysed, each xprof converter runs once per session, and the two workers use two cores
+instead of sharing one GIL.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan
+from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan, registry
 from mldiag.analysis.collection.host_share import combine_host_parts
 from mldiag.analysis.collection.jobs import pick_step_trace
+from mldiag.analysis.collection.passes import ASYNC_COPIES, CUSTOM_CALLS, PASSES, TIMELINE
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -41,28 +43,12 @@ from mldiag.analysis.collection.xprof_tools import (
     XprofWorkspace,
     xprof_installed_version,
 )
-from mldiag.analysis.judgement import evidence as ev
 from mldiag.errors import ProfileUnreadable
 
 SCHEMA_VERSION = "1.0"
 
-COLLECTION_TOOLS: tuple[str, ...] = (
-    "get_xprof_overview",
-    "get_step_trace",
-    "get_kpi_metrics",
-    "get_device_information",
-    "get_hosts",
-    "get_utilization_viewer",
-    "get_smart_suggestions",
-    "get_roofline_model",
-    "get_hlo_op_profile",
-    "detect_layout_mismatch_copies",
-    "detect_unfused_reshapes",
-    "detect_unnecessary_convert_reduce",
-    "list_hlo_modules",
-    "get_memory_profile",
-    "get_peak_allocations",
-)
+# The snapshot's order of the tools (the progress lines' and the report's too).
+COLLECTION_TOOLS: tuple[str, ...] = tuple(tool.name for tool in registry.IN_SNAPSHOT_ORDER)
 
 DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
 
@@ -84,43 +70,25 @@ def tool_result(name: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     return {"name": name, "status": status, "elapsed_ms": elapsed, **payload}
 
 
-_DETECTORS = {
-    "detect_layout_mismatch_copies": detectors.detect_layout_mismatch_copies,
-    "detect_unfused_reshapes": detectors.detect_unfused_reshapes,
-    "detect_unnecessary_convert_reduce": detectors.detect_unnecessary_convert_reduce,
-}
+# Each HLO detector tool's function, named after it.
+_DETECTORS = {name: getattr(detectors, name) for name in registry.DETECTORS}
 
 
 # mldiag's own passes, filed under the snapshot's `passes` by name (never inside an xprof
 # tool's result: a reader re-running `xprof <tool>` would not find them there), with the jobs
 # each is made of.
 _PASS_JOBS: dict[str, tuple[str, ...]] = {
-    ev.TIMELINE: ("timeline_pass",),
-    ev.CUSTOM_CALLS: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
-    ev.ASYNC_COPIES: ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
+    TIMELINE: ("timeline_pass",),
+    CUSTOM_CALLS: registry.HLO_JOBS,
+    ASYNC_COPIES: registry.HLO_JOBS,
 }
 
 # The `xprof` CLI command that outputs each collection tool's data for the same file (the
-# arguments the collection calls it with): what a reader runs to check a cited field. The
-# smart suggestions are xprof's `smart_suggestion` converter output, which no CLI command
-# prints; the detectors are mldiag's (cited as `mldiag.<detector>`).
+# arguments the collection calls it with): what a reader runs to check a cited field. None:
+# no command prints it (the smart suggestions are xprof's `smart_suggestion` converter output;
+# the detectors are mldiag's, cited as `mldiag.<detector>`).
 XPROF_CLI: dict[str, tuple[str, ...] | None] = {
-    "get_xprof_overview": ("get_overview",),
-    "get_step_trace": ("get_step_trace", "--limit", "50"),
-    "get_kpi_metrics": ("get_kpi_metrics",),
-    "get_device_information": ("get_device_information",),
-    "get_hosts": ("get_hosts",),
-    "get_utilization_viewer": ("get_utilization_viewer",),
-    "get_smart_suggestions": None,
-    "get_roofline_model": ("get_roofline_model", "--top_n", "15"),
-    "get_hlo_op_profile": ("get_hlo_op_profile", "--top_n", "50"),
-    "detect_layout_mismatch_copies": None,
-    "detect_unfused_reshapes": None,
-    "detect_unnecessary_convert_reduce": None,
-    "list_hlo_modules": ("list_hlo_modules",),
-    "get_memory_profile": ("get_memory_profile",),
-    "get_peak_allocations": ("get_peak_allocations", "--limit", "10"),
-}
+    tool.name: tool.xprof.argv if tool.xprof else None for tool in registry.IN_SNAPSHOT_ORDER}
 
 
 def _with_cli(result: dict[str, Any]) -> dict[str, Any]:
@@ -129,7 +97,7 @@ def _with_cli(result: dict[str, Any]) -> dict[str, Any]:
 
 
 class _Assembler:
-    """Turns job outcomes into the 15 tool results and mldiag's pass results, each as soon as
+    """Turns job outcomes into the tool results and mldiag's pass results, each as soon as
     its jobs are done."""
 
     def __init__(self, progress: ProgressFn | None, tools: Sequence[str]) -> None:
@@ -163,20 +131,20 @@ class _Assembler:
 
     def _pass(self, name: str, parts: list[Outcome]) -> dict[str, Any]:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
-        if name == ev.TIMELINE:
+        if name == TIMELINE:
             result = _as_result(name, parts[0], elapsed)
             if isinstance(result.get("data"), dict):
                 # Precomputed follow-ups go to the snapshot's own block, not the pass's.
                 result["data"] = {k: v for k, v in result["data"].items()
                                   if k != "precomputed"}
-            computed_from = list(ev.PASSES[name])
+            computed_from = list(PASSES[name])
         else:
             result = tool_result(name, lambda: self._hlo_pass(name, *parts)) | {
                 "elapsed_ms": elapsed}
             source = (result.get("data") or {}).get("time_source") if result.get(
                 "status") == DATA else None
-            computed_from = [ev.PASSES[name][0]] + [f"op times: {source}" if source else
-                                                    ev.PASSES[name][1]]
+            computed_from = [PASSES[name][0]] + [f"op times: {source}" if source else
+                                                 PASSES[name][1]]
         return {**result, "from": computed_from}
 
     @staticmethod
@@ -243,7 +211,7 @@ class _Assembler:
     def _hlo_pass(self, name: str, texts_o: Outcome, prof_o: Outcome, tl_o: Outcome,
                   modules_o: Outcome) -> dict[str, Any]:
         texts, sources, times = self._hlo(texts_o, prof_o, tl_o, modules_o)
-        if name == ev.ASYNC_COPIES:
+        if name == ASYNC_COPIES:
             # Host offload and prefetch copies: their direction, and whether each is exposed
             # (its copy-done takes time) or hidden behind compute.
             copies = hlo_facts.async_copies(texts)
@@ -416,7 +384,7 @@ def collect(
     window_bytes: int | None = None,
     op_stats_out: Path | None = None,
 ) -> dict[str, Any]:
-    """Run the 15 collection tools on a session and return the health snapshot.
+    """Run the collection tools (`registry.TOOLS`) on a session; return the health snapshot.
 
     `session_path` is a logdir, a run or session directory, or one `.xplane.pb`. The work
     runs in killable worker processes (`workers.py`): each job gets `tool_timeout_s` (the
@@ -535,7 +503,7 @@ def collect(
                                elapsed_ms, session_bytes, windows,
                                remote.by_task if remote is not None else None),
         "tools": {name: results[name] for name in COLLECTION_TOOLS if name in tools},
-        # mldiag's own passes by name (evidence.PASSES), each with what it was computed from.
+        # mldiag's own passes by name (passes.PASSES), each with what it was computed from.
         "passes": {name: assembler.passes[name] for name in _PASS_JOBS
                    if name in assembler.passes},
         # Follow-ups answered from data collection had decoded anyway: tool → {args, data,

@@ -1,7 +1,7 @@
 """The collection jobs, as they run inside a worker process (see `workers.py`).
 
 Each job is `fn(context, inputs) -> JSON-like value`, raising NoData when the profile has
-nothing for it. The parent (`collect.py`) plans them and assembles the 15 tools from their
+nothing for it. The parent (`collect.py`) plans them and assembles the tools from their
 results; a job never depends on another job's in-memory state, only on files in the session's
 private workspace (op_stats and HLO protos that xprof saved there) and on `inputs`.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection import registry, timeline
 from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
@@ -24,7 +24,9 @@ from mldiag.analysis.collection.host_copies import (
     reduce_one,
 )
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
+from mldiag.analysis.collection.passes import ASYNC_OVERLAP, HOST_PYTHON_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis.collection.registry import XprofCommand
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
 
@@ -77,19 +79,29 @@ def _share_run_dir_lock() -> None:
     xprof_client._mldiag_shared_lock = True
 
 
-def _call(name: str, **kwargs: Any) -> Any:
+def _xprof(tool: str) -> XprofCommand:
+    command = registry.BY_NAME[tool].xprof
+    if command is None:
+        raise ValueError(f"{tool}: its spec names no xprof command")
+    return command
+
+
+def _call(tool: str) -> Any:
+    """The job that answers `tool` with its xprof command, as its spec says to call it."""
+    command = _xprof(tool)
+
     def run(ctx: Context, inputs: Mapping[str, Any]) -> Any:
-        return ctx.ws.call(name, **kwargs)
+        return ctx.ws.call(command.name, **command.kwargs)
 
     return run
 
 
 device_information = _call("get_device_information")
 hosts = _call("get_hosts")
-roofline = _call("get_roofline_model", top_n=15)
-op_profile = _call("get_hlo_op_profile", top_n=50)
+roofline = _call("get_roofline_model")
+op_profile = _call("get_hlo_op_profile")
 list_hlo_modules = _call("list_hlo_modules")
-peak_allocations = _call("get_peak_allocations", limit=10)
+peak_allocations = _call("get_peak_allocations")
 
 
 def kpi_metrics(ctx: Context, inputs: Mapping[str, Any]) -> Any:
@@ -371,7 +383,8 @@ def _step_trace_half(ctx: Context, *, pods: bool) -> dict[str, Any]:
 
     gst._fetch_first_available = this_half
     try:
-        data: dict[str, Any] = ctx.ws.call("get_step_trace", limit=50,
+        command = _xprof("get_step_trace")
+        data: dict[str, Any] = ctx.ws.call(command.name, **command.kwargs,
                                            run_dir=_overview_dir(ctx))
     except NoData as e:
         data = {"status": "NO_DATA", "message": str(e)}
@@ -461,7 +474,6 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
     the device lines the timeline pass decoded; None when the trace has no XLA op lines (a
     CPU trace), where the investigator never asks for it."""
     from mldiag.analysis.collection import async_overlap
-    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
 
     if not async_overlap.has_async_lines(scan):
         return None
@@ -471,7 +483,6 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
 def combine_async_overlap(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The precomputed async-overlap follow-up from each host's label and share."""
     from mldiag.analysis.collection import async_overlap
-    from mldiag.analysis.judgement.followups import ASYNC_OVERLAP
 
     return {"args": dict(ASYNC_OVERLAP),
             "data": async_overlap.combine(parts, **ASYNC_OVERLAP),
@@ -487,7 +498,6 @@ def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
     from mldiag.analysis.collection.event_aggregates import aggregate_scans
-    from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
@@ -592,14 +602,6 @@ def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any
         except NoData as e:
             reasons.append(f"{host}: {e}")
     raise NoData("; ".join(reasons))
-
-
-def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:
-    """One investigator follow-up call (see `followups.FollowUps.call`)."""
-    from mldiag.analysis.judgement.followups import FollowUpRunner
-
-    runner = FollowUpRunner(ctx.ws, ctx.session, llo_db=inputs.get("llo_db"))
-    return runner.run(str(inputs["tool"]), dict(inputs.get("args") or {}))
 
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:

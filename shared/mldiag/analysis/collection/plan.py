@@ -9,45 +9,40 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mldiag.analysis.collection import registry
 from mldiag.analysis.collection.jobs import has_counters, has_python_events
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.workers import DATA, Job, Outcome, reason_of, run_jobs
 
 # Peak resident memory of each job per byte of xplane it reads, over a fixed base, as measured
 # on profiles of 10 and 111 MB (BENCHMARKS.md, "Large profiles"). Used to plan which jobs may
-# run side by side under the memory budget, and to skip what cannot fit at all.
-RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
-                 # From the allocators' peak events alone (host_copies.peaks_memory_profile), found
-                 # one chunk of a line at a time: 0.18 GB in all for the 264 MB memory copy
-                 # of a 1.9 GB TPU-shaped host, where xprof's converter on the copy took 3.3 GB.
-                 "memory_profile": 0.2,
-                 # One time window's build, per byte of the window: 3.0 GB for a 122 MB
-                 # window of the 993 MB TPU-shaped profile (glibc's malloc).
-                 "op_stats_window": 24.0,
-                 # The one-pass window writer holds one chunk of a line's columns and lets
-                 # the file's pages go as it writes them: 0.24 GB at 468 MB TPU-shaped,
-                 # 0.29 GB at 1.9 GB (the base's, about).
-                 "split_windows": 0.1,
-                 "utilization_viewer": 14.0,
-                 # It builds op_stats of its own, in memory, beside the op_stats job: 1.3 GB
-                 # over the base on the 103 MB profile (tcmalloc), more under glibc's malloc.
-                 "smart_suggestions": 16.0,
-                 # Our timeline pass lets each line go once read (XSpaceScan.passing): what
-                 # it keeps is a few columns of the device events.
-                 "timeline": 2.0,
-                 # After the op_stats build, from the saved file and the memory copy (which
-                 # keeps the events it times): 314 MB at 94 MB TPU-shaped, the base's.
-                 "smart_suggestions_saved": 0.5,
-                 # The async-overlap follow-up, computed in the timeline pass after its own
-                 # work (collection/async_overlap.py): 1.9 per byte on its own on a 94 MB
-                 # TPU-shaped profile, and no higher a peak than the pass's alone after it.
-                 # As its own pass (a large host's timeline by window), one device plane's
-                 # three columns at a time, decoded chunk by chunk: 0.28 GB at 468 MB and
-                 # 0.74 GB at 1.9 GB TPU-shaped.
-                 "async_overlap": 0.4,
-                 # Two one-pass copies (XSpaceScan.write_split), one chunk of a line at a
-                 # time: 0.22 GB at 468 MB, 0.26 GB at 1.9 GB.
-                 "reduce_for_converters": 0.1}
+# run side by side under the memory budget, and to skip what cannot fit at all. These are the
+# jobs no one tool owns (the op_stats build, our passes, the copies for the converters); a
+# tool's own jobs are in its spec (`registry.ToolSpec.rss_per_byte`).
+_SHARED_RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
+                        # One time window's build, per byte of the window: 3.0 GB for a 122 MB
+                        # window of the 993 MB TPU-shaped profile (glibc's malloc).
+                        "op_stats_window": 24.0,
+                        # The one-pass window writer holds one chunk of a line's columns and
+                        # lets the file's pages go as it writes them: 0.24 GB at 468 MB
+                        # TPU-shaped, 0.29 GB at 1.9 GB (the base's, about).
+                        "split_windows": 0.1,
+                        # Our timeline pass lets each line go once read (XSpaceScan.passing):
+                        # what it keeps is a few columns of the device events.
+                        "timeline": 2.0,
+                        # The async-overlap follow-up, computed in the timeline pass after its
+                        # own work (collection/async_overlap.py): 1.9 per byte on its own on a
+                        # 94 MB TPU-shaped profile, and no higher a peak than the pass's alone
+                        # after it. As its own pass (a large host's timeline by window), one
+                        # device plane's three columns at a time, decoded chunk by chunk:
+                        # 0.28 GB at 468 MB and 0.74 GB at 1.9 GB TPU-shaped.
+                        "async_overlap": 0.4,
+                        # Two one-pass copies (XSpaceScan.write_split), one chunk of a line at
+                        # a time: 0.22 GB at 468 MB, 0.26 GB at 1.9 GB.
+                        "reduce_for_converters": 0.1}
+RSS_PER_BYTE: dict[str, float] = {
+    **_SHARED_RSS_PER_BYTE,
+    **{job: per_byte for tool in registry.TOOLS for job, per_byte in tool.rss_per_byte}}
 BASE_RSS = 320 * 1024**2
 # Below this many bytes of xplanes the converters read the files as they are: the copy
 # without Python-tracer events costs more than it saves.
@@ -320,24 +315,9 @@ def host_jobs(size: int, windows: int, *, python: bool, tool_timeout_s: float,
 
 # Each collection tool and the jobs it is made of.
 TOOL_JOBS: dict[str, tuple[str, ...]] = {
-    "get_xprof_overview": ("op_stats",),
-    "get_step_trace": ("xprof_step_trace", "timeline_pass", "step_trace_pods"),
-    "get_kpi_metrics": ("kpi_metrics",),
-    "get_device_information": ("device_information",),
-    "get_hosts": ("hosts",),
-    "get_utilization_viewer": ("utilization_viewer",),
-    "get_smart_suggestions": ("smart_suggestions",),
-    "get_roofline_model": ("roofline",),
-    "get_hlo_op_profile": ("op_profile",),
-    "detect_layout_mismatch_copies": ("hlo_texts", "op_profile", "timeline_pass",
-                                      "list_hlo_modules"),
-    "detect_unfused_reshapes": ("hlo_texts", "op_profile", "timeline_pass", "list_hlo_modules"),
-    "detect_unnecessary_convert_reduce": ("hlo_texts", "op_profile", "timeline_pass",
-                                          "list_hlo_modules"),
-    "list_hlo_modules": ("list_hlo_modules",),
-    "get_memory_profile": ("memory_profile",),
-    "get_peak_allocations": ("peak_allocations",),
-}
+    tool.name: tool.jobs for tool in registry.IN_SNAPSHOT_ORDER}
+
+
 def needed_jobs(jobs: list[Job], tools: Sequence[str]) -> list[Job]:
     """The jobs that `tools` need, with everything those jobs wait for."""
     unknown = [t for t in tools if t not in TOOL_JOBS]

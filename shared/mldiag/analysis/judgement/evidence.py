@@ -17,6 +17,18 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+# The passes' names and what each is computed from: the collection, which files them, and
+# judgement, which cites them, share the leaf `collection.passes` (re-exported here).
+from mldiag.analysis.collection.passes import (
+    ASYNC_COPIES,
+    CUSTOM_CALLS,
+    PASS_PREFIX,
+    PASSES,
+    TIMELINE,
+)
+from mldiag.analysis.collection.passes import HLO_EXCERPT as HLO_EXCERPT
+from mldiag.analysis.collection.passes import KERNEL_TABLE as KERNEL_TABLE
+from mldiag.analysis.collection.registry import DETECTORS
 from mldiag.errors import MldiagError
 
 _SEGMENT = re.compile(r"([^.\[\]]+)|\[([^\]]*)\]")
@@ -59,33 +71,6 @@ def _select(items: list[Any], conditions: list[tuple[str, str, str]]) -> list[An
     return [x for x in items if isinstance(x, Mapping) and all(
         str(x.get(key)) == want for key, _, want in conditions)]
 
-
-PASS_PREFIX = "mldiag."
-TIMELINE = "mldiag.timeline"
-CUSTOM_CALLS = "mldiag.custom_calls"
-ASYNC_COPIES = "mldiag.async_copies"
-KERNEL_TABLE = "mldiag.kernel_table"
-HLO_EXCERPT = "mldiag.hlo_excerpt"
-DETECTORS = ("detect_layout_mismatch_copies", "detect_unfused_reshapes",
-             "detect_unnecessary_convert_reduce")
-
-# mldiag's own passes whose results the snapshot holds, and what each is computed from (the
-# collection writes the `from` of each run; this is what a snapshot without it says).
-PASSES: dict[str, tuple[str, ...]] = {
-    # keep-sorted start
-    ASYNC_COPIES: ("get_hlo_text: the copy-start/copy-done pairs of each module and their "
-                   "memory spaces", "get_hlo_op_profile total_self_time_ms of each copy-done "
-                   "(or mldiag.timeline op times)"),
-    CUSTOM_CALLS: ("get_hlo_text: the custom-call instructions of each module",
-                   "get_hlo_op_profile total_self_time_ms over total_profile_time_ms (or "
-                   "mldiag.timeline op times over its step time or active span)"),
-    TIMELINE: ("xplane: each host's XLA execution lines (device planes, or the XLA:CPU "
-               "executor threads) and step markers, read event by event",),
-    # keep-sorted end
-    **{f"{PASS_PREFIX}{d}": ("get_hlo_text: the HLO of each module, matched op by op",
-                             "get_hlo_op_profile or mldiag.timeline op times")
-       for d in DETECTORS},
-}
 
 # Where a snapshot collected before passes had names filed each pass: (tool, key in its data,
 # key the pass's data keeps it under; None: the pass's data is the value itself).

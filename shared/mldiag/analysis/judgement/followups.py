@@ -15,12 +15,21 @@ import json
 import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+# The follow-ups the timeline pass answers ahead (HOST_PYTHON_EVENTS, ASYNC_OVERLAP): the
+# collection's leaf holds their arguments, which both sides use.
+from mldiag.analysis.collection.passes import ASYNC_OVERLAP as ASYNC_OVERLAP
+from mldiag.analysis.collection.passes import HOST_PYTHON_EVENTS as HOST_PYTHON_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
 from mldiag.analysis.judgement.evidence import KERNEL_TABLE
 from mldiag.errors import MldiagError
+
+if TYPE_CHECKING:
+    # The worker's context, for its type only: the jobs module loads numpy and the timeline
+    # pass, which only the worker that runs a follow-up needs.
+    from mldiag.analysis.collection.jobs import Context
 
 MAX_FOLLOW_UPS = 4
 DEFAULT_FOLLOW_UP_TIMEOUT_S = 120.0
@@ -37,15 +46,6 @@ LLO_DATA_ABSENT = "LLO_DATA_ABSENT"
 # Follow-ups whose output is mldiag's own table rather than what `xprof <tool>` prints: the
 # record says so (`pass`), and evidence cites it under that pass name.
 FOLLOW_UP_PASSES = {"get_kernel_stats": KERNEL_TABLE}
-# The host-bound follow-up: Python-tracer frames on the host plane. The timeline pass
-# computes it from the events it has decoded anyway (single-host sessions), and the snapshot
-# carries it in precomputed_follow_ups (xprof's aggregate_xplane_events output for these
-# arguments).
-HOST_PYTHON_EVENTS: dict[str, Any] = {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}
-# The async-overlap follow-up as the investigator asks for it. The timeline pass computes
-# it from the device lines it has decoded (collection.async_overlap), so the answer is ready
-# when collection ends instead of a 15 s re-read of a 100 MB trace after it.
-ASYNC_OVERLAP: dict[str, Any] = {"top_k": 10}
 # What a TPU capture needs for LLO detail (xprof's collect_profile reference).
 LLO_RECAPTURE = 'LIBTPU_INIT_ARGS="--xla_xprof_register_llo_debug_info=true"'
 
@@ -109,7 +109,8 @@ class FollowUps:
 
         if self._root is None:
             self._root = XprofWorkspace.create_root(self.session)
-        job = Job(name=tool, group="follow-ups", runner="mldiag.analysis.collection.jobs:follow_up",
+        job = Job(name=tool, group="follow-ups",
+                  runner="mldiag.analysis.judgement.followups:run_in_worker",
                   timeout_s=self.timeout_s)
         outcome = run_jobs(
             [job], setup="mldiag.analysis.collection.jobs:attach",
@@ -132,8 +133,15 @@ class FollowUps:
         return record
 
 
+def run_in_worker(ctx: Context, inputs: Mapping[str, Any]) -> Any:
+    """One follow-up call, as the job that `FollowUps.call` runs in a collection worker (set
+    up by `jobs.attach`, which gives it the session's workspace)."""
+    runner = FollowUpRunner(ctx.ws, ctx.session, llo_db=inputs.get("llo_db"))
+    return runner.run(str(inputs["tool"]), dict(inputs.get("args") or {}))
+
+
 class FollowUpRunner:
-    """The follow-up implementations, as they run inside a worker (`jobs.follow_up`)."""
+    """The follow-up implementations, as they run inside a worker (`run_in_worker`)."""
 
     def __init__(self, ws: XprofWorkspace, session: ProfileSession,
                  llo_db: str | None = None) -> None:

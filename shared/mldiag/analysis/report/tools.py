@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mldiag.analysis.collection import registry
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.reading import SessionReading
 from mldiag.analysis.report import charts
@@ -52,11 +53,7 @@ from mldiag.analysis.report.model import (
 )
 
 _GB_PER_GIB = 1.073741824
-_DETECTORS = (
-    ("detect_layout_mismatch_copies", "Layout-mismatch copies"),
-    ("detect_unfused_reshapes", "Unfused reshapes"),
-    ("detect_unnecessary_convert_reduce", "Unnecessary convert → reduce"),
-)
+_DETECTORS = tuple(registry.DETECTOR_LABELS.items())
 _OVERVIEW_FIELDS = (
     ("device_duty_cycle_percent", "Device duty cycle"),
     ("device_idle_time_percent", "Device idle time"),
