@@ -26,12 +26,14 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from mldiag.analysis.collection.registry import TOOLS
 from mldiag.analysis.judgement import detections, readings
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import triage as tr
 from mldiag.analysis.judgement.evidence_check import PRIORITIES, check_report
 from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis.judgement.reading import read_session
 from mldiag.analysis.judgement.rules import host_bound, idle
 from mldiag.errors import MldiagError
 
@@ -186,8 +188,11 @@ REPORT_SCHEMA: dict[str, Any] = {
 SYSTEM_INSTRUCTION = f"""\
 You are mldiag's performance investigator for JAX workloads profiled with XProf. You get a
 triage of one profile (headline metrics, the OPTIMAL checks, the hypotheses it raised) and a
-digest of the health snapshot: the outputs of 15 collection tools, keyed by tool name, lists cut
-to their first items.
+reading of the session (device kind, steps or window and how many, per-host figures, each
+headline metric with its unit and who measured it) and a digest of the health snapshot: the
+outputs of {len(TOOLS)} collection tools, keyed by tool name, lists cut to their first items.
+Decide nothing the reading already says (CPU, GPU or TPU; steps or window; one step or many):
+take it from the reading.
 
 Work like this:
 1. Form hypotheses about the bottlenecks from the triage and the snapshot.
@@ -574,6 +579,9 @@ def build_prompt(snapshot: Mapping[str, Any], triage: tr.Triage, calls_left: int
     return "\n\n".join([
         f"Session: {json.dumps(session, default=str)}",
         f"Triage verdict: {triage.status}. {calls}",
+        "Reading (device, steps, hosts, metrics with unit and provenance, tool statuses):\n"
+        + json.dumps(fit((triage.reading or read_session(snapshot)).to_dict(), TRIAGE_CHARS),
+                     default=str),
         "Triage (metrics, checks, not_judged, hypotheses with their evidence):\n"
         + json.dumps(fit(triage.to_dict(), TRIAGE_CHARS), default=str),
         "Health snapshot digest (tool -> status and data):\n"
