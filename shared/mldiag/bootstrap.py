@@ -20,7 +20,7 @@ from mldiag.adapters.local.bus import InProcessBus
 from mldiag.adapters.local.periodic import Periodic
 from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.adapters.local.storage import DirectoryWatcher, LocalDirStorage
-from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis import RuleBasedInvestigator
 from mldiag.errors import MldiagError
 from mldiag.messages import (
     TOPIC_OF,

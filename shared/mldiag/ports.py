@@ -12,8 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from mldiag.analysis.judgement.followups import FollowUps
-from mldiag.analysis.judgement.triage import Triage
+from mldiag.analysis import FollowUps, Triage
 from mldiag.messages import Message
 from mldiag.model import (
     ControlRequest,

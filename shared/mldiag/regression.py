@@ -14,10 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mldiag.analysis.diff.compare import build_diff
-from mldiag.analysis.diff.sides import Side
-from mldiag.analysis.judgement.triage import OPTIMAL
-from mldiag.analysis.report.diff import render_diff_html
+from mldiag.analysis import OPTIMAL, Side, build_diff, render_diff_html
 from mldiag.errors import MldiagError
 from mldiag.model import REPORTED, SessionRecord
 from mldiag.ports import StateStore, Storage

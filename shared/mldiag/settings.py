@@ -158,7 +158,7 @@ class Settings:
     def memory_budget_bytes(self) -> int | None:
         if not self.memory_budget:
             return None
-        from mldiag.analysis.collection.workers import parse_bytes
+        from mldiag.analysis import parse_bytes
 
         return parse_bytes(self.memory_budget)
 
@@ -166,7 +166,7 @@ class Settings:
     def viewer_memory_budget_bytes(self) -> int | None:
         if not self.viewer_memory_budget:
             return self.memory_budget_bytes
-        from mldiag.analysis.collection.workers import parse_bytes
+        from mldiag.analysis import parse_bytes
 
         return parse_bytes(self.viewer_memory_budget)
 

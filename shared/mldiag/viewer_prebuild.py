@@ -194,8 +194,8 @@ def _cut(ws: Workspace, session: SessionRecord, storage: Storage, windows: dict[
     workspace (see the module's notes; the stub stays in `scratch`). Returns how many
     windows each host has (fewer when the trace has fewer gaps between modules) and the
     files put in the bucket."""
-    from mldiag.analysis.collection import op_stats_shards as shards
-    from mldiag.analysis.collection.xspace_scan import XSpaceScan
+    from mldiag.analysis import XSpaceScan
+    from mldiag.analysis import op_stats_shards as shards
 
     names = arrived_hosts(session)
     done: dict[str, int] = {}

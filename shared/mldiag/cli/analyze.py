@@ -12,9 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection import registry
-from mldiag.analysis.collection.profile_input import find_sessions
-from mldiag.analysis.engine import analyze
+from mldiag.analysis import TOOLS, analyze, find_sessions
 from mldiag.errors import MldiagError, ProfileUnreadable
 
 
@@ -22,7 +20,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser(
         "analyze",
         help="analyse an XProf profile (logdir, session dir or .xplane.pb)",
-        description=f"Run the {len(registry.TOOLS)} collection tools, triage, investigate, "
+        description=f"Run the {len(TOOLS)} collection tools, triage, investigate, "
         "and write health_snapshot.json, investigation.json, analysis.json and summary.html.",
     )
     p.add_argument("path", help="a logdir, run or session directory, or one .xplane.pb file")
@@ -51,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     sessions = find_sessions(args.path)
     budget = None
     if args.memory_budget:
-        from mldiag.analysis.collection.workers import parse_bytes
+        from mldiag.analysis import parse_bytes
 
         try:
             budget = parse_bytes(args.memory_budget)

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection.profile_input import ProfileSession, find_sessions
-from mldiag.analysis.diff.compare import build_diff, kpi
-from mldiag.analysis.diff.sides import Side
+from mldiag.analysis import ProfileSession, Side, build_diff, find_sessions, kpi
 from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
@@ -81,7 +79,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _profile_path(args: argparse.Namespace, spec: str, out: Path, which: str) -> _Input:
-    from mldiag.analysis.engine import analyze
+    from mldiag.analysis import analyze
 
     sessions = find_sessions(spec)
     if len(sessions) > 1:
@@ -130,7 +128,7 @@ def _resolve(args: argparse.Namespace, spec: str, out: Path, which: str) -> _Inp
 def _xprof_kernels(args: argparse.Namespace, a: _Input, b: _Input) -> dict[str, Any] | None:
     from contextlib import ExitStack
 
-    from mldiag.analysis.diff.xprof import xprof_diff
+    from mldiag.analysis import xprof_diff
 
     gpu = all("gpu" in str((i.side.snapshot.get("session") or {}).get("device_type")).lower()
               for i in (a, b))

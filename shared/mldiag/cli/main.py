@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 
 import mldiag
-from mldiag.analysis.collection.collect import SessionTooLarge
+from mldiag.analysis import SessionTooLarge
 from mldiag.cli import (
     _gcloud,
     analyze,

@@ -7,7 +7,7 @@ import argparse
 import time
 from typing import Any
 
-from mldiag.analysis.judgement.triage import OPTIMAL
+from mldiag.analysis import OPTIMAL
 from mldiag.bootstrap import control_plane, open_state
 from mldiag.cli import _control, _gcloud
 from mldiag.cli._home import add_home

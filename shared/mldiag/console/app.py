@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 import mldiag
-from mldiag.analysis.report.model import prose
+from mldiag.analysis import prose
 from mldiag.console.context import Console
 from mldiag.console.guard import Guard
 

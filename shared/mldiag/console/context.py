@@ -72,7 +72,7 @@ def build_console(settings: Settings | None = None, *, plane: ControlPlane | Non
                           f"{settings.console_auth!r}")
     plane = plane or control_plane(settings)
     cache = settings.viewer_cache
-    from mldiag.analysis.collection.workers import default_budget_bytes
+    from mldiag.analysis import default_budget_bytes
 
     # A conversion over this would take the console down: refused with the reason instead.
     budget = settings.viewer_memory_budget_bytes or default_budget_bytes()

@@ -28,7 +28,7 @@ from mldiag.access import (
     new_id,
     new_secret,
 )
-from mldiag.analysis.report.page import style_hash
+from mldiag.analysis import style_hash
 from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
@@ -238,7 +238,7 @@ def compare_page(run: str, request: Request, a: str = "", b: str = "",
 @router.get("/runs/{run}/compare/diff.html", response_class=HTMLResponse)
 def compare_report(run: str, a: str, b: str, request: Request,
                    principal: Principal = Depends(require(REPORT))) -> Response:
-    from mldiag.analysis.report.diff import render_diff_html
+    from mldiag.analysis import render_diff_html
 
     body = render_diff_html(compared(console_of(request), run, a, b))
     request.state.csp = report_csp()

@@ -21,17 +21,21 @@ from pathlib import Path
 from typing import Any
 
 from mldiag import limits, regression
-from mldiag.analysis.collection.collect import SessionTooLarge
-from mldiag.analysis.collection.collect import collect as collect_snapshot
-from mldiag.analysis.collection.profile_input import ProfileSession
-from mldiag.analysis.collection.window_tasks import convert_windows, task_windows
-from mldiag.analysis.collection.workers import default_budget_bytes
-from mldiag.analysis.engine import build_analysis
-from mldiag.analysis.engine import investigate as run_investigator
-from mldiag.analysis.judgement.model import Triage
-from mldiag.analysis.judgement.reading import read_session
-from mldiag.analysis.judgement.triage import OPTIMAL, triage
-from mldiag.analysis.report.summary import render_summary_html
+from mldiag.analysis import (
+    OPTIMAL,
+    ProfileSession,
+    SessionTooLarge,
+    Triage,
+    build_analysis,
+    convert_windows,
+    default_budget_bytes,
+    read_session,
+    render_summary_html,
+    task_windows,
+    triage,
+)
+from mldiag.analysis import collect as collect_snapshot
+from mldiag.analysis import investigate as run_investigator
 from mldiag.errors import MldiagError, ProfileUnreadable
 from mldiag.messages import (
     AnalyzeSession,

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from mldiag import limits
-from mldiag.analysis.collection.profile_input import validate_xplane
+from mldiag.analysis import validate_xplane
 from mldiag.capture import pull
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.remote import CaptureFailed, ProfilerBusy

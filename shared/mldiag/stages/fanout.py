@@ -24,7 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection.host_share import collect_host as collect_host_parts
+from mldiag.analysis import collect_host as collect_host_parts
 from mldiag.errors import ProfileUnreadable
 from mldiag.messages import AnalyzeSession, CollectHost
 from mldiag.model import ANALYZING, CAPTURED, SessionRecord

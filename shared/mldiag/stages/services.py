@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
+from mldiag.analysis import RuleBasedInvestigator
 from mldiag.messages import Message
 from mldiag.model import FAILED, SessionRecord, short_reason
 from mldiag.ports import Bus, Investigator, JobRunner, StateStore, Storage

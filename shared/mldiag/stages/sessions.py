@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
-from mldiag.analysis.collection.profile_input import ProfileSession
+from mldiag.analysis import ProfileSession
 from mldiag.errors import PoisonMessage
 from mldiag.messages import SessionMessage
 from mldiag.model import SessionRecord

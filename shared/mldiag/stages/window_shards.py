@@ -17,8 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection.plan import window_count
-from mldiag.analysis.collection.workers import default_budget_bytes
+from mldiag.analysis import default_budget_bytes, window_count
 from mldiag.model import SessionRecord
 from mldiag.stages.services import Services
 

@@ -26,15 +26,21 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from mldiag.analysis.collection.registry import TOOLS
-from mldiag.analysis.judgement import detections, readings
-from mldiag.analysis.judgement import evidence as ev
-from mldiag.analysis.judgement import triage as tr
-from mldiag.analysis.judgement.evidence_check import PRIORITIES, check_report
-from mldiag.analysis.judgement.followups import MAX_FOLLOW_UPS, FollowUpRefused, FollowUps
-from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
-from mldiag.analysis.judgement.reading import read_session
-from mldiag.analysis.judgement.rules import host_bound, idle
+from mldiag.analysis import (
+    CATEGORIES,
+    MAX_FOLLOW_UPS,
+    OPTIMAL,
+    PRIORITIES,
+    PRIORITY_RULES,
+    TOOLS,
+    FollowUpRefused,
+    FollowUps,
+    RuleBasedInvestigator,
+    Triage,
+    check_report,
+    read_session,
+)
+from mldiag.analysis import evidence as ev
 from mldiag.errors import MldiagError
 
 if TYPE_CHECKING:
@@ -143,7 +149,7 @@ REPORT_SCHEMA: dict[str, Any] = {
         "hypotheses": {"type": "ARRAY", "items": {
             "type": "OBJECT",
             "properties": {
-                "category": {"type": "STRING", "enum": list(tr.CATEGORIES)},
+                "category": {"type": "STRING", "enum": list(CATEGORIES)},
                 "statement": _STRING,
                 "status": {"type": "STRING", "enum": ["confirmed", "refuted", "untested"]},
                 "basis": {"type": "STRING",
@@ -154,7 +160,7 @@ REPORT_SCHEMA: dict[str, Any] = {
         "findings": {"type": "ARRAY", "items": {
             "type": "OBJECT",
             "properties": {
-                "category": {"type": "STRING", "enum": list(tr.CATEGORIES)},
+                "category": {"type": "STRING", "enum": list(CATEGORIES)},
                 "priority": {"type": "STRING", "enum": list(PRIORITIES)},
                 "title": _STRING,
                 "what": {"type": "STRING", "description": "Root cause, with tensor shapes and "
@@ -200,18 +206,9 @@ Work like this:
    calls in all; each costs seconds, so call only what can change a finding.
 3. When asked for the final report, answer with JSON only, following the response schema.
 
-Finding categories (use exactly these names): {", ".join(tr.CATEGORIES)}.
+Finding categories (use exactly these names): {", ".join(CATEGORIES)}.
 Priority rules:
-- P0 (critical): host wait >= {host_bound.HOST_WAIT_P0_PERCENT:g}% of step; device idle >=
-  {idle.IDLE_P0_PERCENT:g}%; data transfer or collectives >= \
-{readings.OP_CATEGORY_P0_PERCENT:g}% of
-  device time; a detector finding >= {detections.DETECTOR_P0_PERCENT:g}% of step; OOM risk HIGH.
-- P1: host wait >= {host_bound.HOST_WAIT_P1_PERCENT:g}%; idle >= {idle.IDLE_P1_PERCENT:g}%; \
-transfer or
-  collectives >= {readings.OP_CATEGORY_P1_PERCENT:g}%; detector >= \
-{detections.DETECTOR_P1_PERCENT:g}%; OOM risk
-  MEDIUM; roofline efficiency below 10%.
-- P2: anything smaller that is still worth fixing.
+{PRIORITY_RULES}
 Missing data is never evidence of health: say what could not be judged.
 
 Every number you state must be copied from a tool output; never compute, estimate or invent
@@ -299,7 +296,7 @@ class GeminiInvestigator:
         return self._client
 
     def investigate(
-        self, snapshot: Mapping[str, Any], triage: tr.Triage, follow_ups: FollowUps
+        self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps
     ) -> dict[str, Any]:
         """Run the model loop and return the investigation.json document (see module doc)."""
         started = time.perf_counter()
@@ -309,7 +306,7 @@ class GeminiInvestigator:
         except GeminiUnavailable as e:
             return self._fallback(snapshot, triage, follow_ups, e.reason, session, started)
         surviving = len(doc["findings"])
-        if surviving == 0 and triage.status != tr.OPTIMAL:
+        if surviving == 0 and triage.status != OPTIMAL:
             check = doc["evidence_check"]
             reason = (f"no finding survived the evidence check ({len(check['dropped'])} of "
                       f"{check['checked']} dropped)" if check["checked"] else
@@ -320,7 +317,7 @@ class GeminiInvestigator:
         return doc
 
     def _investigate(
-        self, snapshot: Mapping[str, Any], triage: tr.Triage, follow_ups: FollowUps,
+        self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps,
         session: _Session,
     ) -> dict[str, Any]:
         from google.genai import types
@@ -420,7 +417,7 @@ class GeminiInvestigator:
         raise AssertionError("unreachable: the last attempt returns or raises")
 
     def _fallback(
-        self, snapshot: Mapping[str, Any], triage: tr.Triage, follow_ups: FollowUps,
+        self, snapshot: Mapping[str, Any], triage: Triage, follow_ups: FollowUps,
         reason: str, session: _Session, started: float,
         evidence_check: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
@@ -570,7 +567,7 @@ def parse_report(response: types.GenerateContentResponse) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- the prompt
 
 
-def build_prompt(snapshot: Mapping[str, Any], triage: tr.Triage, calls_left: int) -> str:
+def build_prompt(snapshot: Mapping[str, Any], triage: Triage, calls_left: int) -> str:
     """The first user turn: session, triage and a bounded digest of the health snapshot."""
     session = {k: v for k, v in (snapshot.get("session") or {}).items() if k != "path"}
     calls = (f"You may make up to {calls_left} follow-up tool calls." if calls_left > 0 else
