@@ -49,7 +49,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "evidence": ("judgement.evidence", None),
     "find_sessions": ("collection.profile_input", "find_sessions"),
     "investigate": ("engine", "investigate"),
+    "judged_over": ("judgement.verdict", "judged_over"),
     "kpi": ("diff.compare", "kpi"),
+    "none_found": ("judgement.verdict", "none_found"),
     "op_stats_shards": ("collection.op_stats_shards", None),
     "parse_bytes": ("collection.workers", "parse_bytes"),
     "prose": ("report.model", "prose"),
@@ -120,6 +122,8 @@ if TYPE_CHECKING:
     from mldiag.analysis.judgement.triage import OPTIMAL as OPTIMAL
     from mldiag.analysis.judgement.triage import triage as triage
     from mldiag.analysis.judgement.verdict import INSUFFICIENT_DATA as INSUFFICIENT_DATA
+    from mldiag.analysis.judgement.verdict import judged_over as judged_over
+    from mldiag.analysis.judgement.verdict import none_found as none_found
     from mldiag.analysis.report.diff import render_diff_html as render_diff_html
     from mldiag.analysis.report.model import prose as prose
     from mldiag.analysis.report.page import style_hash as style_hash

@@ -10,6 +10,7 @@ from collections import Counter
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
+from mldiag.analysis import judged_over, none_found
 from mldiag.capture.targets import status as status_of
 from mldiag.capture.targets import statuses
 from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
@@ -198,6 +199,13 @@ def session_view(console: Console, principal: Principal, s: SessionRecord) -> di
         "note": s.note,
         "has_report": analysis is not None,
         "summary": (analysis or {}).get("summary", ""),
+        # The same words as the report's: what it was judged over, and what to say of no
+        # findings (mldiag.analysis.judgement.verdict).
+        "judged_over": judged_over((analysis or {})["reading"])
+        if isinstance((analysis or {}).get("reading"), dict) else "",
+        "no_findings": none_found(str((analysis or {}).get("status") or s.verdict or ""),
+                                  [c for c in (analysis or {}).get("checks") or []
+                                   if isinstance(c, dict)]),
         "findings": [{"priority": f.get("priority"), "category": f.get("category"),
                       "title": f.get("title"), "impact": f.get("impact"),
                       "fix": f.get("fix") or f.get("recommendation")}

@@ -119,3 +119,31 @@ def conclude(triage: Triage, findings: Sequence[Mapping[str, Any]]) -> Conclusio
         raise ValueError("conclude needs the triage's reading (triage(), or Triage.from_dict "
                          "with the session's reading)")
     return Conclusion(status, final, checks, summarize(triage.reading, triage, final, status))
+
+
+def none_found(status: str, checks: Sequence[Mapping[str, Any]]) -> str:
+    """What a page says where its findings would be, when there are none (the report and the
+    console say the same)."""
+    if status == OPTIMAL:
+        return "No bottleneck was found: the triage criteria for OPTIMAL hold."
+    if status == INSUFFICIENT_DATA:
+        return ("No bottleneck was found, and health could not be confirmed either: what the "
+                "profile lacks is listed under \"Not judged\".")
+    if any(c.get("passed") is False for c in checks):
+        return "No finding names a cause: the verdict rests on the failed health check(s)."
+    return "No findings were produced for this session."
+
+
+def judged_over(reading: Mapping[str, Any]) -> str:
+    """One line of what the verdict was judged over, from analysis.json's `reading`: the
+    device, the steps (one step said as one sample) or the capture window, the hosts."""
+    raw = reading.get("steps")
+    steps: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    count = int(steps.get("count") or 0)
+    device = str(reading.get("device_type") or reading.get("device") or "unknown device")
+    hosts = len(reading.get("hosts") or [])
+    over = ("one step (a single sample, not an average)" if count == 1 else
+            f"{count} steps" if count else
+            "a micro-benchmark's short window (no steps)" if steps.get("micro_benchmark") else
+            "the capture window (no step markers)")
+    return f"Judged over {over} of {device}, {hosts} host{'s' if hosts != 1 else ''}."

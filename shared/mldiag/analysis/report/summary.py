@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mldiag.analysis.judgement.reading import SessionReading, read_session
+from mldiag.analysis.judgement.verdict import none_found
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.diff import what_changed
 from mldiag.analysis.report.model import (
@@ -375,17 +376,8 @@ def findings_view(analysis: Mapping[str, Any]) -> tuple[list[Finding], str]:
     """The findings, most urgent first, and what to say when there are none."""
     findings = [as_map(f) for f in as_list(analysis.get("findings")) if isinstance(f, Mapping)]
     findings.sort(key=_finding_key)
-    status = analysis.get("status")
-    if status == "OPTIMAL":
-        none = "No bottleneck was found: the triage criteria for OPTIMAL hold."
-    elif status == "INSUFFICIENT_DATA":
-        none = ("No bottleneck was found, and health could not be confirmed either: what the "
-                "profile lacks is listed under \"Not judged\" above.")
-    elif any(as_map(c).get("passed") is False for c in as_list(analysis.get("checks"))):
-        none = ("No finding names a cause: the verdict rests on the failed health check(s) "
-                "above.")
-    else:
-        none = "No findings were produced for this session."
+    none = none_found(as_str(analysis.get("status")),
+                      [as_map(c) for c in as_list(analysis.get("checks"))])
     return [finding_view(f) for f in findings], none
 
 
