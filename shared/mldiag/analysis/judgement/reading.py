@@ -142,6 +142,17 @@ class SessionReading:
     def value(self, name: str) -> Any:
         return self.values.get(name)
 
+    def entry(self, tool: str) -> Mapping[str, Any]:
+        """A tool's (or pass's) result as the snapshot files it, `{name, status, data, error}`
+        (NO_DATA's data holds its reason); {} when it was not collected."""
+        result = self.tools.get(tool)
+        if result is None:
+            return {}
+        data = result.data if result.has_data else (
+            {"reason": result.reason} if result.reason else {})
+        return {"name": result.name, "status": result.status, "data": data,
+                **({"error": result.error} if result.error else {})}
+
     def data(self, tool: str) -> Any:
         """A tool's (or pass's) data when its status is DATA, else None."""
         return ev.tool_data(self.snapshot, tool)
@@ -202,8 +213,10 @@ def _tools(snapshot: Mapping[str, Any]) -> Mapping[str, ToolResult]:
         if not isinstance(entry, Mapping):
             continue
         data = entry.get("data")
-        reason = data.get("reason") if isinstance(data, Mapping) and entry.get(
-            "status") == "NO_DATA" else None
+        # Why a tool has no data, in its own words (older snapshots: `message` or `info`).
+        reason = next((data[k] for k in ("reason", "message", "info")
+                       if str(data.get(k) or "").strip()), None) if isinstance(
+            data, Mapping) and entry.get("status") != "DATA" else None
         out[str(name)] = ToolResult(str(name), str(entry.get("status") or ""),
                                     data if entry.get("status") == "DATA" else None,
                                     str(reason) if reason else None,

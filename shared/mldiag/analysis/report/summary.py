@@ -526,7 +526,7 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         capture=_capture_lines(as_map(session.get("capture"))),
         what_changed=what_changed(regression) if regression else None,
         summary=summary_view(analysis, snapshot, reading), findings=findings,
-        no_findings=no_findings, tools=tool_sections(analysis, snapshot, reading),
+        no_findings=no_findings, tools=tool_sections(analysis, reading),
         provenance=Section("provenance", "Provenance", provenance_view(analysis, snapshot)),
         mldiag_version=text(analysis.get("mldiag_version") or ""),
         xprof_version=text(analysis.get("xprof_version") or snapshot.get("xprof_version") or ""),

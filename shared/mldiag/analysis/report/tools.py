@@ -46,7 +46,6 @@ from mldiag.analysis.report.model import (
     parts,
     table,
     text,
-    tool,
     tool_reason,
     why,
     with_unit,
@@ -88,9 +87,9 @@ def why_absent(name: str, entry: Mapping[str, Any], device: SessionReading,
 # ---------------------------------------------------------------- overview
 
 
-def _overview(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
+def _overview(device: SessionReading) -> list[Block]:
     cpu = device.cpu
-    found = data(tool(snapshot, "get_xprof_overview"))
+    found = data(device.entry("get_xprof_overview"))
     if found is None:
         return []
     perf = as_map(found.get("performance_summary"))
@@ -101,7 +100,7 @@ def _overview(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block
     notes: list[Block] = []
     # One step set per page: every other step figure comes from the annotated steps
     # (get_step_trace and our timeline); say so when the overview's own set disagrees.
-    trace = as_map(as_map(data(tool(snapshot, "get_step_trace"))).get("summary"))
+    trace = as_map(as_map(data(device.entry("get_step_trace"))).get("summary"))
     ours, count = measured(trace.get("step_time_ms_average")), trace.get("total_steps")
     if cpu:
         # Duty cycle, idle, MXU, cores... are device counters XProf does not fill for CPU
@@ -122,7 +121,7 @@ def _overview(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block
         if no_roofline:
             hidden |= {"flop_rate_utilization_relative_to_roofline",
                        "hbm_bw_utilization_percent", "bound_by"}
-            peak = measured(as_map(as_map(data(tool(snapshot, "get_roofline_model"))).get(
+            peak = measured(as_map(as_map(data(device.entry("get_roofline_model"))).get(
                 "device_info")).get("peak_flop_rate"))
             if peak:
                 # The roofline tool knows the device's peak where the overview does not: say
@@ -170,14 +169,14 @@ def _op_point(op: Mapping[str, Any]) -> tuple[float, float] | None:
     return point if charts.on_chart(point) else None
 
 
-def _roofline(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
-    entry = tool(snapshot, "get_roofline_model")
+def _roofline(device: SessionReading) -> list[Block]:
+    entry = device.entry("get_roofline_model")
     found = data(entry)
     if found is None:
         return why_absent("get_roofline_model", entry, device,
                           "CPU profile: XProf has no roofline for CPU.")
     info = as_map(found.get("device_info")) or as_map(
-        data(tool(snapshot, "get_device_information")))
+        data(device.entry("get_device_information")))
     program = as_map(found.get("program"))
     peak = measured(info.get("peak_flop_rate"))
     bw_gibs = measured(info.get("peak_hbm_bw_gibs"))
@@ -250,8 +249,8 @@ def _roofline(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block
 # ---------------------------------------------------------------- memory
 
 
-def _memory(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
-    entry = tool(snapshot, "get_memory_profile")
+def _memory(device: SessionReading) -> list[Block]:
+    entry = device.entry("get_memory_profile")
     found = data(entry)
     blocks: list[Block] = []
     if found is None:
@@ -284,7 +283,7 @@ def _memory(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
                 fmt_gib(cap - peak), Span("device memory not in use at the peak", "subnote"))))
         blocks.append(KV(facts))
 
-    alloc_entry = tool(snapshot, "get_peak_allocations")
+    alloc_entry = device.entry("get_peak_allocations")
     alloc = data(alloc_entry)
     cpu = device.cpu
     blocks.append(Heading("Largest buffers of the compiled programs (get_peak_allocations)"
@@ -323,8 +322,8 @@ def _split_op_path(name: str) -> tuple[str, str]:
     return segments[-1], module
 
 
-def _hlo_ops(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
-    entry = tool(snapshot, "get_hlo_op_profile")
+def _hlo_ops(device: SessionReading) -> list[Block]:
+    entry = device.entry("get_hlo_op_profile")
     found = data(entry)
     if found is None:
         return why_absent("get_hlo_op_profile", entry, device,
@@ -474,9 +473,9 @@ def _has_kernels(follow_up: Mapping[str, Any]) -> bool:
     return follow_up.get("status") == "DATA" and bool(_kernel_records(follow_up.get("data")))
 
 
-def _kernels(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
+def _kernels(analysis: Mapping[str, Any],
              device: SessionReading) -> list[Block]:
-    entry = tool(snapshot, "get_kernel_stats")
+    entry = device.entry("get_kernel_stats")
     follow = _follow_ups(analysis, "get_kernel_stats")
     blocks: list[Block] = []
     records = _kernel_records(entry.get("data")) if entry.get("status") == "DATA" else []
@@ -562,10 +561,10 @@ def _detection_row(d: Mapping[str, Any]) -> tuple[tuple[Cell, ...], str]:
     return row, "" if ran else "noexec"
 
 
-def _detectors(snapshot: Mapping[str, Any], device: SessionReading) -> list[Block]:
+def _detectors(device: SessionReading) -> list[Block]:
     blocks: list[Block] = []
     for name, label in _DETECTORS:
-        entry = tool(snapshot, name)
+        entry = device.entry(name)
         status = entry.get("status")
         found = as_map(entry.get("data"))
         detections = [as_map(d) for d in as_list(found.get("detections"))
@@ -603,10 +602,10 @@ def _detectors(snapshot: Mapping[str, Any], device: SessionReading) -> list[Bloc
 # ---------------------------------------------------------------- custom kernels and LLO
 
 
-def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
+def _llo(analysis: Mapping[str, Any],
          device: SessionReading) -> list[Block]:
     blocks: list[Block] = []
-    roof = data(tool(snapshot, "get_roofline_model"))
+    roof = data(device.entry("get_roofline_model"))
     custom = [as_map(op) for op in as_list(as_map(roof).get("top_operations"))
               if isinstance(op, Mapping) and (
                   "custom" in as_str(op.get("category")).lower()
@@ -621,8 +620,8 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
         blocks.append(why("No custom calls (Pallas/Mosaic or other kernels) among the roofline "
                           "top ops."))
     # The custom calls found in the HLO (LAPACK/FFI on CPU), timed on the timeline.
-    calls = [as_map(c) for c in as_list(as_map(ev.tool_data(
-        snapshot, ev.CUSTOM_CALLS)).get("custom_calls"))
+    calls = [as_map(c) for c in as_list(as_map(device.data(ev.CUSTOM_CALLS)).get(
+        "custom_calls"))
         if isinstance(c, Mapping) and c.get("time_ms") is not None]
     if calls and not custom:
         share = ("Share of device time" if as_str(calls[0].get("share_of")) == "capture window"
@@ -635,8 +634,7 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
                   ((text(c.get("instruction")), text(c.get("target")), text(c.get("source")),
                     fmt_ms(c.get("time_ms")), fmt_pct(c.get("percent_of_step")))
                    for c in calls[:10]))]
-    llo_tools = [as_map(v) for k, v in as_map(snapshot.get("tools")).items()
-                 if str(k).startswith("llo_") and isinstance(v, Mapping)]
+    llo_tools = [device.entry(k) for k in device.tools if str(k).startswith("llo_")]
     follow = _follow_ups(analysis, "llo_")
     for entry in llo_tools:
         if entry.get("status") == "ERROR":
@@ -654,16 +652,16 @@ def _llo(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
     return blocks
 
 
-def tool_sections(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
+def tool_sections(analysis: Mapping[str, Any],
                   device: SessionReading) -> Section:
     return Section("tools", "Detailed tool analysis", [
-        *_overview(snapshot, device),
-        ToolBlock("roofline", "Roofline", _roofline(snapshot, device)),
-        ToolBlock("memory", "Memory", _memory(snapshot, device)),
-        ToolBlock("hlo-ops", "HLO op profile", _hlo_ops(snapshot, device)),
-        ToolBlock("kernels", "Kernel statistics", _kernels(analysis, snapshot, device)),
-        ToolBlock("detectors", "Our detectors", _detectors(snapshot, device)),
-        ToolBlock("llo", "Custom kernels and LLO", _llo(analysis, snapshot, device)),
+        *_overview(device),
+        ToolBlock("roofline", "Roofline", _roofline(device)),
+        ToolBlock("memory", "Memory", _memory(device)),
+        ToolBlock("hlo-ops", "HLO op profile", _hlo_ops(device)),
+        ToolBlock("kernels", "Kernel statistics", _kernels(analysis, device)),
+        ToolBlock("detectors", "Our detectors", _detectors(device)),
+        ToolBlock("llo", "Custom kernels and LLO", _llo(analysis, device)),
     ])
 
 
