@@ -19,8 +19,7 @@ from mldiag.analysis.collection.window_tasks import convert_windows
 from mldiag.messages import AnalyzeSession
 from mldiag.model import REPORTED
 from mldiag.stages.window_shards import StoredWindows
-from tests.pipeline.helpers import MakeRuntime
-from tests.pipeline.test_stages import RUN, SESSION, analysis_dir, object_name, wait_state
+from tests.helpers.pipeline import RUN, SESSION, MakeRuntime, analysis_dir, object_name, wait_state
 
 REPO = Path(__file__).resolve().parents[2]
 

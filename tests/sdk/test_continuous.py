@@ -16,7 +16,8 @@ from mldiag.sdk.continuous import (
     RingBuffer,
 )
 from mldiag.sdk.xspace import parse_xspace
-from tests.sdk import jit_loop, step_events
+from tests.helpers.jax_steps import jit_loop, step_events
+from tests.helpers.wait import wait_until
 
 WINDOW_S = 0.3
 
@@ -29,10 +30,9 @@ def ring(tmp_path: Path) -> Iterator[RingBuffer]:
 
 
 def _wait_windows(ring: RingBuffer, count: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while ring.status()["windows"] + ring.status()["evicted_windows"] < count:
-        assert time.monotonic() < deadline, f"no {count} windows in {timeout_s} s: {ring.status()}"
-        time.sleep(0.05)
+    wait_until(lambda: ring.status()["windows"] + ring.status()["evicted_windows"] >= count,
+               timeout=timeout_s, interval=0.05,
+               what=lambda: f"{count} windows: {ring.status()}")
 
 
 def test_ring_records_back_to_back_windows_while_a_loop_runs(ring: RingBuffer) -> None:
@@ -197,10 +197,9 @@ def test_ring_waits_while_another_trace_holds_the_profiler(ring: RingBuffer,
     jax.profiler.start_trace(str(tmp_path / "programmatic"))
     try:
         ring.start(window_s=WINDOW_S)
-        deadline = time.monotonic() + 5.0
-        while ring.status()["state"] != "WAITING" or "busy" not in str(ring.status()["reason"]):
-            assert time.monotonic() < deadline, ring.status()
-            time.sleep(0.05)
+        wait_until(lambda: ring.status()["state"] == "WAITING"
+                   and "busy" in str(ring.status()["reason"]), timeout=5.0, interval=0.05,
+                   what=lambda: f"the ring to wait for the busy profiler: {ring.status()}")
         assert ring.active and ring.status()["windows"] == 0
     finally:
         jax.profiler.stop_trace()
