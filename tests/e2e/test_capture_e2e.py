@@ -52,8 +52,11 @@ def launch(runtime: LocalRuntime) -> Iterator[Launch]:
     home = runtime.services.settings.home
 
     def start(host: str, *args: str, wait_target: bool = True) -> subprocess.Popen[bytes]:
+        tmp = scratch(runtime, host)
+        tmp.mkdir(parents=True, exist_ok=True)
+        # Its own temp dir, where the test can see its continuous-profiling ring.
         env = {**os.environ, "MLDIAG_HOME": str(home), "MLDIAG_HOST_NAME": host,
-               "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+               "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp)}
         proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--run", RUN,
                                  "--port", str(free_port()), *args], env=env,
                                 start_new_session=True)
@@ -68,6 +71,17 @@ def launch(runtime: LocalRuntime) -> Iterator[Launch]:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def scratch(runtime: LocalRuntime, host: str) -> Path:
+    """The temp dir of the workload `host` (TMPDIR)."""
+    return runtime.services.settings.home.parent / f"tmp-{host}"
+
+
+def ring_windows(runtime: LocalRuntime, host: str) -> list[Path]:
+    """The windows of `host`'s continuous-profiling ring on its disk. The ring writes a
+    window's file just before it holds the window."""
+    return sorted(scratch(runtime, host).glob("mldiag-ring-*/window-*.xplane.pb"))
 
 
 def finished(runtime: LocalRuntime, session: str) -> SessionRecord:
@@ -108,7 +122,8 @@ def test_continuous_snapshot_and_on_demand_served_from_the_ring(
     assert cli(runtime, "continuous", "start", "--run", RUN, "--window", "1s") == 0
     (target,) = runtime.state.list_targets(RUN)
     assert target.continuous == "RING"
-    time.sleep(2.5)  # at least two complete windows
+    wait_until(lambda: len(ring_windows(runtime, "w0")) >= 2, timeout=30, interval=0.05,
+               what=lambda: f"two complete windows in w0's ring: {ring_windows(runtime, 'w0')}")
     t_request = time.time()
     assert cli(runtime, "capture", "snap1", "--run", RUN, "--kind", "snapshot",
                "--duration", "2s") == 0
@@ -314,6 +329,12 @@ def test_a_workload_that_stopped_answering_fails_its_host_and_never_serves_the_r
     os.kill(stuck.pid, signal.SIGCONT)
     wait_until(lambda: time.time() - pushed(runtime, "w1").last_heartbeat < 1.5,
                what="w1's heartbeat", timeout=120, interval=0.1)
-    time.sleep(2.0)  # more than one poll
+    # A later request that w1 takes and answers (it has no ring to cut a snapshot from):
+    # by then it has polled its requests since it woke up.
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="later", capture="snapshot",
+                                                targets=["w1"]))
+    later = finished(runtime, "later")
+    assert later.hosts["w1"].reason.startswith("w1: continuous profiling is off on w1"), \
+        later.hosts["w1"].reason
     assert not (runtime.storage.root / RUN / "plugins/profile/gone/w1.xplane.pb").exists()
     assert runtime.state.take_requests(RUN, "w1", time.time()) == []

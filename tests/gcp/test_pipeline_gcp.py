@@ -188,7 +188,7 @@ def test_a_finalize_delivered_twice_gives_one_session_and_one_analysis(
     assert len(finalizes) == 2 and all(d.status == 204 or d.status == 200 for d in finalizes)
     assert len({d.message_id for d in finalizes}) == 1, "the same event, twice"
     assert [s.session for s in deployment.state.list_sessions(run=run)] == ["s1"]
-    analyses = relay.to("collect", kind="AnalyzeSession", run=run, session="s1")
+    analyses = relay.to("collect", kind="AnalyzeSession", run=run, session="s1", version=1)
     assert len(analyses) == 1
     # A late redelivery of the same event, after the report: a duplicate, acknowledged.
     (route,) = [r for r in relay.routes if r.storage]
@@ -196,10 +196,20 @@ def test_a_finalize_delivered_twice_gives_one_session_and_one_analysis(
     status = relay.post(route, *_finalize_event(deployment, first), first.message_id, 3,
                         first.data, first.attributes)
     assert 200 <= status < 300
-    time.sleep(1.0)
+    # The function has answered, so what it wrote is in Firestore: the session untouched.
     after = deployment.state.get_session(run, "s1")
     assert after is not None and (after.state, after.version) == (REPORTED, 1)
-    assert len(relay.to("collect", kind="AnalyzeSession", run=run, session="s1")) == 1
+    # What it published would reach collect before a request published after its answer
+    # (the emulator delivers a subscription in publish order): a stale analysis request,
+    # which collect answers as a duplicate.
+    stale = AnalyzeSession(run=run, session="s1", version=0)
+    marker = deployment.publisher.publish(deployment.topic(TOPIC_OF[AnalyzeSession]),
+                                          stale.to_json().encode(),
+                                          kind=stale.kind).result(timeout=30)
+    (answered,) = wait_until(lambda: relay.of_message(marker), what="the stale request answered",
+                             timeout=60, interval=POLL_S)
+    assert answered.function == "collect" and 200 <= answered.status < 300
+    assert len(relay.to("collect", kind="AnalyzeSession", run=run, session="s1", version=1)) == 1
 
 
 def _finalize_event(deployment: Deployment, delivery: Any) -> tuple[dict[str, str], bytes]:
@@ -226,9 +236,12 @@ def test_a_poison_message_is_dead_lettered_once_and_the_session_is_untouched(
     wait_until(lambda: len([d for d in deployment.state.list_dead_letters()
                             if d["reason"].startswith("poison message")]) >= 2,
                what="both dead letters", timeout=60, interval=POLL_S)
-    time.sleep(2.0)  # long enough for several redeliveries, were the messages nacked
+    # The relay records a delivery once the function has answered it. Answered 2xx at the
+    # first delivery, each is acknowledged: Pub/Sub never delivers it again.
     for message_id in (garbage, mistyped):
-        deliveries = deployment.relay.of_message(message_id)
+        deliveries = wait_until(lambda m=message_id: deployment.relay.of_message(m),
+                                what=f"message {message_id}'s delivery answered", timeout=60,
+                                interval=POLL_S)
         assert len(deliveries) == 1 and 200 <= deliveries[0].status < 300, deliveries
     reasons = [d["reason"] for d in deployment.state.list_dead_letters()]
     assert any("not JSON" in r for r in reasons) and any("version" in r for r in reasons)
