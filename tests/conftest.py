@@ -2,35 +2,21 @@
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
-
-
-def _fixture_copy(tmp_path_factory: pytest.TempPathFactory, name: str) -> Path:
-    src = SHARED_FIXTURES / name
-    if not src.is_dir():
-        pytest.skip(f"real profile fixture {src} is absent (clone ../shared beside the repo)")
-    dst = tmp_path_factory.mktemp("fixture") / name
-    # xprof writes cache files next to traces, and the team's copy is read-only.
-    shutil.copytree(src, dst)
-    for p in dst.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
-    return dst
+from tests.helpers.fixtures import GPU, REPO, TPU, TPU_XPLANE, copy_fixture, team_fixture
 
 
 @pytest.fixture(scope="session")
 def tpu_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _fixture_copy(tmp_path_factory, "tpu_inference_2")
+    return copy_fixture(tmp_path_factory, TPU)
 
 
 @pytest.fixture(scope="session")
 def gpu_logdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _fixture_copy(tmp_path_factory, "gpu_multi_worker")
+    return copy_fixture(tmp_path_factory, GPU)
 
 
 # The browser the browser tests ran on (tests/browser/conftest.py records it): a test that
@@ -54,7 +40,7 @@ def tpu_eight_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sys.path.insert(0, str(REPO / "bench"))
     from tpu_shape import generate
 
-    source = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+    source = team_fixture(TPU_XPLANE)
     logdir = tmp_path_factory.mktemp("tpu8")
     generate(logdir, 8 * source.stat().st_size / 1024**2)
     return logdir

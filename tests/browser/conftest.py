@@ -38,9 +38,8 @@ from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import Response as PlaywrightResponse
 
 from tests.conftest import BROWSER_VERSION
+from tests.helpers.fixtures import REPO, SHARED_FIXTURES, team_fixture
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO.parent / "shared" / "fixtures"
 ARTIFACTS = (Path(os.environ["MLDIAG_TEST_ARTIFACTS"]) / "browser"
              if os.environ.get("MLDIAG_TEST_ARTIFACTS")
              else REPO / "tests" / "browser" / "artifacts")
@@ -89,10 +88,10 @@ class Profile:
 
 PROFILES = {
     "tpu": Profile("tpu", "tpu_inference_2", "run1",
-                   FIXTURES / "tpu_inference_2" / "plugins" / "profile" / "run1",
+                   SHARED_FIXTURES / "tpu_inference_2" / "plugins" / "profile" / "run1",
                    "tpu_inference_2", "TPU"),
     "gpu": Profile("gpu", "gpu_multi_worker", "run1",
-                   FIXTURES / "gpu_multi_worker" / "plugins" / "profile" / "run1",
+                   SHARED_FIXTURES / "gpu_multi_worker" / "plugins" / "profile" / "run1",
                    "34.83.195.179_6003", "GPU"),
 }
 
@@ -142,9 +141,7 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 def _drop(profile: Profile, bucket: Path) -> None:
-    if not profile.source.is_dir():
-        pytest.skip(f"real profile fixture {profile.source} is absent (clone ../shared beside "
-                    "the repo)")
+    team_fixture(profile.source)
     dest = bucket / profile.run / "plugins" / "profile" / profile.session
     dest.mkdir(parents=True)
     for src in profile.source.glob("*.xplane.pb"):

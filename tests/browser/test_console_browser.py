@@ -17,15 +17,14 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 import pytest
-from playwright.sync_api import BrowserContext, Page, Response, Route, expect
+from playwright.sync_api import Page, Response, Route, expect
 
 from tests.browser.conftest import PROFILES, Browse, Console, Profile, Shot, Watch, clean_env
+from tests.helpers.browser import TOOL_MS, XPROF, drawn, open_xprof
 
 pytestmark = pytest.mark.slow
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "e2e" / "sdk_workload.py"
-XPROF = "/xprof/data/plugin/profile/"
-TOOL_MS = 60_000
 VERDICTS = ("OPTIMAL", "NEEDS_ATTENTION")
 
 
@@ -45,23 +44,6 @@ def _trace(page: Page, p: Profile) -> None:
     expect(frame.locator("body")).to_contain_text(f"{p.host} /device:{p.device}:",
                                                   timeout=TOOL_MS)
     drawn(page)
-
-
-# The trace viewer has fitted its view to the trace: the range on screen overlaps the span the
-# answer gave (`fullTimespan`), and events of the answer were loaded. Before that, the tracks
-# are listed but the view is the empty default one (0-800 ms), so a screenshot shows no event.
-_DRAWN = """() => {
-  const v = document.querySelector('tf-trace-viewer');
-  const r = v && v.currentViewportRange, b = v && v._fullBounds;
-  return !!(r && b && v._loadedTraceEvents && v._loadedTraceEvents.size > 0
-            && r.max > b.min && r.min < b.max && r.max - r.min > (b.max - b.min) / 2);
-}"""
-
-
-def drawn(page: Page) -> None:
-    """Wait until the trace viewer shows the trace's events, not only its tracks."""
-    frame = next(f for f in page.frames if "trace_viewer_index.html" in f.url)
-    frame.wait_for_function(_DRAWN, timeout=TOOL_MS)
 
 
 # What each tool shows once its data has arrived, by the tag the frontend routes to.
@@ -84,19 +66,6 @@ ALWAYS = {"overview_page", "trace_viewer@", "op_profile", "memory_profile", "hlo
 
 def _is_data(r: Response) -> bool:
     return XPROF + "data?" in r.url or XPROF + "module_list?" in r.url
-
-
-def open_xprof(ctx: BrowserContext, page: Page) -> tuple[Page, list[str]]:
-    """Click "Open in XProf": the frontend opens in a new tab on its overview page. Returns
-    the tab and the tools the frontend was told this session has."""
-    with ctx.expect_event("response", lambda r: "/run_tools?" in r.url,
-                          timeout=TOOL_MS) as run_tools, ctx.expect_page() as tab:
-        page.get_by_role("link", name="Open in XProf").click()
-    xprof = tab.value
-    expect(xprof).to_have_url(re.compile(re.escape(XPROF) + r"overview_page\?"), timeout=TOOL_MS)
-    tags = run_tools.value.json()
-    assert isinstance(tags, list) and all(isinstance(t, str) for t in tags), tags
-    return xprof, tags
 
 
 def walk_tools(xprof: Page, tags: list[str], watch: Watch, profile: Profile, base: str,

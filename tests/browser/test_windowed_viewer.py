@@ -14,7 +14,7 @@ import pytest
 from playwright.sync_api import expect
 
 from tests.browser.conftest import PROFILES, Browse, Console, Shot, start_up
-from tests.browser.test_console_browser import TOOL_MS, XPROF, drawn, open_xprof
+from tests.helpers.browser import TOOL_MS, XPROF, drawn, open_xprof
 
 pytestmark = pytest.mark.slow
 TPU = PROFILES["tpu"]

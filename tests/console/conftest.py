@@ -17,11 +17,9 @@ from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
 from mldiag.console.app import create_app
 from mldiag.console.context import Console, build_console
 from mldiag.settings import Settings
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.fixtures import TPU_XPLANE, team_fixture
+from tests.helpers.pipeline import FAST
 
-TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
-FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 0.05,
-        "max_attempts": 3}
 SESSIONS = (("tpu", "s1"), ("tpu", "s2"), ("other", "o1"))
 HOST = "tpu_inference_2"
 
@@ -55,9 +53,7 @@ def drop(home: Path, run: str, session: str) -> None:
 
 @pytest.fixture(scope="session")
 def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
-    if not TPU_XPLANE.is_file():
-        pytest.skip(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
-                    "the repo)")
+    team_fixture(TPU_XPLANE)
     home = tmp_path_factory.mktemp("console") / "home"
     settings = Settings(home=home, **FAST)
     runtime = bootstrap(settings)

@@ -16,7 +16,7 @@ from mldiag.bootstrap import ControlPlane, bootstrap
 from mldiag.console.app import create_app
 from mldiag.console.context import build_console
 from mldiag.settings import Settings
-from tests.pipeline.test_regression import RUN, report, reported
+from tests.helpers.regression import RUN, report, reported
 
 APP = "http://127.0.0.1:8790"
 

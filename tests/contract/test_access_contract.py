@@ -24,8 +24,8 @@ from mldiag.access import (
 )
 from mldiag.adapters.local.access import SqliteAccessStore
 from tests.contract.conftest import Subject, unique
-from tests.contract.test_state_contract import contend
 from tests.emulators import Emulators
+from tests.helpers.threads import contend
 
 
 @pytest.fixture(params=["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)])

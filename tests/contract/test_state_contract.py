@@ -4,8 +4,7 @@ registration with versions, capture reservations and dead letters."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +29,7 @@ from mldiag.model import (
 )
 from tests.contract.conftest import Subject, unique
 from tests.emulators import Emulators
+from tests.helpers.threads import contend
 
 
 @pytest.fixture(params=["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)])
@@ -51,35 +51,6 @@ def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
 def host(name: str, generation: str = "1", size: int = 10) -> HostRecord:
     return HostRecord(object_name=f"r/plugins/profile/s/{name}.xplane.pb", generation=generation,
                       size=size, arrived_at=0.0)
-
-
-def contend[T](n: int, fn: Callable[[int], T]) -> list[T]:
-    """Run fn(0..n-1) in n threads released at once; their results, in any order."""
-    barrier = threading.Barrier(n)
-    results: list[T] = []
-    errors: list[BaseException] = []
-    lock = threading.Lock()
-
-    def run(i: int) -> None:
-        barrier.wait()
-        try:
-            value = fn(i)
-        except BaseException as e:  # noqa: BLE001 - re-raised in the test's thread below
-            with lock:
-                errors.append(e)
-            return
-        with lock:
-            results.append(value)
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    if errors:
-        raise errors[0]
-    assert len(results) == n
-    return results
 
 
 # Runs

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers.fixtures import REPO
 
 SCRIPT = REPO / "scripts" / "package_functions"
 FUNCTION = "collect"

@@ -24,7 +24,7 @@ from cloudevents.http import CloudEvent
 from mldiag import entrypoints, stages
 from mldiag.messages import TOPIC_OF, ProfileObjectFinalized
 from mldiag.settings import Settings
-from tests.conftest import REPO
+from tests.helpers.fixtures import REPO
 
 TERRAFORM = REPO / "terraform"
 FUNCTION_NAMES = sorted(p.parent.name for p in (REPO / "functions").glob("*/main.py"))

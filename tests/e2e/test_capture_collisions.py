@@ -19,9 +19,13 @@ from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.messages import CaptureProfile
 from mldiag.model import FAILED, HostRecord
 from mldiag.settings import Settings
-from tests.e2e.test_capture_e2e import FAST, RUN, WORKLOAD, free_port, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
+WORKLOAD = Path(__file__).with_name("sdk_workload.py")
+RUN = "train"
 
 
 @pytest.fixture
@@ -40,8 +44,8 @@ def busy_workload(runtime: LocalRuntime) -> Iterator[subprocess.Popen[bytes]]:
            "MLDIAG_HOST_NAME": "w0", "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--run", RUN, "--port",
                              str(free_port()), "--busy", "8"], env=env, start_new_session=True)
-    wait_for("target w0", lambda: any(t.pid == proc.pid
-                                      for t in runtime.state.list_targets(RUN)))
+    wait_until(lambda: any(t.pid == proc.pid for t in runtime.state.list_targets(RUN)),
+               what="target w0", timeout=120, interval=0.1)
     yield proc
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -49,8 +53,9 @@ def busy_workload(runtime: LocalRuntime) -> Iterator[subprocess.Popen[bytes]]:
 
 
 def host_of(runtime: LocalRuntime, session: str) -> HostRecord:
-    return wait_for(f"{session}'s host", lambda: (
-        s.hosts.get("w0") if (s := runtime.state.get_session(RUN, session)) else None))
+    return wait_until(lambda: (
+        s.hosts.get("w0") if (s := runtime.state.get_session(RUN, session)) else None),
+        what=f"{session}'s host", timeout=120, interval=0.1)
 
 
 def test_a_busy_profiler_is_named_and_captures_wait_their_turn(

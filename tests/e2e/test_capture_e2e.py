@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,32 +23,18 @@ from mldiag.cli.main import main
 from mldiag.messages import CaptureProfile
 from mldiag.model import FAILED, REPORTED, SessionRecord, TargetRecord
 from mldiag.settings import Settings
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST
+from tests.helpers.pipeline import finished as finished_in
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 WORKLOAD = Path(__file__).with_name("sdk_workload.py")
 RUN = "train"
-FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 0.05,
-        "max_attempts": 3}
 
 Launch = Callable[..., subprocess.Popen[bytes]]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for[T](what: str, check: Callable[[], T], timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -67,15 +52,18 @@ def launch(runtime: LocalRuntime) -> Iterator[Launch]:
     home = runtime.services.settings.home
 
     def start(host: str, *args: str, wait_target: bool = True) -> subprocess.Popen[bytes]:
+        tmp = scratch(runtime, host)
+        tmp.mkdir(parents=True, exist_ok=True)
+        # Its own temp dir, where the test can see its continuous-profiling ring.
         env = {**os.environ, "MLDIAG_HOME": str(home), "MLDIAG_HOST_NAME": host,
-               "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3"}
+               "JAX_PLATFORMS": "cpu", "TF_CPP_MIN_LOG_LEVEL": "3", "TMPDIR": str(tmp)}
         proc = subprocess.Popen([sys.executable, str(WORKLOAD), "--run", RUN,
                                  "--port", str(free_port()), *args], env=env,
                                 start_new_session=True)
         procs.append(proc)
         if wait_target:
-            wait_for(f"target {host}", lambda: any(
-                t.pid == proc.pid for t in runtime.state.list_targets(RUN)))
+            wait_until(lambda: any(t.pid == proc.pid for t in runtime.state.list_targets(RUN)),
+                       what=f"target {host}", timeout=120, interval=0.1)
         return proc
 
     yield start
@@ -85,10 +73,19 @@ def launch(runtime: LocalRuntime) -> Iterator[Launch]:
         proc.wait()
 
 
+def scratch(runtime: LocalRuntime, host: str) -> Path:
+    """The temp dir of the workload `host` (TMPDIR)."""
+    return runtime.services.settings.home.parent / f"tmp-{host}"
+
+
+def ring_windows(runtime: LocalRuntime, host: str) -> list[Path]:
+    """The windows of `host`'s continuous-profiling ring on its disk. The ring writes a
+    window's file just before it holds the window."""
+    return sorted(scratch(runtime, host).glob("mldiag-ring-*/window-*.xplane.pb"))
+
+
 def finished(runtime: LocalRuntime, session: str) -> SessionRecord:
-    return wait_for(f"session {session} to finish", lambda: (
-        s if (s := runtime.state.get_session(RUN, session)) and s.state in (REPORTED, FAILED)
-        else None))
+    return finished_in(runtime, RUN, session)
 
 
 def cli(runtime: LocalRuntime, *argv: str) -> int:
@@ -125,7 +122,8 @@ def test_continuous_snapshot_and_on_demand_served_from_the_ring(
     assert cli(runtime, "continuous", "start", "--run", RUN, "--window", "1s") == 0
     (target,) = runtime.state.list_targets(RUN)
     assert target.continuous == "RING"
-    time.sleep(2.5)  # at least two complete windows
+    wait_until(lambda: len(ring_windows(runtime, "w0")) >= 2, timeout=30, interval=0.05,
+               what=lambda: f"two complete windows in w0's ring: {ring_windows(runtime, 'w0')}")
     t_request = time.time()
     assert cli(runtime, "capture", "snap1", "--run", RUN, "--kind", "snapshot",
                "--duration", "2s") == 0
@@ -329,7 +327,14 @@ def test_a_workload_that_stopped_answering_fails_its_host_and_never_serves_the_r
     assert time.monotonic() - started < 30  # told by the heartbeat, not the full deadline
     # Woken up, the workload finds its request expired: it never uploads that capture.
     os.kill(stuck.pid, signal.SIGCONT)
-    wait_for("w1's heartbeat", lambda: time.time() - pushed(runtime, "w1").last_heartbeat < 1.5)
-    time.sleep(2.0)  # more than one poll
+    wait_until(lambda: time.time() - pushed(runtime, "w1").last_heartbeat < 1.5,
+               what="w1's heartbeat", timeout=120, interval=0.1)
+    # A later request that w1 takes and answers (it has no ring to cut a snapshot from):
+    # by then it has polled its requests since it woke up.
+    runtime.services.bus.publish(CaptureProfile(run=RUN, session="later", capture="snapshot",
+                                                targets=["w1"]))
+    later = finished(runtime, "later")
+    assert later.hosts["w1"].reason.startswith("w1: continuous profiling is off on w1"), \
+        later.hosts["w1"].reason
     assert not (runtime.storage.root / RUN / "plugins/profile/gone/w1.xplane.pb").exists()
     assert runtime.state.take_requests(RUN, "w1", time.time()) == []

@@ -19,7 +19,9 @@ import pytest
 from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.model import REPORTED
 from mldiag.settings import Settings
-from tests.e2e.test_capture_e2e import FAST, finished, free_port, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST, finished
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -63,7 +65,7 @@ def test_each_process_of_a_job_is_a_host_and_version_1_has_them_all(
     assert all(p.returncode == 0 for p in procs), "\n".join(o[-2000:] for o in outputs)
     hosts = [f"box-{i}" for i in range(processes)]
     assert sorted(t.host for t in runtime.state.list_targets(RUN)) == hosts
-    s = finished(runtime, "job")
+    s = finished(runtime, RUN, "job")
     assert s.state == REPORTED, s.reason
     assert sorted(s.expected_hosts) == hosts and s.note == ""
     assert sorted(s.hosts) == hosts and {r.status for r in s.hosts.values()} == {"ARRIVED"}
@@ -89,8 +91,9 @@ def test_independent_processes_sharing_a_machine_get_distinct_names(
                  "--no-server", "--programmatic", "both", "--wait-targets", "2",
                  "--seconds", "60"], env=env))
             # One after the other, so which one is "box" is known.
-            wait_for("the target", lambda: len(runtime.state.list_targets(RUN)) == count)  # noqa: B023
-        s = finished(runtime, "both")
+            wait_until(lambda: len(runtime.state.list_targets(RUN)) == count,  # noqa: B023
+                       what="the target", timeout=120, interval=0.1)
+        s = finished(runtime, RUN, "both")
     finally:
         for p in procs:
             p.kill()

@@ -20,21 +20,19 @@ from typing import Any
 import pytest
 
 from mldiag.adapters.local.state import SqliteStateStore
-from tests.pipeline.helpers import bus_messages, finalized_names, wait_until
+from tests.helpers.fixtures import TPU_XPLANE, team_fixture
+from tests.helpers.pipeline import bus_messages, finalized_names
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
-FIXTURES = Path(__file__).resolve().parents[2].parent / "shared" / "fixtures"
-TPU_XPLANE = FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 MLDIAG = Path(sys.executable).with_name("mldiag")
 ARTIFACTS = {"health_snapshot.json", "investigation.json", "analysis.json", "summary.html"}
 
 
 @pytest.fixture(scope="module")
 def tpu_xplane() -> Path:
-    if not TPU_XPLANE.is_file():
-        pytest.skip(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
-                    "the repo)")
+    team_fixture(TPU_XPLANE)
     return TPU_XPLANE
 
 

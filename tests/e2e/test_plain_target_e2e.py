@@ -18,9 +18,12 @@ from mldiag.capture import remote
 from mldiag.capture import targets as capture_targets
 from mldiag.cli.main import main
 from mldiag.messages import DegradationDetected
-from mldiag.model import FAILED, REPORTED
+from mldiag.model import REPORTED, SessionRecord
 from mldiag.settings import Settings
-from tests.e2e.test_capture_e2e import FAST, free_port, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST
+from tests.helpers.pipeline import finished as finished_in
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -58,10 +61,8 @@ def cli(runtime: LocalRuntime, capsys: pytest.CaptureFixture[str], *argv: str
     return code, out, err
 
 
-def finished(runtime: LocalRuntime, session: str) -> object:
-    return wait_for(f"session {session}", lambda: (
-        s if (s := runtime.state.get_session(RUN, session)) and s.state in (REPORTED, FAILED)
-        else None))
+def finished(runtime: LocalRuntime, session: str) -> SessionRecord:
+    return finished_in(runtime, RUN, session)
 
 
 def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched(
@@ -97,8 +98,9 @@ def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched
     runtime.services.bus.publish(DegradationDetected(alert_id="slow-1", run=RUN,
                                                      source="cloud-monitoring",
                                                      summary="step time up 40%"))
-    auto = wait_for("the alert's session", lambda: next(
-        (x for x in runtime.state.list_sessions(run=RUN) if x.trigger == "alert"), None))
+    auto = wait_until(lambda: next(
+        (x for x in runtime.state.list_sessions(run=RUN) if x.trigger == "alert"), None),
+        what="the alert's session", timeout=120, interval=0.1)
     auto = finished(runtime, auto.session)
     assert auto.state == REPORTED, auto  # type: ignore[attr-defined]
     code, out, _ = cli(runtime, capsys, "monitored-events", "list",
@@ -114,7 +116,7 @@ def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched
                                f"--machine-learning-run={RUN}",
                                "--format=csv[no-heading](name,status)")
             return out.strip().endswith(",busy")
-        wait_for("busy", busy, timeout=3.0)
+        wait_until(busy, what="busy", timeout=3.0, interval=0.1)
     finally:
         holder.join()
     os.killpg(proc.pid, signal.SIGKILL)

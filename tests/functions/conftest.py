@@ -38,11 +38,10 @@ from mldiag.messages import TOPIC_OF, Message, ProfileObjectFinalized, topic_of
 from mldiag.ports import ObjectInfo
 from mldiag.settings import Settings
 from mldiag.stages import Services
-from tests.conftest import REPO, SHARED_FIXTURES
+from tests.helpers.fixtures import REPO, TPU_XPLANE, team_fixture
 
 EVENTS = REPO / "tests" / "events"
 FUNCTIONS = REPO / "functions"
-TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 XPLANE_NAME = "run1/plugins/profile/s1/host0.xplane.pb"
 PROJECT = "mldiag-demo"
 # Each function is named after the stage it calls: the function of a topic is the one whose
@@ -201,9 +200,7 @@ def clients() -> dict[str, FlaskClient]:
 
 @pytest.fixture
 def pipeline(tmp_path: Path, clients: dict[str, FlaskClient]) -> Iterator[Pipeline]:
-    if not TPU_XPLANE.is_file():
-        pytest.skip(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
-                    "the repo)")
+    team_fixture(TPU_XPLANE)
     # No rescan in the sweep: the tests post finalize events with recorded generations,
     # which a listing of the bucket would not match (tests/pipeline tests the rescan).
     services = bootstrap(Settings(home=tmp_path, settle_s=0.0, rescan_interval_s=0)).services

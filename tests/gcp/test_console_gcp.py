@@ -28,6 +28,7 @@ from mldiag.stages import Services
 from mldiag.viewer_cache import MANIFEST, cache_prefix
 from tests.emulators import Emulators
 from tests.gcp.conftest import jwks_endpoint
+from tests.helpers.fixtures import SHARED_FIXTURES, team_fixture
 
 pytestmark = pytest.mark.emulator
 TPU_XPLANE_NAME = "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
@@ -111,10 +112,7 @@ def gcp_console(emu: Emulators, keys: dict[str, Any], tmp_path_factory: pytest.T
 
 @pytest.fixture(scope="module")
 def shared_fixtures() -> Any:
-    from tests.conftest import SHARED_FIXTURES
-
-    if not (SHARED_FIXTURES / TPU_XPLANE_NAME).is_file():
-        pytest.fail(f"real profile fixture {TPU_XPLANE_NAME} is absent", pytrace=False)
+    team_fixture(SHARED_FIXTURES / TPU_XPLANE_NAME)
     return SHARED_FIXTURES
 
 

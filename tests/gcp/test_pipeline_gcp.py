@@ -37,13 +37,13 @@ from mldiag.messages import (
     RenderReport,
 )
 from mldiag.model import ANALYZING, FAILED, REPORTED, HostRecord, SessionRecord
-from tests.conftest import REPO, SHARED_FIXTURES
 from tests.emulators import Emulators
 from tests.gcp.relay import FunctionServer, Relay, Route
+from tests.helpers.fixtures import REPO, TPU_XPLANE, team_fixture
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.emulator
 
-TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 FUNCTIONS = REPO / "functions"
 # The function each pipeline topic is delivered to (as terraform's push subscriptions do).
 FUNCTION_OF = {TOPIC_OF[AnalyzeSession]: "collect",
@@ -53,16 +53,8 @@ FUNCTION_OF = {TOPIC_OF[AnalyzeSession]: "collect",
                TOPIC_OF[DegradationDetected]: "on_degradation_alert",
                TOPIC_OF[CaptureProfile]: "on_capture_request"}
 _ids = itertools.count(1)
-
-
-def wait_for[T](fn: Any, what: str, timeout: float = 180.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = fn()
-        if value:
-            return value  # type: ignore[no-any-return]
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+# How often a test looks at the emulators for what it waits on.
+POLL_S = 0.1
 
 
 @dataclass
@@ -83,9 +75,7 @@ class Deployment:
 
 @pytest.fixture(scope="module")
 def deployment(emu: Emulators, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    if not TPU_XPLANE.is_file():
-        pytest.fail(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
-                    "the repo)", pytrace=False)
+    team_fixture(TPU_XPLANE)
     n = next(_ids)
     prefix, database = f"gcp{n}-", f"pipeline-{n}"
     client = emu.storage_client()
@@ -164,9 +154,9 @@ def reported(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -
     blob = deployment.storage.client.bucket(deployment.storage.bucket).blob(name)
     started = time.monotonic()
     blob.upload_from_filename(str(local))
-    session = wait_for(
+    session = wait_until(
         lambda: (s := deployment.state.get_session(run, "s1")) and s.state in (REPORTED, FAILED)
-        and s, "the session to be REPORTED")
+        and s, what="the session to be REPORTED", timeout=180, interval=POLL_S)
     return {"run": run, "name": name, "generation": str(blob.generation),
             "size": local.stat().st_size, "session": session,
             "seconds": time.monotonic() - started}
@@ -198,7 +188,7 @@ def test_a_finalize_delivered_twice_gives_one_session_and_one_analysis(
     assert len(finalizes) == 2 and all(d.status == 204 or d.status == 200 for d in finalizes)
     assert len({d.message_id for d in finalizes}) == 1, "the same event, twice"
     assert [s.session for s in deployment.state.list_sessions(run=run)] == ["s1"]
-    analyses = relay.to("collect", kind="AnalyzeSession", run=run, session="s1")
+    analyses = relay.to("collect", kind="AnalyzeSession", run=run, session="s1", version=1)
     assert len(analyses) == 1
     # A late redelivery of the same event, after the report: a duplicate, acknowledged.
     (route,) = [r for r in relay.routes if r.storage]
@@ -206,10 +196,20 @@ def test_a_finalize_delivered_twice_gives_one_session_and_one_analysis(
     status = relay.post(route, *_finalize_event(deployment, first), first.message_id, 3,
                         first.data, first.attributes)
     assert 200 <= status < 300
-    time.sleep(1.0)
+    # The function has answered, so what it wrote is in Firestore: the session untouched.
     after = deployment.state.get_session(run, "s1")
     assert after is not None and (after.state, after.version) == (REPORTED, 1)
-    assert len(relay.to("collect", kind="AnalyzeSession", run=run, session="s1")) == 1
+    # What it published would reach collect before a request published after its answer
+    # (the emulator delivers a subscription in publish order): a stale analysis request,
+    # which collect answers as a duplicate.
+    stale = AnalyzeSession(run=run, session="s1", version=0)
+    marker = deployment.publisher.publish(deployment.topic(TOPIC_OF[AnalyzeSession]),
+                                          stale.to_json().encode(),
+                                          kind=stale.kind).result(timeout=30)
+    (answered,) = wait_until(lambda: relay.of_message(marker), what="the stale request answered",
+                             timeout=60, interval=POLL_S)
+    assert answered.function == "collect" and 200 <= answered.status < 300
+    assert len(relay.to("collect", kind="AnalyzeSession", run=run, session="s1", version=1)) == 1
 
 
 def _finalize_event(deployment: Deployment, delivery: Any) -> tuple[dict[str, str], bytes]:
@@ -228,17 +228,20 @@ def test_a_poison_message_is_dead_lettered_once_and_the_session_is_untouched(
     wrong = json.dumps({"kind": "AnalyzeSession", "run": run, "session": "s1",
                         "version": "one"}).encode()
     mistyped = deployment.publisher.publish(topic, wrong).result(timeout=30)
-    letters = wait_for(lambda: [d for d in deployment.state.list_dead_letters()
-                                if d["reason"].startswith("poison message")
-                                and d["topic"].endswith(TOPIC_OF[AnalyzeSession])]
-                       if len(deployment.relay.of_message(mistyped)) else None,
-                       "the dead letters", timeout=60)
-    wait_for(lambda: len([d for d in deployment.state.list_dead_letters()
-                          if d["reason"].startswith("poison message")]) >= 2,
-             "both dead letters", timeout=60)
-    time.sleep(2.0)  # long enough for several redeliveries, were the messages nacked
+    letters = wait_until(lambda: [d for d in deployment.state.list_dead_letters()
+                                  if d["reason"].startswith("poison message")
+                                  and d["topic"].endswith(TOPIC_OF[AnalyzeSession])]
+                         if len(deployment.relay.of_message(mistyped)) else None,
+                         what="the dead letters", timeout=60, interval=POLL_S)
+    wait_until(lambda: len([d for d in deployment.state.list_dead_letters()
+                            if d["reason"].startswith("poison message")]) >= 2,
+               what="both dead letters", timeout=60, interval=POLL_S)
+    # The relay records a delivery once the function has answered it. Answered 2xx at the
+    # first delivery, each is acknowledged: Pub/Sub never delivers it again.
     for message_id in (garbage, mistyped):
-        deliveries = deployment.relay.of_message(message_id)
+        deliveries = wait_until(lambda m=message_id: deployment.relay.of_message(m),
+                                what=f"message {message_id}'s delivery answered", timeout=60,
+                                interval=POLL_S)
         assert len(deliveries) == 1 and 200 <= deliveries[0].status < 300, deliveries
     reasons = [d["reason"] for d in deployment.state.list_dead_letters()]
     assert any("not JSON" in r for r in reasons) and any("version" in r for r in reasons)
@@ -271,7 +274,7 @@ def test_a_message_that_keeps_failing_is_given_up_by_its_function(
         s = deployment.state.get_session(run, "s-dlq")
         return s if s is not None and s.state == FAILED else None
 
-    session = wait_for(settled, "the session FAILED", timeout=90)
+    session = wait_until(settled, what="the session FAILED", timeout=90, interval=POLL_S)
 
     def delivered() -> Any:
         # The relay records a delivery when the function has answered it, a moment after the
@@ -280,7 +283,8 @@ def test_a_message_that_keeps_failing_is_given_up_by_its_function(
                  if d.function == "render_report"]
         return tries if len(tries) >= 5 else None
 
-    tries = wait_for(delivered, "the fifth delivery answered", timeout=30)
+    tries = wait_until(delivered, what="the fifth delivery answered", timeout=30,
+                       interval=POLL_S)
     assert sorted(d.attempt for d in tries) == [1, 2, 3, 4, 5]
     assert [d.status >= 500 for d in sorted(tries, key=lambda d: d.attempt)] == [
         True, True, True, True, False]
@@ -316,9 +320,10 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
                              "--run", run, "--port", str(port)], env=env,
                             start_new_session=True)
     try:
-        target = wait_for(lambda: next((t for t in deployment.state.list_targets(run)
-                                        if t.pid == proc.pid), None),
-                          "the SDK to register its target in Firestore", timeout=120)
+        target = wait_until(lambda: next((t for t in deployment.state.list_targets(run)
+                                          if t.pid == proc.pid), None),
+                            what="the SDK to register its target in Firestore", timeout=120,
+                            interval=POLL_S)
         # It takes its capture requests from Firestore itself: no endpoint, no token stored.
         assert (target.host, target.platform, target.delivery) == ("w0", "cpu", "pull")
         assert (target.control_port, target.control_token) == (0, "")
@@ -331,9 +336,10 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
         data = json.dumps(alert).encode()
         for _ in range(3):  # an alert storm, delivered thrice: one capture
             deployment.publisher.publish(deployment.topic("degradation-alerts"), data).result()
-        session = wait_for(lambda: next(
+        session = wait_until(lambda: next(
             (s for s in deployment.state.list_sessions(run=run)
-             if s.state in (REPORTED, FAILED)), None), "the auto-captured session's report")
+             if s.state in (REPORTED, FAILED)), None),
+            what="the auto-captured session's report", timeout=180, interval=POLL_S)
         assert session.state == REPORTED, session.reason
         assert (session.trigger, session.kind, sorted(session.hosts)) == (
             "alert", "on_demand", ["w0"])
@@ -359,9 +365,10 @@ def test_an_eight_host_session_fans_out_to_collect_host_and_is_combined(
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(lambda h: bucket.blob(f"{run}/plugins/profile/s8/{h}.xplane.pb")
                       .upload_from_filename(str(local)), hosts))
-    session = wait_for(
+    session = wait_until(
         lambda: (s := deployment.state.get_session(run, "s8")) and s.state in (REPORTED, FAILED)
-        and len(s.hosts) == 8 and s, "the 8-host session to be REPORTED", timeout=300)
+        and len(s.hosts) == 8 and s, what="the 8-host session to be REPORTED", timeout=300,
+        interval=POLL_S)
     assert session.state == REPORTED, session.reason
     per_host = deployment.relay.to("collect_host", kind="CollectHost", run=run, session="s8")
     assert sorted({json.loads(d.data)["host"] for d in per_host}) == hosts

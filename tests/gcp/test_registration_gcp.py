@@ -44,9 +44,9 @@ from mldiag.model import (
 )
 from mldiag.registration import Registrar
 from mldiag.settings import Settings
-from tests.conftest import REPO
 from tests.emulators import Emulators
 from tests.gcp.conftest import jwks_endpoint
+from tests.helpers.fixtures import REPO
 
 pytestmark = pytest.mark.emulator
 BUCKET = "mldiag-tenancy"

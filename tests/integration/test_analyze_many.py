@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 
 from mldiag.cli.main import main
-from tests.conftest import SHARED_FIXTURES
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.fixtures import team_fixture
 
 
 def test_every_session_is_analysed_and_a_bad_one_fails_alone(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     logdir = tmp_path / "logdir"
     for run, session in (("trainA", "2026_01_01_00_00_00"), ("trainB", "2026_01_02_00_00_00")):
         dest = logdir / run / "plugins/profile" / session / "host0.xplane.pb"

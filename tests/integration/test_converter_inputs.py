@@ -16,14 +16,12 @@ from mldiag.analysis.collection import plan as plan_mod
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
-from tests.conftest import SHARED_FIXTURES
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.fixtures import team_fixture
 
 
 def _fixture_copy(tmp_path: Path, rename_smart_events: bool = False) -> Path:
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     run = tmp_path / "plugins/profile/run1"
     run.mkdir(parents=True)
     blob = TPU.read_bytes()

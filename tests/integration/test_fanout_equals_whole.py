@@ -10,14 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from mldiag.analysis.collection.collect import collect
 from mldiag.analysis.collection.host_share import collect_host
 from mldiag.analysis.collection.profile_input import ProfileSession
-from tests.conftest import REPO, SHARED_FIXTURES
+from tests.helpers.fixtures import REPO, team_fixture
+from tests.helpers.fixtures import TPU_XPLANE as TPU
 
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 MB = 1024**2
 
 
@@ -38,8 +36,7 @@ def _data(snapshot: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def test_fanned_out_hosts_answer_as_the_whole_session(tmp_path: Path) -> None:
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     whole = tmp_path / "whole/plugins/profile/run1"
     whole.mkdir(parents=True)
     shutil.copyfile(_generate(tmp_path / "a", 4), whole / "host-a.xplane.pb")

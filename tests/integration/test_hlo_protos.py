@@ -13,14 +13,13 @@ from xprof.cli.internal.oss import hlo_tools
 
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.fixtures import SHARED_FIXTURES, team_fixture
 
 
 @pytest.mark.parametrize("fixture", ["tpu_inference_2", "gpu_multi_worker"])
 def test_protos_from_the_metadata_plane_are_xprofs_own(fixture: str, tmp_path: Path) -> None:
     source = SHARED_FIXTURES / fixture
-    if not source.is_dir():
-        pytest.fail(f"real profile fixture {source} is absent", pytrace=False)
+    team_fixture(source)
     logdir = tmp_path / fixture
     shutil.copytree(source, logdir)
     session = resolve_session(logdir)

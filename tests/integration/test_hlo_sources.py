@@ -5,18 +5,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-import pytest
-
 from mldiag.analysis.collection.hlo_meta import module_sources, sources
 from mldiag.analysis.judgement.summary import _first_sentence
-from tests.conftest import SHARED_FIXTURES
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.fixtures import team_fixture
 
 
 def test_sources_come_from_the_hlo_protos_of_the_tpu_fixture(tmp_path: Path) -> None:
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     run_dir = tmp_path / "plugins/profile/s1"
     run_dir.mkdir(parents=True)
     shutil.copyfile(TPU, run_dir / TPU.name)
@@ -41,8 +37,7 @@ def test_the_summary_states_the_fix_s_first_sentence_whole() -> None:
 def test_the_tpu_copy_finding_tells_directions_and_exposed_from_hidden(tmp_path: Path) -> None:
     from mldiag.analysis.engine import analyze
 
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     a = analyze(TPU, tmp_path).analysis
     (copy,) = [f for f in a["findings"] if f["category"] == "data_transfer"]
     assert ("3 host→device (`copy-done`, `copy-done.2`, `copy-done.4`), all making the device "

@@ -14,9 +14,9 @@ import pytest
 from mldiag.analysis.collection import memory_peaks, xspace_scan
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.fixtures import fixture_id, team_fixture, team_xplanes
 
-FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
+FIXTURES = team_xplanes()
 
 
 def _memory_profile(xplane: Path) -> dict[str, Any]:
@@ -31,9 +31,10 @@ def _peaks_copy(xplane: Path, tmp_path: Path) -> Path:
     return out
 
 
-@pytest.mark.parametrize("xplane", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+@pytest.mark.parametrize("xplane", FIXTURES, ids=fixture_id)
 def test_the_fixtures_memory_profile_from_their_peak_events(xplane: Path,
                                                            tmp_path: Path) -> None:
+    team_fixture(xplane)
     whole = _memory_profile(xplane)
     assert whole["peak_memory_usage_gib"] > 0
     copy = _peaks_copy(xplane, tmp_path)
@@ -139,13 +140,14 @@ def test_hand_written_allocators_peak_as_xprof_picks_them(
     assert kept == len(summaries)
 
 
-@pytest.mark.parametrize("xplane", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+@pytest.mark.parametrize("xplane", FIXTURES, ids=fixture_id)
 def test_the_collection_s_memory_profile_is_the_tool_s_at_any_size(
         xplane: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`host_copies.peaks_memory_profile`, as the collection calls it: the tool on the file
     below `PEAKS_MIN_BYTES`, on the peak events' copy from it on; the same answer."""
     from mldiag.analysis.collection import host_copies
 
+    team_fixture(xplane)
     with XprofWorkspace(resolve_session(xplane.parent)) as ws:
         src = ws.run_dir / xplane.name
         direct = host_copies.peaks_memory_profile(ws, src, None)

@@ -13,11 +13,10 @@ import pytest
 from mldiag.analysis.collection import op_stats_hosts as hosts
 from mldiag.analysis.collection import op_stats_shards as shards
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
-from tests.conftest import REPO, SHARED_FIXTURES
-from tests.integration.test_op_stats_shards import _op_stats
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
-GPU = SHARED_FIXTURES / "gpu_multi_worker/plugins/profile/run1/34.83.195.179_6003.xplane.pb"
+from tests.helpers.fixtures import GPU_XPLANE as GPU
+from tests.helpers.fixtures import REPO, team_fixture
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.op_stats import xprof_op_stats
 
 
 def _generate(tmp: Path, copies: int) -> Path:
@@ -78,7 +77,7 @@ def _each_host(tmp: Path, run_dir: Path) -> list[Any]:
         alone = tmp / f"alone-{xplane.name}/plugins/profile/run1"
         alone.mkdir(parents=True)
         shutil.copyfile(xplane, alone / xplane.name)
-        out.append(_op_stats(alone))
+        out.append(xprof_op_stats(alone))
     return out
 
 
@@ -125,8 +124,7 @@ def _strip_ops(m: Any) -> Any:
 def tpu_hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Three TPU hosts of one program: 4 copies of the fixture in time, 2 copies, and the
     second half of the first (cut between modules), which starts later."""
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     tmp = tmp_path_factory.mktemp("tpu-hosts")
     four = _generate(tmp / "four", 4)
     two = _generate(tmp / "two", 2)
@@ -139,7 +137,7 @@ def tpu_hosts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_tpu_hosts_combine_as_xprof_combines_them(tpu_hosts: dict[str, Path],
                                                   tmp_path: Path) -> None:
     run_dir = _session(tmp_path, tpu_hosts)
-    xprofs = _op_stats(run_dir)
+    xprofs = xprof_op_stats(run_dir)
     each = _each_host(tmp_path, run_dir)
     ours = hosts.combine_hosts(each)
     # An inference trace: xprof finds no steps on any host (the GPU test combines steps).
@@ -158,16 +156,15 @@ def test_hosts_whose_steps_do_not_meet_have_an_empty_intersection(
     with XSpaceScan(tpu_hosts["host-a"]) as scan:
         shards.write_windows(scan, shards.module_cuts(scan, 2), halves)
     run_dir = _session(tmp_path, {"early": halves[0], "late": halves[1]})
-    xprofs = _op_stats(run_dir)
+    xprofs = xprof_op_stats(run_dir)
     ours = hosts.combine_hosts(_each_host(tmp_path, run_dir))
     _assert_equal(ours, xprofs)
 
 
 def test_gpu_hosts_combine_as_xprof_combines_them(tmp_path: Path) -> None:
-    if not GPU.is_file():
-        pytest.fail(f"real profile fixture {GPU} is absent", pytrace=False)
+    team_fixture(GPU)
     run_dir = _session(tmp_path, {"worker-0": GPU, "worker-1": GPU})
-    xprofs = _op_stats(run_dir)
+    xprofs = xprof_op_stats(run_dir)
     ours = hosts.combine_hosts(_each_host(tmp_path, run_dir))
     assert ours.kernel_stats_db.reports, "the GPU fixture has kernel reports to combine"
     _assert_equal(ours, xprofs)
@@ -229,7 +226,7 @@ def test_stepped_hosts_align_their_steps_as_xprof_does(tmp_path: Path) -> None:
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     files = {name: next((tmp_path / name).rglob("*.xplane.pb")) for name in ("a", "b")}
     run_dir = _session(tmp_path, files)
-    xprofs = _op_stats(run_dir)
+    xprofs = xprof_op_stats(run_dir)
     each = _each_host(tmp_path, run_dir)
     ours = hosts.combine_hosts(each)
     counts = [len(h.step_db.step_sequence) for h in each]

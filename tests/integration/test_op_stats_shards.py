@@ -12,11 +12,12 @@ import pytest
 from mldiag.analysis.collection import op_stats_shards as shards
 from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
+from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import XSpaceScan
-from tests.conftest import REPO, SHARED_FIXTURES
+from tests.helpers.fixtures import REPO, team_fixture
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.op_stats import xprof_op_stats
 
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
 TOOLS = (("get_overview", {}), ("get_hlo_op_profile", {"top_n": 50}),
          ("get_roofline_model", {"top_n": 15}), ("get_step_trace", {"limit": 50}))
 
@@ -24,8 +25,7 @@ TOOLS = (("get_overview", {}), ("get_hlo_op_profile", {"top_n": 50}),
 @pytest.fixture(scope="module")
 def four_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The TPU fixture repeated 4 times in time (bench/tpu_shape.py), 3.2 MB."""
-    if not TPU.is_file():
-        pytest.fail(f"real profile fixture {TPU} is absent", pytrace=False)
+    team_fixture(TPU)
     sys.path.insert(0, str(REPO / "bench"))
     from tpu_shape import generate
 
@@ -33,12 +33,6 @@ def four_copies(tmp_path_factory: pytest.TempPathFactory) -> Path:
     generate(logdir, 4 * TPU.stat().st_size / 1024**2)
     (xplane,) = (logdir / "plugins/profile/run1").glob("*.xplane.pb")
     return xplane
-
-
-def _op_stats(run_dir: Path) -> Any:
-    with XprofWorkspace(resolve_session(run_dir)) as ws:
-        ws.precompute_op_stats()
-        return shards.read(ws.run_dir / OP_STATS_FILE)
 
 
 def _tools(run_dir: Path, cache: Any = None) -> dict[str, Any]:
@@ -71,8 +65,8 @@ def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Pa
                                        each_line=host.add)
     # Two copies each, cut between modules: the first window ends before the second starts.
     assert all(extents[0][p][1] < extents[1][p][0] for p in extents[0])
-    whole = _op_stats(four_copies.parent)
-    combined = shards.combine([_op_stats(d) for d in out], shards.seams(extents, host))
+    whole = xprof_op_stats(four_copies.parent)
+    combined = shards.combine([xprof_op_stats(d) for d in out], shards.seams(extents, host))
     # Device and host ops op by op (xprof's order of ops is a hash map's), totals, IDLE,
     # steps. The host's total runs from each host line's first activity to its last, across
     # the cut (1511e12 ps here, 520e12 in each window).
@@ -92,7 +86,7 @@ def test_two_windows_combine_into_the_whole_host(four_copies: Path, tmp_path: Pa
 
 
 def test_adopted_op_stats_are_what_xprofs_tools_read(four_copies: Path) -> None:
-    theirs = _op_stats(four_copies.parent)
+    theirs = xprof_op_stats(four_copies.parent)
     theirs.run_environment.device_type = "TPU adopted"
     assert _tools(four_copies.parent, cache=theirs)["get_overview"]["run_environment"][
         "device_type"] == "TPU adopted"

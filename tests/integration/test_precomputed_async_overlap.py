@@ -20,10 +20,9 @@ from mldiag.analysis.collection.xspace_scan import XSpaceScan
 from mldiag.analysis.engine import investigate, precomputed_follow_ups
 from mldiag.analysis.judgement.followups import ASYNC_OVERLAP, MAX_FOLLOW_UPS, FollowUps
 from mldiag.analysis.judgement.triage import triage
-from tests.conftest import SHARED_FIXTURES
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
-GPU = SHARED_FIXTURES / "gpu_multi_worker/plugins/profile/run1/34.83.195.179_6003.xplane.pb"
+from tests.helpers.fixtures import GPU_XPLANE as GPU
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.fixtures import team_fixture
 
 
 def _xprof(path: Path, **args: object) -> dict[str, object]:
@@ -35,8 +34,7 @@ def _xprof(path: Path, **args: object) -> dict[str, object]:
 
 
 def _fixture(path: Path) -> Path:
-    if not path.is_file():
-        pytest.fail(f"real profile fixture {path} is absent", pytrace=False)
+    team_fixture(path)
     return path
 
 

@@ -28,8 +28,8 @@ import pytest
 from mldiag.analysis.collection.collect import XPROF_CLI
 from mldiag.analysis.engine import analyze
 from mldiag.analysis.judgement import evidence as ev
+from tests.helpers.fixtures import GPU, REPO, SHARED_FIXTURES, TPU, team_fixture
 
-REPO = Path(__file__).resolve().parents[2]
 WORKLOADS = REPO / "scripts" / "workloads"
 XPROF = Path(sys.executable).with_name("xprof")
 # Planted XLA:CPU workloads whose findings cite both xprof tools and mldiag's passes.
@@ -96,10 +96,7 @@ def _same(stated: Any, raw: Any) -> bool:
 
 
 def _profile_dirs(tmp: Path) -> dict[str, Path]:
-    fixtures = REPO.parent / "shared" / "fixtures"
-    if not fixtures.is_dir():
-        pytest.skip(f"real profile fixture {fixtures} is absent (clone ../shared beside the repo)")
-    out = {name: fixtures / name for name in ("tpu_inference_2", "gpu_multi_worker")}
+    out = {name: team_fixture(SHARED_FIXTURES / name) for name in (TPU, GPU)}
 
     def profile(workload: str) -> tuple[str, Path]:
         logdir = tmp / f"planted_{workload}"

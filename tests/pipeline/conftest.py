@@ -11,23 +11,14 @@ import pytest
 
 from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.settings import Settings
-from tests.conftest import SHARED_FIXTURES
-from tests.pipeline.helpers import MakeRuntime
-
-TPU_XPLANE = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
-
-# Short windows so each scenario takes about a second; correctness never depends on them.
-FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 0.05,
-        "max_attempts": 3}
+from tests.helpers.fixtures import TPU_XPLANE, team_fixture
+from tests.helpers.pipeline import FAST, MakeRuntime
 
 
 @pytest.fixture(scope="session")
 def xplane_bytes() -> bytes:
     """The real TPU trace of the shared fixtures (4 TPU planes, 862,707 bytes)."""
-    if not TPU_XPLANE.is_file():
-        pytest.skip(f"real profile fixture {TPU_XPLANE} is absent (clone ../shared beside "
-                    "the repo)")
-    return TPU_XPLANE.read_bytes()
+    return team_fixture(TPU_XPLANE).read_bytes()
 
 
 @pytest.fixture

@@ -13,7 +13,8 @@ from mldiag.adapters.local.bus import InProcessBus
 from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.errors import PoisonMessage
 from mldiag.messages import AnalyzeSession
-from tests.pipeline.helpers import bus_messages, wait_until
+from tests.helpers.pipeline import bus_messages
+from tests.helpers.wait import wait_until
 
 MSG = AnalyzeSession(run="r", session="s", version=1)
 

@@ -26,7 +26,9 @@ from mldiag.model import (
     TargetRecord,
 )
 from mldiag.sdk.monitor import StepTimeMonitor
-from tests.pipeline.helpers import MakeRuntime, SkewedClock, bus_messages, wait_until
+from tests.helpers.clock import SkewedClock
+from tests.helpers.pipeline import MakeRuntime, bus_messages
+from tests.helpers.wait import wait_until
 
 RUN = "train"
 

@@ -21,7 +21,8 @@ from mldiag.bootstrap import LocalRuntime
 from mldiag.cli.main import main
 from mldiag.messages import ProfileObjectFinalized
 from mldiag.model import CAPTURING, SessionRecord, TargetRecord
-from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
+from tests.helpers.pipeline import MakeRuntime, bus_messages
+from tests.helpers.wait import wait_until
 
 RUN = "train"
 RESOURCE = f"projects/p/locations/us-central1/machineLearningRuns/{RUN}"

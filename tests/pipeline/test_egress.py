@@ -19,7 +19,8 @@ from mldiag.capture.egress import EgressPolicy, EgressRefused
 from mldiag.messages import CaptureProfile
 from mldiag.model import FAILED, TargetRecord
 from mldiag.settings import Settings
-from tests.pipeline.helpers import MakeRuntime, wait_until
+from tests.helpers.pipeline import MakeRuntime
+from tests.helpers.wait import wait_until
 
 RUN = "victim"
 

@@ -8,15 +8,17 @@ import json
 from typing import Any
 
 from mldiag.model import ANALYZING, FAILED, REPORTED
-from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
-from tests.pipeline.test_stages import (
+from tests.helpers.pipeline import (
     RUN,
     SESSION,
+    MakeRuntime,
     analysis_dir,
+    bus_messages,
     object_name,
     session_of,
     wait_state,
 )
+from tests.helpers.wait import wait_until
 
 HOSTS = [f"host-{i}" for i in range(8)]
 

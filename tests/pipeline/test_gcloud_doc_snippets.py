@@ -17,7 +17,9 @@ from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.messages import DegradationDetected
 from mldiag.model import FAILED, REPORTED
 from mldiag.settings import Settings
-from tests.e2e.test_capture_e2e import FAST, free_port, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST
+from tests.helpers.wait import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +67,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalRunti
         rt.services.bus.publish(DegradationDetected(alert_id="abc-123-def-456", run="my-run-123",
                                                     source="workload-monitoring",
                                                     summary="performance degradation"))
-        wait_for("the alert's session", lambda: any(
+        wait_until(lambda: any(
             s.trigger == "alert" and s.state in (REPORTED, FAILED)
-            for s in rt.state.list_sessions(run="my-run-123")))
+            for s in rt.state.list_sessions(run="my-run-123")),
+            what="the alert's session", timeout=120, interval=0.1)
         yield rt, env
     finally:
         os.killpg(server.pid, 9)

@@ -23,10 +23,11 @@ from mldiag.model import (
     HostRecord,
 )
 from mldiag.stages import sweep
-from tests.pipeline.helpers import MakeRuntime, SkewedClock
-from tests.pipeline.test_stages import (
+from tests.helpers.clock import SkewedClock
+from tests.helpers.pipeline import (
     RUN,
     SESSION,
+    MakeRuntime,
     analysis_dir,
     assert_reported_once,
     kinds,

@@ -14,7 +14,8 @@ from mldiag.adapters.local.storage import LocalDirStorage, OutsideBucket
 from mldiag.bootstrap import LocalRuntime
 from mldiag.messages import ProfileObjectFinalized, parse
 from mldiag.model import CAPTURING, FAILED, REPORTED
-from tests.pipeline.helpers import MakeRuntime, bus_messages, wait_until
+from tests.helpers.pipeline import MakeRuntime, bus_messages
+from tests.helpers.wait import wait_until
 
 RUN = "train"
 NAME = f"{RUN}/plugins/profile/s1/h0.xplane.pb"

@@ -11,7 +11,8 @@ from dataclasses import replace
 from mldiag.capture.pull import take_requests
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import FAILED, MAX_PENDING_REQUESTS, ControlRequest, TargetRecord
-from tests.pipeline.helpers import MakeRuntime, wait_until
+from tests.helpers.pipeline import MakeRuntime
+from tests.helpers.wait import wait_until
 
 RUN = "pulled"
 

@@ -5,61 +5,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from mldiag.bootstrap import LocalRuntime
 from mldiag.cli.main import main
-from mldiag.messages import RenderReport
-from mldiag.model import ANALYZING, REPORTED, HostRecord, SessionRecord
-from mldiag.stages import handle
-from tests.pipeline.helpers import MakeRuntime
-from tests.unit.snapshots import analysis, cpu_snapshot
-
-RUN = "train"
-HEALTHY = cpu_snapshot(step_ms=10.0, wait_ms=0.3, ops={"dot.1": 8.7, "add.2": 1.0}, run=RUN)
-STALLED = cpu_snapshot(step_ms=50.0, wait_ms=40.2, ops={"dot.1": 8.8, "add.2": 1.0}, run=RUN)
-
-
-def _base(session: str) -> str:
-    return f"{RUN}/plugins/profile/{session}"
-
-
-def _host(session: str) -> dict[str, HostRecord]:
-    return {"h0": HostRecord(object_name=f"{_base(session)}/h0.xplane.pb", generation="1",
-                             size=1, arrived_at=1.0)}
-
-
-def reported(rt: LocalRuntime, session: str, status: str, created_at: float,
-             snapshot: dict[str, Any] = HEALTHY) -> None:
-    """A session REPORTED earlier, with its stored artifacts."""
-    base = f"{_base(session)}/analysis/v1"
-    rt.storage.write_bytes(f"{base}/health_snapshot.json", json.dumps(snapshot).encode())
-    rt.storage.write_bytes(f"{base}/analysis.json",
-                           json.dumps(analysis(snapshot, status)).encode())
-    rt.state.create_session(SessionRecord(
-        run=RUN, session=session, state=REPORTED, hosts=_host(session), verdict=status,
-        reported_version=1, created_at=created_at, updated_at=created_at))
-
-
-def report(rt: LocalRuntime, session: str, trigger: str = "alert",
-           created_at: float = 5.0) -> dict[str, Any]:
-    """Run the report stage on a session whose snapshot and investigation are stored."""
-    base = f"{_base(session)}/analysis/v1"
-    rt.storage.write_bytes(f"{base}/health_snapshot.json", json.dumps(STALLED).encode())
-    rt.storage.write_bytes(f"{base}/investigation.json", json.dumps({
-        "investigator": "rule-based", "summary": "The device waits for the host.",
-        "findings": [{"id": "F1", "category": "host_bound", "priority": "P0",
-                      "title": "Host-bound", "evidence": [], "impact": {"value": 80.4}}]
-    }).encode())
-    rt.state.create_session(SessionRecord(
-        run=RUN, session=session, state=ANALYZING, trigger=trigger, hosts=_host(session),
-        created_at=created_at, updated_at=created_at))
-    handle(RenderReport(run=RUN, session=session, version=1), rt.services)
-    s = rt.state.get_session(RUN, session)
-    assert s is not None and s.state == REPORTED
-    return dict(json.loads(rt.storage.read_bytes(f"{_base(session)}/analysis/analysis.json")))
+from mldiag.model import ANALYZING, SessionRecord
+from tests.helpers.pipeline import MakeRuntime
+from tests.helpers.regression import RUN, STALLED, report, reported, session_dir
 
 
 @pytest.fixture
@@ -84,7 +37,7 @@ def test_an_alert_session_is_compared_with_the_most_recent_optimal_one(rt: Local
     # …then says what the page's final list of findings says.
     assert "needs attention: 1 P0 and 0 P1 finding(s). Top issue (P0): Host-bound" in a[
         "summary"]
-    base = Path(rt.storage.root) / _base("auto-1") / "analysis"
+    base = Path(rt.storage.root) / session_dir("auto-1") / "analysis"
     for name in ("diff.json", "v1/diff.json", "diff.html", "v1/diff.html"):
         assert (base / name).is_file(), name
     doc = json.loads((base / "diff.json").read_text())
@@ -115,7 +68,7 @@ def test_without_a_baseline_the_report_says_so(rt: LocalRuntime):
     assert f"mldiag runs set-baseline {RUN} SESSION" in a["regression"]["reason"]
     assert a["summary"].startswith("This CPU profile (1 host(s)) needs attention: 1 P0 and 0 "
                                    "P1 finding(s). Top issue (P0): Host-bound.")
-    base = Path(rt.storage.root) / _base("auto-1") / "analysis"
+    base = Path(rt.storage.root) / session_dir("auto-1") / "analysis"
     assert not (base / "diff.json").exists()
     page = (base / "summary.html").read_text()
     assert "No baseline to compare with" in page[:page.index('id="summary"')]

@@ -39,51 +39,27 @@ from mldiag.model import (
 )
 from mldiag.ports import ObjectInfo
 from mldiag.stages import sweep
-from tests.pipeline.helpers import (
+from tests.helpers.clock import SkewedClock
+from tests.helpers.pipeline import (
+    RUN,
+    SESSION,
     MakeRuntime,
-    SkewedClock,
+    analysis_dir,
+    assert_reported_once,
     bus_messages,
     finalized_names,
-    wait_until,
+    kinds,
+    object_name,
+    session_of,
+    wait_state,
 )
-
-RUN, SESSION = "myrun", "s1"
-ARTIFACTS = {"health_snapshot.json", "investigation.json", "analysis.json", "summary.html"}
-
-
-def object_name(host: str, session: str = SESSION, run: str = RUN) -> str:
-    return f"{run}/plugins/profile/{session}/{host}.xplane.pb"
-
-
-def session_of(rt: LocalRuntime, session: str = SESSION, run: str = RUN) -> SessionRecord:
-    s = rt.state.get_session(run, session)
-    assert s is not None, f"no session {run}/{session}"
-    return s
+from tests.helpers.wait import wait_until
 
 
 def hosts_of(rt: LocalRuntime, session: str = SESSION) -> set[str]:
     """The hosts registered so far (none before the session exists)."""
     s = rt.state.get_session(RUN, session)
     return set(s.hosts) if s is not None else set()
-
-
-def wait_state(rt: LocalRuntime, *states: str, session: str = SESSION, version: int = 1,
-               timeout: float = 60.0) -> SessionRecord:
-    def done() -> SessionRecord | None:
-        s = rt.state.get_session(RUN, session)
-        return s if s is not None and s.state in states and s.version == version else None
-
-    return wait_until(done, timeout=timeout,
-                      what=f"{RUN}/{session} v{version} to reach {'/'.join(states)}")
-
-
-def analysis_dir(rt: LocalRuntime, session: str = SESSION) -> Path:
-    return rt.storage.root / RUN / "plugins" / "profile" / session / "analysis"
-
-
-def kinds(rt: LocalRuntime, kind: str) -> list[dict[str, Any]]:
-    return [m for m in bus_messages(rt.state)
-            if isinstance(m["body"], dict) and m["body"].get("kind") == kind]
 
 
 def snapshot_writes(rt: LocalRuntime, version: int = 1, session: str = SESSION) -> int:
@@ -158,19 +134,6 @@ class FlakyBus:
             raise TimeoutError(f"publish of {message.kind} timed out")
         result: str = self.inner.publish(message, attributes)
         return result
-
-
-def assert_reported_once(rt: LocalRuntime, version: int = 1) -> None:
-    s = session_of(rt)
-    assert (s.state, s.version, s.reported_version) == (REPORTED, version, version)
-    assert s.verdict in ("OPTIMAL", "NEEDS_ATTENTION") and s.reason == ""
-    base = analysis_dir(rt)
-    assert ARTIFACTS <= {p.name for p in base.iterdir()}
-    assert ARTIFACTS <= {p.name for p in (base / f"v{version}").iterdir()}
-    assert s.report_path == (base / "summary.html").as_uri()
-    analysis = json.loads((base / "analysis.json").read_text())
-    assert analysis["status"] == s.verdict and analysis["session"]["version"] == version
-    assert "<html" in (base / "summary.html").read_text().lower()
 
 
 # The happy path, through the watcher

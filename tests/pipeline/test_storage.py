@@ -97,7 +97,7 @@ def test_a_file_removed_before_it_settles_is_forgotten(storage: LocalDirStorage,
 
 def test_the_watcher_runs_in_its_thread(storage: LocalDirStorage,
                                         events: list[ObjectInfo]) -> None:
-    from tests.pipeline.helpers import wait_until
+    from tests.helpers.wait import wait_until
 
     watcher = DirectoryWatcher(storage, stability_s=0.05, poll_s=0.02)
     watcher.start()

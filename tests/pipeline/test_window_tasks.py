@@ -19,8 +19,8 @@ from mldiag.analysis.collection.window_tasks import convert_windows
 from mldiag.messages import AnalyzeSession
 from mldiag.model import REPORTED
 from mldiag.stages.window_shards import StoredWindows
-from tests.pipeline.helpers import MakeRuntime
-from tests.pipeline.test_stages import RUN, SESSION, analysis_dir, object_name, wait_state
+from tests.helpers.pipeline import RUN, SESSION, MakeRuntime, analysis_dir, object_name, wait_state
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -158,9 +158,8 @@ def test_a_task_other_than_the_first_builds_its_share_of_a_viewer_prebuild(
     s = wait_state(rt, REPORTED)
     bucket = Path(rt.services.settings.home) / "bucket"
     cache = bucket / cache_prefix(s)
-    deadline = time.monotonic() + 60
-    while not (cache / MANIFEST).is_file() and time.monotonic() < deadline:
-        time.sleep(0.1)
+    wait_until((cache / MANIFEST).is_file, timeout=60, interval=0.1,
+               what="the viewer prebuild's manifest")
     assert rt.wait_idle(30)
     rt.stop()
     shutil.rmtree(cache)  # as if the session had been handed to the job

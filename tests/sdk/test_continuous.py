@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,7 +18,8 @@ from mldiag.sdk.continuous import (
     RingBuffer,
 )
 from mldiag.sdk.xspace import parse_xspace
-from tests.sdk import jit_loop, step_events
+from tests.helpers.jax_steps import jit_loop, step_events
+from tests.helpers.wait import wait_until
 
 WINDOW_S = 0.3
 
@@ -29,10 +32,9 @@ def ring(tmp_path: Path) -> Iterator[RingBuffer]:
 
 
 def _wait_windows(ring: RingBuffer, count: int, timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while ring.status()["windows"] + ring.status()["evicted_windows"] < count:
-        assert time.monotonic() < deadline, f"no {count} windows in {timeout_s} s: {ring.status()}"
-        time.sleep(0.05)
+    wait_until(lambda: ring.status()["windows"] + ring.status()["evicted_windows"] >= count,
+               timeout=timeout_s, interval=0.05,
+               what=lambda: f"{count} windows: {ring.status()}")
 
 
 def test_ring_records_back_to_back_windows_while_a_loop_runs(ring: RingBuffer) -> None:
@@ -150,10 +152,25 @@ def test_collect_gives_up_after_its_timeout(ring: RingBuffer) -> None:
     assert time.monotonic() - started < 2.0
 
 
-def test_collect_is_woken_when_the_ring_stops(ring: RingBuffer) -> None:
-    import threading
+class _WatchedCondition(threading.Condition):
+    """The ring's condition variable, saying when a thread waits on it and when it wakes."""
 
+    def __init__(self, lock: Any) -> None:
+        super().__init__(lock)
+        self.waiting = threading.Event()
+        self.woken = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waiting.set()
+        notified = super().wait(timeout)
+        if notified:
+            self.woken.set()
+        return notified
+
+
+def test_collect_is_woken_when_the_ring_stops(ring: RingBuffer) -> None:
     ring.start(window_s=30.0)
+    watched = ring._changed = _WatchedCondition(ring._lock)
     errors: list[BaseException] = []
 
     def wait() -> None:
@@ -164,11 +181,14 @@ def test_collect_is_woken_when_the_ring_stops(ring: RingBuffer) -> None:
 
     waiter = threading.Thread(target=wait)
     waiter.start()
-    time.sleep(0.2)
+    # Stopped only once collect waits for windows, so it is the stop that ends the wait.
+    assert watched.waiting.wait(10.0), "collect never waited for windows"
     ring.stop()
     waiter.join(timeout=5.0)
     assert not waiter.is_alive()
-    assert errors and "off" in str(errors[0])
+    assert watched.woken.is_set(), "collect ended without being notified"
+    assert len(errors) == 1 and not isinstance(errors[0], CollectTimeout)
+    assert "continuous profiling is off" in str(errors[0])
 
 
 def test_stop_deletes_the_ring_and_frees_the_profiler(ring: RingBuffer, tmp_path: Path) -> None:
@@ -197,10 +217,9 @@ def test_ring_waits_while_another_trace_holds_the_profiler(ring: RingBuffer,
     jax.profiler.start_trace(str(tmp_path / "programmatic"))
     try:
         ring.start(window_s=WINDOW_S)
-        deadline = time.monotonic() + 5.0
-        while ring.status()["state"] != "WAITING" or "busy" not in str(ring.status()["reason"]):
-            assert time.monotonic() < deadline, ring.status()
-            time.sleep(0.05)
+        wait_until(lambda: ring.status()["state"] == "WAITING"
+                   and "busy" in str(ring.status()["reason"]), timeout=5.0, interval=0.05,
+                   what=lambda: f"the ring to wait for the busy profiler: {ring.status()}")
         assert ring.active and ring.status()["windows"] == 0
     finally:
         jax.profiler.stop_trace()

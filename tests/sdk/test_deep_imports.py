@@ -17,9 +17,11 @@ import pytest
 
 from mldiag.capture import remote
 from mldiag.sdk.run import current_run
-from tests.sdk.test_run_vllm import STANDIN, free_port, wait_for
+from tests.helpers.net import free_port
+from tests.helpers.wait import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
+STANDIN = Path(__file__).with_name("vllm_standin.py")
 WHEEL = REPO / ".venv" / "upstream" / "google_cloud_mldiagnostics-1.0.10-py3-none-any.whl"
 
 
@@ -107,12 +109,13 @@ def test_the_on_demand_server_starts_and_stops(sdk_home: Path) -> None:
     port = free_port()
     start_on_demand_xprof(port)
     try:
-        assert wait_for("the server", lambda: remote.accepts_connections(f"127.0.0.1:{port}"))
+        assert wait_until(lambda: remote.accepts_connections(f"127.0.0.1:{port}"),
+                          what="the server", timeout=120, interval=0.1)
         start_on_demand_xprof(port)  # a second start warns, and changes nothing
     finally:
         stop_on_demand_xprof()
-    assert wait_for("the server to stop", lambda: not remote.accepts_connections(
-        f"127.0.0.1:{port}"), timeout=10)
+    assert wait_until(lambda: not remote.accepts_connections(f"127.0.0.1:{port}"),
+                      what="the server to stop", timeout=10, interval=0.1)
 
 
 def test_collect_profile_traces_a_profiler_server_into_a_logdir(tmp_path: Path) -> None:
@@ -125,7 +128,8 @@ def test_collect_profile_traces_a_profiler_server_into_a_logdir(tmp_path: Path) 
     env.pop("PHASED_PROFILING_DIR", None)
     proc = subprocess.Popen([sys.executable, str(STANDIN), "--stop-file", str(stop)], env=env)
     try:
-        wait_for("the server", lambda: remote.accepts_connections(f"127.0.0.1:{port}"))
+        wait_until(lambda: remote.accepts_connections(f"127.0.0.1:{port}"),
+                   what="the server", timeout=120, interval=0.1)
         assert collect_profile.main([
             "--hosts", "127.0.0.1", "--port", str(port), "--duration_in_ms", "500",
             "--log_dir", str(tmp_path / "logs"), "--session_name", "s1",

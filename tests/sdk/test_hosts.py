@@ -68,13 +68,26 @@ def test_a_job_session_expects_every_process_and_names_those_that_never_register
     assert time.monotonic() - started >= 0.5  # it waited for process 2 first
     assert expected_hosts(run, 3, [0, 1], wait_s=0.0) == (["h0", "vm-1"], [])
 
-    # Process 2 registers while process 0 waits: the session expects it.
-    def register_late() -> None:
-        time.sleep(0.3)
-        sdk_state.upsert_target(_target("vm-2", 2, time.time()))
+    # Process 2 registers while process 0 waits: the session expects it. The registration
+    # comes once process 0 has looked for the job's processes and found process 2 missing.
+    looked_in_vain = threading.Event()
+    list_targets = run.plane.state.list_targets
 
-    threading.Thread(target=register_late).start()
-    assert expected_hosts(run, 3, None, wait_s=10.0) == (["h0", "vm-1", "vm-2"], [])
+    def watched(name: str) -> list[TargetRecord]:
+        found = list_targets(name)
+        if not any(t.process_index == 2 and t.host == "vm-2" for t in found):
+            looked_in_vain.set()
+        return found
+
+    monkeypatch.setattr(run.plane.state, "list_targets", watched)
+    waited: list[tuple[list[str], list[int]]] = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(expected_hosts(run, 3, None, wait_s=10.0)))
+    waiter.start()
+    assert looked_in_vain.wait(10), "process 0 never looked for the job's processes"
+    sdk_state.upsert_target(_target("vm-2", 2, time.time()))
+    waiter.join(15)
+    assert waited == [(["h0", "vm-1", "vm-2"], [])]
 
 
 def test_the_session_of_a_job_says_which_processes_it_does_not_wait_for(

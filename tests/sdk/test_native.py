@@ -24,7 +24,7 @@ from mldiag.sdk import machinelearning_run
 from mldiag.sdk.continuous import NoWindows, RingBuffer, missing_levels
 from mldiag.sdk.pull import Puller
 from mldiag.sdk.xspace import parse_xspace
-from tests.e2e.test_capture_e2e import free_port
+from tests.helpers.net import free_port
 from tests.sdk.profiler_standin import StandInProfiler
 
 LEVELS = {"host_tracer_level": 2, "device_tracer_level": 1, "python_tracer_level": 0}

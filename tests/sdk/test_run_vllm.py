@@ -6,41 +6,25 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.cli.main import main as cli_main
-from mldiag.model import FAILED, PUSH, REPORTED, SessionRecord
+from mldiag.model import PUSH, REPORTED, SessionRecord
 from mldiag.sdk.commands.run_vllm import _torch_profiler_dir
 from mldiag.settings import Settings
+from tests.helpers.net import free_port
+from tests.helpers.pipeline import FAST
+from tests.helpers.pipeline import finished as finished_in
+from tests.helpers.wait import wait_until
 
 STANDIN = Path(__file__).with_name("vllm_standin.py")
-FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 0.05,
-        "max_attempts": 3}
 RUN = "vllm-run"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for[T](what: str, check: Callable[[], T], timeout: float = 120.0) -> T:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture
@@ -52,9 +36,7 @@ def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
 
 
 def finished(runtime: LocalRuntime, session: str) -> SessionRecord:
-    return wait_for(f"session {session} to finish", lambda: (
-        s if (s := runtime.state.get_session(RUN, session)) and s.state in (REPORTED, FAILED)
-        else None))
+    return finished_in(runtime, RUN, session)
 
 
 def test_vllms_profiler_server_is_a_push_target_and_its_phases_land_in_the_run(
@@ -72,15 +54,17 @@ def test_vllms_profiler_server_is_a_push_target_and_its_phases_land_in_the_run(
          "serve", "Qwen/Qwen2-1.5B", "--port=8000"], env=env, start_new_session=True)
     try:
         # The worker's server is the run's push target, live once it accepts connections.
-        target = wait_for("a live vllm target", lambda: next(
-            (t for t in runtime.state.list_targets(RUN) if t.last_heartbeat > 0), None))
+        target = wait_until(lambda: next(
+            (t for t in runtime.state.list_targets(RUN) if t.last_heartbeat > 0), None),
+            what="a live vllm target", timeout=120, interval=0.1)
         assert (target.host, target.port, target.delivery, target.framework) == (
             "node0-vllm", port, PUSH, "vllm")
         assert target.pid != wrapper.pid  # the server's process: vLLM, not the wrapper
         assert runtime.state.get_run(RUN).configs == {"model": "tiny"}
         # The phase vLLM traced is a session of the run, analysed like any other.
-        phased = wait_for("the phased session", lambda: [
-            s for s in runtime.state.list_sessions(RUN) if s.session.startswith("decode_heavy-")])
+        phased = wait_until(lambda: [
+            s for s in runtime.state.list_sessions(RUN) if s.session.startswith("decode_heavy-")],
+            what="the phased session", timeout=120, interval=0.1)
         s = finished(runtime, phased[0].session)
         assert s.state == REPORTED, s.reason
         assert s.kind == "programmatic" and list(s.hosts.values())[0].status == "ARRIVED"

@@ -11,8 +11,8 @@ import pytest
 from google.protobuf.unknown_fields import UnknownFieldSet
 
 from mldiag.sdk.xspace import XSpace, merge_xspaces, parse_xspace
-from tests.conftest import SHARED_FIXTURES
-from tests.sdk import jit_loop, step_events
+from tests.helpers.fixtures import SHARED_FIXTURES, TPU, team_fixture
+from tests.helpers.jax_steps import jit_loop, step_events
 
 
 def _capture_windows(root: Path, count: int, seconds: float) -> list[bytes]:
@@ -142,9 +142,7 @@ def _assert_no_unknown_fields(message: Any, path: str, budget: list[int]) -> Non
 
 @pytest.mark.parametrize("name", ["tpu_inference_2", "gpu_multi_worker"])
 def test_descriptor_reads_real_traces_without_unknown_fields(name: str, tmp_path: Path) -> None:
-    src = SHARED_FIXTURES / name
-    if not src.is_dir():
-        pytest.skip(f"real profile fixture {src} is absent")
+    src = team_fixture(SHARED_FIXTURES / name)
     (xplane,) = src.rglob("*.xplane.pb")
     copy = tmp_path / xplane.name
     shutil.copy(xplane, copy)
@@ -160,9 +158,7 @@ def test_descriptor_reads_real_traces_without_unknown_fields(name: str, tmp_path
 
 
 def test_tpu_fixture_merged_with_its_continuation_keeps_devices_and_ops(tmp_path: Path) -> None:
-    src = SHARED_FIXTURES / "tpu_inference_2"
-    if not src.is_dir():
-        pytest.skip(f"real profile fixture {src} is absent")
+    src = team_fixture(SHARED_FIXTURES / TPU)
     (xplane,) = src.rglob("*.xplane.pb")
     first = xplane.read_bytes()
     # A second window of the same host 200 s later, as the ring would record it.

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 
 from mldiag.cli.main import main
-from tests.conftest import SHARED_FIXTURES
-
-TPU = SHARED_FIXTURES / "tpu_inference_2/plugins/profile/run1/tpu_inference_2.xplane.pb"
+from tests.helpers.fixtures import TPU_XPLANE as TPU
+from tests.helpers.fixtures import team_fixture
 
 
 def _session(tmp_path: Path, content: bytes) -> Path:
@@ -44,8 +43,7 @@ def test_not_an_xspace(tmp_path, capsys):
 
 
 def test_truncated_xplane(tmp_path, capsys):
-    if not TPU.is_file():
-        pytest.skip(f"{TPU} absent")
+    team_fixture(TPU)
     code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes()[:20000])))
     assert code == 2 and "truncated or corrupt" in err and len(err.splitlines()) == 1
 
@@ -60,8 +58,7 @@ def test_oversized_host_file_fails_with_reason(tmp_path):
     from mldiag.analysis.collection.profile_input import validate_xplane
     from mldiag.errors import ProfileUnreadable
 
-    if not TPU.is_file():
-        pytest.skip(f"{TPU} absent")
+    team_fixture(TPU)
     copy = tmp_path / "h.xplane.pb"
     shutil.copy(TPU, copy)
     with pytest.raises(ProfileUnreadable, match="exceeds the per-host cap"):
@@ -75,8 +72,7 @@ def test_xspace_without_events(tmp_path, capsys):
 
 
 def test_unwritable_output_is_one_line(tmp_path, capsys):
-    if not TPU.is_file():
-        pytest.skip(f"{TPU} absent")
+    team_fixture(TPU)
     logdir = _session(tmp_path, TPU.read_bytes())
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -94,8 +90,7 @@ def test_read_only_commands_on_a_home_without_state(tmp_path, capsys):
 
 
 def test_a_session_over_the_memory_budget_says_so_in_one_line(tmp_path, capsys):
-    if not TPU.is_file():
-        pytest.skip(f"{TPU} absent")
+    team_fixture(TPU)
     code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes())), "--out",
                      str(tmp_path / "out"), "--memory-budget", "64M")
     assert code == 2 and len(err.splitlines()) == 1
@@ -104,8 +99,7 @@ def test_a_session_over_the_memory_budget_says_so_in_one_line(tmp_path, capsys):
 
 
 def test_a_bad_memory_budget_variable_is_one_line(tmp_path, capsys, monkeypatch):
-    if not TPU.is_file():
-        pytest.skip(f"{TPU} absent")
+    team_fixture(TPU)
     monkeypatch.setenv("MLDIAG_MEMORY_BUDGET", "lots")
     code, err = _run(capsys, str(_session(tmp_path, TPU.read_bytes())), "--out",
                      str(tmp_path / "out"))

@@ -11,7 +11,7 @@ from mldiag.analysis.collection.hlo_digest import digest, fingerprint, module_ba
 from mldiag.analysis.diff.compare import build_diff, kpi
 from mldiag.analysis.diff.sides import HLO_DIGESTS, Side
 from mldiag.analysis.judgement import evidence as ev
-from tests.unit.snapshots import analysis, cpu_snapshot, hlo
+from tests.helpers.snapshots import analysis, cpu_snapshot, hlo
 
 X = "f32[1024,512]{1,0}"
 OPS = {"dot.1": "dot", "add.2": "add"}

@@ -5,34 +5,24 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
 
-from mldiag.analysis.diff.compare import build_diff
-from mldiag.analysis.diff.sides import Side
 from mldiag.analysis.report.diff import render_diff_html
 from mldiag.analysis.report.summary import render_summary_html
-from tests.unit.snapshots import analysis, cpu_snapshot, hlo
-from tests.unit.test_html import IMG, IMG_ESCAPED, SCRIPT, SCRIPT_ESCAPED, _assert_safe_document
+from tests.helpers.html import (
+    IMG,
+    IMG_ESCAPED,
+    SCRIPT,
+    SCRIPT_ESCAPED,
+    assert_safe_document,
+    hostile_diff,
+)
 
 DATA = Path(__file__).parent / "data"
 
 
-def _doc(label: str = "r/before") -> dict[str, Any]:
-    a = cpu_snapshot(step_ms=5.0, wait_ms=0.2, ops={"dot.1": 4.8},
-                     hlo_text=hlo(["f32[64,64]{1,0}"], {"dot.1": "dot"}))
-    b = cpu_snapshot(step_ms=9.2, wait_ms=0.2, ops={"dot.1": 4.9, "wrapped_copy": 4.1},
-                     hlo_text=hlo(["f32[64,64]{0,1}"], {"wrapped_copy": "fusion:copy",
-                                                       "dot.1": "dot"}))
-    finding = {"id": "F1", "category": "layout_copy", "priority": "P0", "title": SCRIPT,
-               "evidence": []}
-    return build_diff(Side(label, a, analysis(a)),
-                      Side("r/after", b, analysis(b, "NEEDS_ATTENTION", [finding]),
-                           context={"configs": {"note": IMG}}))
-
-
 def test_diff_html_is_a_safe_self_contained_page_in_the_reports_style():
-    page = render_diff_html(_doc(label=IMG))
-    _assert_safe_document(page)
+    page = render_diff_html(hostile_diff(label=IMG))
+    assert_safe_document(page)
     assert IMG not in page and IMG_ESCAPED in page
     assert SCRIPT not in page and SCRIPT_ESCAPED in page
     # The report's stylesheet, under the same hash-only policy.
@@ -50,7 +40,7 @@ def test_diff_html_is_a_safe_self_contained_page_in_the_reports_style():
 def test_the_report_of_a_compared_session_starts_with_what_changed():
     snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
     report = json.loads((DATA / "analysis_tpu.json").read_text())
-    doc = _doc()
+    doc = hostile_diff()
     report["regression"] = {
         "baseline": {"run": "r", "session": "before", "version": 1, "status": "OPTIMAL",
                      "why": "most recent OPTIMAL session"},

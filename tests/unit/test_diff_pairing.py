@@ -13,7 +13,7 @@ from mldiag.analysis.collection.hlo_digest import digest
 from mldiag.analysis.diff.compare import build_diff
 from mldiag.analysis.diff.pairing import SAME_CODE, SAME_COMPUTATION, facts, pair
 from mldiag.analysis.diff.sides import Side
-from tests.unit.snapshots import analysis, cpu_snapshot
+from tests.helpers.snapshots import analysis, cpu_snapshot
 
 HEAD = "HloModule jit_step, entry_computation_layout={(f32[64,64]{1,0})->f32[64]{0}}\n\n"
 # One fusion computing exp (line 5) and the reduce (line 6), and a small add (line 7).

@@ -348,7 +348,7 @@ def test_the_checks_catch_what_is_broken(tmp_path: Path) -> None:
 @pytest.mark.parametrize("doc", DOC_FILES, ids=lambda d: str(d.relative_to(REPO)))
 def test_counts_of_collection_tools_are_the_registrys(doc: Path) -> None:
     from mldiag.analysis.collection import registry
-    from tests.unit.test_tools_registry import TOOL_COUNT
+    from tests.helpers.counts import TOOL_COUNT
 
     stated = [int(m.group(1)) for m in TOOL_COUNT.finditer(doc.read_text())]
     assert [n for n in stated if n != len(registry.TOOLS)] == []

@@ -2,21 +2,22 @@ import copy
 import json
 import re
 from html import unescape
-from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from mldiag.analysis.report.summary import render_summary_html
+from tests.helpers.html import (
+    IMG,
+    IMG_ESCAPED,
+    SCRIPT,
+    SCRIPT_ESCAPED,
+    assert_safe_document,
+    cpu_inputs,
+)
 
 DATA = Path(__file__).parent / "data"
-SCRIPT = "<script>alert(1)</script>"
-IMG = '"><img src=x onerror=alert(1)>'
-SCRIPT_ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"
-# Jinja2 autoescape (markupsafe) writes a double quote as &#34;, as the console does.
-IMG_ESCAPED = "&#34;&gt;&lt;img src=x onerror=alert(1)&gt;"
-VOID = {"meta", "br", "hr", "img", "input", "link", "wbr", "col", "area", "base", "source"}
 SVG_LEAVES = {"rect", "line", "polyline", "circle", "path"}
 
 
@@ -30,24 +31,6 @@ def snapshot() -> dict[str, Any]:
     return json.loads((DATA / "health_snapshot_tpu.json").read_text())
 
 
-def _cpu_inputs(analysis: dict[str, Any], snapshot: dict[str, Any]) -> tuple[dict, dict]:
-    cpu_snapshot = copy.deepcopy(snapshot)
-    for name in list(cpu_snapshot["tools"]):
-        cpu_snapshot["tools"][name] = {
-            "name": name,
-            "status": "NO_DATA",
-            "elapsed_ms": 5.0,
-            "data": {"status": "NO_DATA", "message": f"{name}: nothing for CPU"},
-        }
-    cpu_analysis = copy.deepcopy(analysis)
-    cpu_analysis["session"]["device_type"] = "CPU"
-    cpu_analysis["metrics"] = {key: None for key in cpu_analysis["metrics"]}
-    cpu_analysis["findings"] = []
-    cpu_analysis["follow_ups"] = []
-    cpu_analysis["not_judged"] = ["compute utilization: no roofline on CPU"]
-    return cpu_analysis, cpu_snapshot
-
-
 def _metric_value(page: str, label: str) -> str:
     match = re.search(
         rf'<div class="label">{re.escape(label)}</div><div class="value">(.*?)</div>', page
@@ -56,56 +39,10 @@ def _metric_value(page: str, label: str) -> str:
     return match.group(1)
 
 
-class _TagBalance(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__()
-        self.stack: list[str] = []
-        self.errors: list[str] = []
-        self.tags: set[str] = set()
-        self.attributes: set[str] = set()
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._record(tag, attrs)
-        if tag not in VOID:
-            self.stack.append(tag)
-
-    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self._record(tag, attrs)
-
-    def _record(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        self.tags.add(tag)
-        self.attributes.update(name for name, _ in attrs)
-
-    def handle_endtag(self, tag: str) -> None:
-        if not self.stack or self.stack[-1] != tag:
-            self.errors.append(f"unexpected </{tag}> with open {self.stack[-3:]}")
-            return
-        self.stack.pop()
-
-
-def _assert_safe_document(page: str) -> None:
-    lowered = page.lower()
-    assert "http" not in lowered.replace('<meta http-equiv="content-security-policy"', "")
-    assert "<script" not in lowered
-    assert "<img" not in lowered
-    assert "<link" not in lowered
-    assert "url(" not in lowered
-    assert "@import" not in lowered
-    assert lowered.count("<html") == 1 and lowered.count("</html>") == 1
-    checker = _TagBalance()
-    checker.feed(page)
-    assert checker.errors == []
-    assert checker.stack == []
-    assert not checker.tags & {"script", "img", "iframe", "object", "embed", "link", "image"}
-    assert not {a for a in checker.attributes if a.startswith("on") or a == "src"}
-    # The only links are in-page anchors.
-    assert set(re.findall(r'href="([^"#]*)', page)) <= {""}
-
-
 def test_example_renders_a_safe_self_contained_document(analysis, snapshot):
     page = render_summary_html(analysis, snapshot)
 
-    _assert_safe_document(page)
+    assert_safe_document(page)
     assert "<style>" in page
     assert "NEEDS_ATTENTION" in page
     assert "copy-done dominates device time (83.6%)" in page
@@ -182,7 +119,7 @@ def test_hostile_profile_strings_appear_only_escaped(analysis, snapshot):
 
     page = render_summary_html(analysis, snapshot)
 
-    _assert_safe_document(page)
+    assert_safe_document(page)
     assert SCRIPT not in page
     assert IMG not in page
     assert page.count(SCRIPT_ESCAPED) >= 8
@@ -260,11 +197,11 @@ def test_xprof_minus_one_values_render_as_unavailable(analysis, snapshot):
 
 
 def test_cpu_profile_with_no_data_explains_every_absent_section(analysis, snapshot):
-    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis, cpu_snapshot = cpu_inputs(analysis, snapshot)
 
     page = render_summary_html(cpu_analysis, cpu_snapshot)
 
-    _assert_safe_document(page)
+    assert_safe_document(page)
     assert "CPU profile: XProf has no roofline for CPU." in page
     assert "CPU profile: XProf records no device memory profile for CPU." in page
     assert "CPU profile: XProf builds no HLO op profile for CPU devices." in page
@@ -287,7 +224,7 @@ def test_missing_tools_and_minimal_failed_analysis_still_render():
         {"status": "FAILED", "summary": "The xplane file was truncated."}, {}
     )
 
-    _assert_safe_document(page)
+    assert_safe_document(page)
     assert 'class="badge b-FAILED"' in page
     assert "The xplane file was truncated." in page
     assert "get_roofline_model was not collected for this session." in page
@@ -565,7 +502,7 @@ def test_page_has_no_inline_style_attributes_and_declares_a_matching_hash_csp(
 
     gpu_analysis, gpu_snapshot = _gpu_inputs(analysis, snapshot)
     gpu_analysis["follow_ups"].append(_kernel_follow_up())
-    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis, cpu_snapshot = cpu_inputs(analysis, snapshot)
     pages = [
         render_summary_html(analysis, snapshot),
         render_summary_html(gpu_analysis, gpu_snapshot),
@@ -589,7 +526,7 @@ def test_page_has_no_inline_style_attributes_and_declares_a_matching_hash_csp(
 
 
 def test_cpu_cards_describe_host_wait_and_compiled_program_allocations(analysis, snapshot):
-    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis, cpu_snapshot = cpu_inputs(analysis, snapshot)
     cpu_analysis["metrics"].update(
         step_time_ms=25.569,
         device_idle_percent=88.65,
@@ -636,7 +573,7 @@ def test_peak_memory_from_memory_profile_keeps_its_label_and_small_values_use_mi
 
 
 def test_cpu_overview_shows_only_meaningful_fields(analysis, snapshot):
-    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis, cpu_snapshot = cpu_inputs(analysis, snapshot)
     cpu_snapshot["tools"]["get_xprof_overview"] = {
         "name": "get_xprof_overview",
         "status": "DATA",
@@ -676,7 +613,7 @@ def test_cpu_overview_shows_only_meaningful_fields(analysis, snapshot):
 def test_the_overviews_own_step_set_is_named_when_it_disagrees(analysis, snapshot):
     """One step set per page: the overview's op_stats steps are said to differ from the
     annotated steps every other figure uses."""
-    cpu_analysis, cpu_snapshot = _cpu_inputs(analysis, snapshot)
+    cpu_analysis, cpu_snapshot = cpu_inputs(analysis, snapshot)
     cpu_snapshot["tools"]["get_xprof_overview"] = {
         "name": "get_xprof_overview", "status": "DATA", "elapsed_ms": 5.0,
         "data": {"performance_summary": {"steptime_ms_average": "36.8"},

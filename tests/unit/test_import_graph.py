@@ -1,6 +1,9 @@
 """mldiag's imports point one way: no module imports, at its top or inside a function, a module
 that imports it back. Imports under `TYPE_CHECKING` are left out: they are the deliberate
-way to name a type across such a pair (each says why in a comment)."""
+way to name a type across such a pair (each says why in a comment).
+
+The tests' imports too: no module under tests/ imports a test module (`test_*.py`); what
+tests share lives in tests/helpers/."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from pathlib import Path
 import mldiag
 
 PACKAGE = Path(mldiag.__file__).parent
+TESTS = Path(__file__).resolve().parents[1]
 
 # Circles being removed elsewhere (issue 21: the report and the diff page move to templates).
 # Remove an entry once it is gone.
@@ -119,3 +123,43 @@ def test_judgement_still_names_what_the_leaves_hold() -> None:
     assert evidence.DETECTORS is registry.DETECTORS
     assert followups.HOST_PYTHON_EVENTS is passes.HOST_PYTHON_EVENTS
     assert followups.ASYNC_OVERLAP is passes.ASYNC_OVERLAP
+
+
+def _test_modules_imported(source: str, package: tuple[str, ...]) -> list[str]:
+    """The test modules (`tests.….test_*`) that code of `package` imports, at its top or
+    inside a function, absolutely or relatively, as a module or from one."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + (base,) * bool(base))
+            names = [base, *(f"{base}.{a.name}" for a in node.names)]
+        else:
+            continue
+        found += [n for n in names
+                  if n.startswith("tests.") and n.rpartition(".")[2].startswith("test_")]
+    return found
+
+
+def test_the_walk_sees_every_way_to_import_a_test_module() -> None:
+    source = ("from tests.unit.test_html import IMG\n"
+              "def f():\n    from tests.unit import test_html, snapshots\n"
+              "import tests.pipeline.test_stages as stages\n"
+              "from .test_regression import report\n"
+              "from ..helpers.wait import wait_until\n")
+    assert sorted(_test_modules_imported(source, ("tests", "console"))) == [
+        "tests.console.test_regression", "tests.pipeline.test_stages", "tests.unit.test_html",
+        "tests.unit.test_html"]
+
+
+def test_no_module_of_the_tests_imports_a_test_module() -> None:
+    found = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        package = ("tests", *path.relative_to(TESTS).parent.parts)
+        imported = _test_modules_imported(path.read_text(), package)
+        if imported:
+            found[str(path.relative_to(TESTS.parent))] = imported
+    assert found == {}, "move what they share to tests/helpers/"

@@ -18,7 +18,7 @@ import numpy as np
 from mldiag.analysis.collection.timeline import warmup_split
 from mldiag.analysis.judgement.context import Context, contraction_fix, host_events
 from mldiag.analysis.judgement.triage import triage
-from tests.unit.test_findings_golden import DATA, judge
+from tests.helpers.findings import DATA, judge
 
 
 def _by_category(case: str, category: str) -> list[dict[str, Any]]:

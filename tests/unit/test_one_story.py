@@ -37,7 +37,7 @@ from mldiag.analysis import (
     triage,
 )
 from mldiag.analysis.judgement.verdict import RELATED, VERDICTS
-from tests.unit.test_findings_golden import DATA, VARIANTS, ReplayedFollowUps
+from tests.helpers.findings import DATA, VARIANTS, ReplayedFollowUps
 
 GOLDENS = Path(__file__).parent / "report" / "goldens"
 

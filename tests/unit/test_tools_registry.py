@@ -8,7 +8,6 @@ planned in `plan.plan_jobs`); these tests say what else is missing.
 from __future__ import annotations
 
 import inspect
-import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import rules
 from mldiag.analysis.report import tools as report_tools
+from tests.helpers.counts import TOOL_COUNT
 
 REPO = Path(__file__).resolve().parents[2]
 NAMES = [tool.name for tool in registry.TOOLS]
@@ -129,9 +129,6 @@ def test_an_unknown_tool_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         plan.needed_jobs(jobs, ["get_no_such_tool"])
 
 
-# A count of the collection tools stated in words: "15 tools", "15 collection tools",
-# "15-tool" (never "4 tool calls" or "4 follow-up tools").
-TOOL_COUNT = re.compile(r"\b(\d+)(?: collection| xprof)?(?: tools\b|-tool\b)")
 CODE = [p for folder in ("shared", "bench", "functions", "terraform", "scripts")
         for p in sorted((REPO / folder).rglob("*")) if p.suffix in (".py", ".tf", ".j2", ".html")
         or (p.is_file() and p.parent.name == "scripts" and not p.suffix)]

@@ -12,7 +12,7 @@ import pytest
 from mldiag.analysis.judgement.readings import idle_sources
 from mldiag.analysis.judgement.triage import NEEDS_ATTENTION, OPTIMAL, triage
 from mldiag.analysis.report.summary import render_summary_html
-from tests.pipeline.test_optimal import _tool, healthy_snapshot
+from tests.helpers.snapshots import healthy_snapshot, tool_result
 
 
 def _no_steps_idle_window(idle_fraction: float) -> dict[str, Any]:
@@ -22,12 +22,13 @@ def _no_steps_idle_window(idle_fraction: float) -> dict[str, Any]:
     tools = s["tools"]
     tools["get_xprof_overview"]["data"]["performance_summary"] = {
         "device_duty_cycle_percent": f"{100 * (1 - idle_fraction):.1f}%"}
-    tools["get_hlo_op_profile"] = _tool({"total_profile_time_ms": 1000.0, "category_summary": [
-        {"category": "IDLE", "fraction_of_total_time": idle_fraction,
-         "total_self_time_ms": 1000.0 * idle_fraction, "top_op": "IDLE", "op_count": 1},
-        {"category": "convolution fusion", "fraction_of_total_time": 1 - idle_fraction,
-         "total_self_time_ms": 1000.0 * (1 - idle_fraction), "top_op": "fusion.1",
-         "op_count": 3}]})
+    tools["get_hlo_op_profile"] = tool_result({
+        "total_profile_time_ms": 1000.0, "category_summary": [
+            {"category": "IDLE", "fraction_of_total_time": idle_fraction,
+             "total_self_time_ms": 1000.0 * idle_fraction, "top_op": "IDLE", "op_count": 1},
+            {"category": "convolution fusion", "fraction_of_total_time": 1 - idle_fraction,
+             "total_self_time_ms": 1000.0 * (1 - idle_fraction), "top_op": "fusion.1",
+             "op_count": 3}]})
     return s
 
 
@@ -51,7 +52,7 @@ def test_an_op_profile_that_saw_no_op_is_not_an_idle_source() -> None:
     s["tools"]["get_hlo_op_profile"]["data"]["category_summary"] = [
         {"category": "IDLE", "fraction_of_total_time": 1.0, "total_self_time_ms": 600.0,
          "top_op": "IDLE", "op_count": 1}]
-    s["tools"]["get_step_trace"] = _tool({"summary": {"total_steps": 1, "idle_percent": 30.2},
+    s["tools"]["get_step_trace"] = tool_result({"summary": {"total_steps": 1, "idle_percent": 30.2},
                                           "host_bound_analysis": {"per_host": [
                                               {"busy_in_active_span_percent": 3.15,
                                                "active_span_ms": 953.3}]}})
@@ -83,15 +84,15 @@ def test_a_check_without_data_does_not_on_its_own_block_optimal() -> None:
 
 def _cpu(peak_mib: float, wait: float = 2.5) -> dict[str, Any]:
     return {"schema_version": "1.0", "session": {"hosts": ["h0"]}, "tools": {
-        "get_xprof_overview": _tool({"run_environment": {"device_type": "CPU"},
+        "get_xprof_overview": tool_result({"run_environment": {"device_type": "CPU"},
                                      "performance_summary": {}}),
-        "get_step_trace": _tool({"summary": {"total_steps": 40}, "host_bound_analysis": {
+        "get_step_trace": tool_result({"summary": {"total_steps": 40}, "host_bound_analysis": {
             "steps_analyzed": 40, "step_time_ms_average": 12.0, "host_wait_percent": wait,
             "host_wait_ms_average": 0.3, "compute_busy_ms_average": 11.7,
             "steps_mostly_waiting": 0}}),
-        "get_peak_allocations": _tool({"summary": {"top_modules": [
+        "get_peak_allocations": tool_result({"summary": {"top_modules": [
             {"module_name": "jit_step", "total_hbm_mib": peak_mib}]}}),
-        "detect_layout_mismatch_copies": _tool({"detections": []}),
+        "detect_layout_mismatch_copies": tool_result({"detections": []}),
     }}
 
 
@@ -133,7 +134,7 @@ def _roofline(snapshot: dict[str, Any], **program: Any) -> dict[str, Any]:
             "operational_intensity_flop_per_byte": 0.05,
             "bottleneck_operational_intensity_flop_per_byte": 0.07,
             "bound_by_ridge_point_flop_per_byte": 560.0, "flops_provenance": "xla_cost_model"}
-    snapshot["tools"]["get_roofline_model"] = _tool({"program": {**base, **program}})
+    snapshot["tools"]["get_roofline_model"] = tool_result({"program": {**base, **program}})
     return snapshot
 
 
@@ -181,7 +182,7 @@ def tpu_snapshot() -> dict[str, Any]:
 def _detections(**by_tool: list[dict[str, Any]]) -> dict[str, Any]:
     s = healthy_snapshot()
     for tool, found in by_tool.items():
-        s["tools"][tool] = _tool({"detections": found, "modules_scanned": 1})
+        s["tools"][tool] = tool_result({"detections": found, "modules_scanned": 1})
     return s
 
 
@@ -253,7 +254,7 @@ def test_kernel_occupancy_shows_only_when_the_trace_recorded_it() -> None:
 
 def test_memory_is_judged_on_the_program_that_ran_in_the_steps() -> None:
     s = _cpu(8.0)
-    s["tools"]["get_peak_allocations"] = _tool({"summary": {"top_modules": [
+    s["tools"]["get_peak_allocations"] = tool_result({"summary": {"top_modules": [
         {"module_name": "jit__init_weights(3)", "total_hbm_mib": 4096.0},
         {"module_name": "jit_step(20)", "total_hbm_mib": 8.0}]}, "modules": [
         {"module_name": "jit__init_weights(3)"}, {"module_name": "jit_step(20)"}]})
@@ -274,7 +275,7 @@ def _cpu_without_steps(busy_percent: float) -> dict[str, Any]:
     tools["get_xprof_overview"]["data"]["performance_summary"] = {}
     for name in ("get_hlo_op_profile", "get_roofline_model", "get_memory_profile"):
         tools[name] = {"status": "NO_DATA", "elapsed_ms": 1.0, "data": {"reason": "CPU"}}
-    tools["get_step_trace"] = _tool({"status": "NO_DATA", "host_bound_analysis": {
+    tools["get_step_trace"] = tool_result({"status": "NO_DATA", "host_bound_analysis": {
         "steps_analyzed": 0, "step_time_ms_average": None, "host_wait_percent": None,
         "per_host": [{"host": "h0", "steps": 0, "active_span_ms": 200.0,
                       "busy_in_active_span_percent": busy_percent}],
@@ -305,7 +306,7 @@ def test_memory_is_judged_on_a_program_that_ran_in_the_steps() -> None:
     s = _cpu_without_steps(97.0)
     hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
     hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
-    s["tools"]["get_peak_allocations"] = _tool({
+    s["tools"]["get_peak_allocations"] = tool_result({
         "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 768.0},
                                     {"module_name": "jit_step(7)", "total_hbm_mib": 2.0}]},
         "modules": [{"module_name": "jit_init(3)"}, {"module_name": "jit_step(7)"}]})
@@ -382,7 +383,7 @@ def test_large_step_memory_names_the_step_program_not_the_bigger_setup() -> None
     hb = s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]
     hb["op_time_ms_by_program"] = {"3": {"init": 900.0}, "7": {"fusion": 10.0}}
     hb["programs_in_steps"] = ["7"]
-    s["tools"]["get_peak_allocations"] = _tool({
+    s["tools"]["get_peak_allocations"] = tool_result({
         "summary": {"top_modules": [{"module_name": "jit_init(3)", "total_hbm_mib": 2048.0},
                                     {"module_name": "jit_step(7)", "total_hbm_mib": 640.0}]},
         "modules": [

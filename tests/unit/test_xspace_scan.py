@@ -19,9 +19,9 @@ from mldiag.analysis.collection.xspace_scan import (
     varints_at,
 )
 from mldiag.analysis.collection.xspace_write import write_filtered
-from tests.conftest import SHARED_FIXTURES
+from tests.helpers.fixtures import GPU_XPLANE, TPU_XPLANE, fixture_id, team_fixture, team_xplanes
 
-FIXTURES = sorted(SHARED_FIXTURES.glob("*/plugins/profile/*/*.xplane.pb"))
+FIXTURES = team_xplanes()
 
 
 def _xprof_lines(path: Path) -> list[tuple[str, str, list[tuple[str, float, float]]]]:
@@ -36,8 +36,9 @@ def _xprof_lines(path: Path) -> list[tuple[str, str, list[tuple[str, float, floa
     return out
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=fixture_id)
 def test_every_event_matches_xprofs_reader(path: Path):
+    team_fixture(path)
     expected = _xprof_lines(path)
     with XSpaceScan(path) as scan:
         got = []
@@ -53,8 +54,9 @@ def test_every_event_matches_xprofs_reader(path: Path):
         assert np.allclose([e[2] for e in ours], [e[2] for e in theirs], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=fixture_id)
 def test_a_filtered_copy_keeping_everything_is_byte_identical(path: Path, tmp_path: Path):
+    team_fixture(path)
     out = tmp_path / "copy.xplane.pb"
     with XSpaceScan(path) as scan:
         write_filtered(scan, out, lambda plane, line: np.ones(len(line.events), dtype=bool))
@@ -62,7 +64,7 @@ def test_a_filtered_copy_keeping_everything_is_byte_identical(path: Path, tmp_pa
 
 
 def test_a_filtered_copy_drops_exactly_the_rejected_events(tmp_path: Path):
-    path = FIXTURES[0]
+    path = team_fixture(GPU_XPLANE)
     out = tmp_path / "odd.xplane.pb"
     with XSpaceScan(path) as scan:
         kept, dropped = write_filtered(
@@ -74,12 +76,14 @@ def test_a_filtered_copy_drops_exactly_the_rejected_events(tmp_path: Path):
         assert e2 == e1[::2]
 
 
-@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: p.parent.parent.parent.parent.name)
+@pytest.mark.parametrize("path", FIXTURES, ids=fixture_id)
 def test_long_lines_decode_and_filter_chunk_by_chunk_as_whole(
         path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines chained a few KiB at a time decode to the same columns, and a copy filtered chunk
     by chunk (by metadata, and whole lines left whole) is the copy filtered line by line."""
     from mldiag.analysis.collection import xspace_scan
+
+    team_fixture(path)
 
     def keep(plane: Any, line: Any) -> Any:
         if line.name.startswith("XLA Modules"):
@@ -104,7 +108,7 @@ def test_long_lines_decode_and_filter_chunk_by_chunk_as_whole(
 
 
 def test_truncated_and_garbage_files_are_corrupt(tmp_path: Path):
-    data = FIXTURES[0].read_bytes()
+    data = team_fixture(GPU_XPLANE).read_bytes()
     for i, content in enumerate([data[: len(data) // 3], b"\xff" * 64, b"\x0a\x05abc"]):
         p = tmp_path / f"bad{i}.xplane.pb"
         p.write_bytes(content)
@@ -146,7 +150,7 @@ def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
     from mldiag.analysis.collection.profile_input import resolve_session
     from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 
-    session = resolve_session(FIXTURES[-1].parent)
+    session = resolve_session(team_fixture(TPU_XPLANE).parent)
     with XprofWorkspace(session) as ws:
         theirs = ws.call("aggregate_xplane_events", plane_regex=plane, event_regex=event)
     ours = aggregate_events(session.xplanes, plane, event)

@@ -140,14 +140,14 @@ def planted_diffs(work: Path) -> None:
 
 def unit_variants() -> None:
     """The unit tests' example, its hostile and CPU variants, and the hostile diff."""
-    from tests.unit import test_diff_html, test_html
+    from tests.helpers.html import IMG, cpu_inputs, hostile_diff
 
     data = REPO / "tests" / "unit" / "data"
     analysis = _load(data / "analysis_tpu.json")
     snapshot = _load(data / "health_snapshot_tpu.json")
     _write(GOLDENS / "unit_tpu", "analysis.json", analysis)
     _write(GOLDENS / "unit_tpu", "health_snapshot.json", snapshot)
-    cpu_a, cpu_s = test_html._cpu_inputs(copy.deepcopy(analysis), copy.deepcopy(snapshot))
+    cpu_a, cpu_s = cpu_inputs(copy.deepcopy(analysis), copy.deepcopy(snapshot))
     _write(GOLDENS / "unit_cpu", "analysis.json", cpu_a)
     _write(GOLDENS / "unit_cpu", "health_snapshot.json", cpu_s)
     hostile_a, hostile_s = copy.deepcopy(analysis), copy.deepcopy(snapshot)
@@ -156,12 +156,12 @@ def unit_variants() -> None:
     _write(GOLDENS / "unit_hostile", "health_snapshot.json", hostile_s)
     _write(GOLDENS / "unit_empty", "analysis.json", {})
     _write(GOLDENS / "unit_empty", "health_snapshot.json", {})
-    _write(GOLDENS / "diff_unit_hostile", "diff.json", test_diff_html._doc(label=test_html.IMG))
+    _write(GOLDENS / "diff_unit_hostile", "diff.json", hostile_diff(label=IMG))
 
 
 def _make_hostile(analysis: dict[str, Any], snapshot: dict[str, Any]) -> None:
-    """The hostile strings of tests/unit/test_html.py, in every kind of place."""
-    from tests.unit.test_html import IMG, SCRIPT
+    """The hostile strings of tests/helpers/html.py, in every kind of place."""
+    from tests.helpers.html import IMG, SCRIPT
 
     analysis["summary"] = f"Summary {SCRIPT}"
     analysis["session"]["path"] = f"/tmp/{IMG}"
