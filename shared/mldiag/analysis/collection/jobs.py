@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import timeline
+from mldiag.analysis.collection import memory_allocators, timeline
 from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
@@ -604,5 +604,9 @@ def follow_up(ctx: Context, inputs: Mapping[str, Any]) -> Any:
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
     peak = float(memory_profile.get("peak_memory_usage_gib") or 0.0)
-    capacity = float(memory_profile.get("memory_capacity_gib") or 0.0)
+    # The capacity of the allocator that holds the peak (`memory_allocators`), where the
+    # converter gave it: the CLI's own `memory_capacity_gib` is the largest allocator's.
+    own = ((memory_profile.get(memory_allocators.KEY) or {}).get("peak") or {}).get(
+        "memory_capacity_gib")
+    capacity = float(own or memory_profile.get("memory_capacity_gib") or 0.0)
     return peak / capacity if capacity > 0 else peak
