@@ -448,6 +448,7 @@ def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     summary = timeline.summarize(hosts)
     precomputed = {}
     if python_events is not None:
+        summary["host_instrumentation"] = python_events.pop("instrumentation")
         precomputed["aggregate_xplane_events"] = python_events
     if overlaps:
         precomputed["analyze_async_overlap"] = combine_async_overlap(overlaps)
@@ -487,18 +488,23 @@ def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
     from mldiag.analysis.collection.event_aggregates import aggregate_scans
+    from mldiag.analysis.collection.instrumentation import HostInstrumentation
     from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
         return None
-    data = aggregate_scans([scan], **HOST_PYTHON_EVENTS)
+    measuring = HostInstrumentation()
+    data = aggregate_scans([scan], **HOST_PYTHON_EVENTS, on_line=measuring.add)
     rows = data["aggregates"]
     data["truncated"] = len(rows) > _PYTHON_EVENT_ROWS
     data["aggregates"] = rows[:_PYTHON_EVENT_ROWS]
     data["returned"] = len(data["aggregates"])
     return {"args": dict(HOST_PYTHON_EVENTS), "data": data,
-            "how": "computed by the timeline pass from the events it had decoded"}
+            "how": "computed by the timeline pass from the events it had decoded",
+            # Which of those frames are instrumentation (never the host work to remove),
+            # mldiag's: the timeline pass keeps it (`host_instrumentation`).
+            "instrumentation": measuring.result(r["event"] for r in data["aggregates"])}
 
 
 def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
