@@ -228,6 +228,8 @@ class HostInstrumentation:
             "wrappers": rows(self.wrappers),
             # Of each host-work row (aggregate_xplane_events' event), the time that is
             # instrumentation (ps): its calls inside an instrumentation frame or thread, and
-            # the instrumentation frames its other calls made.
-            "by_event": {n: t for n, t in sorted(self.by_event.items()) if n in wanted},
+            # the instrumentation frames its other calls made. Most first (a list: a digest
+            # that cuts lists keeps the largest).
+            "by_event": [{"event": n, "instrumentation_ps": t} for n, t in sorted(
+                self.by_event.items(), key=lambda kv: (-kv[1], kv[0])) if n in wanted],
         }

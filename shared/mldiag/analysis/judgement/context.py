@@ -43,9 +43,11 @@ def instrumentation_ps(snapshot: Mapping[str, Any], row: Mapping[str, Any]) -> f
     if INSTRUMENTATION_HOST_EVENT.search(name):
         return total
     by_event = ev.get(snapshot, ev.TIMELINE, "host_instrumentation.by_event")
-    if not isinstance(by_event, Mapping):
+    if not isinstance(by_event, list):
         return 0.0
-    return min(total, float(by_event.get(name) or 0.0))
+    found = next((r for r in by_event if isinstance(r, Mapping) and r.get("event") == name),
+                 None)
+    return min(total, float(found.get("instrumentation_ps") or 0.0)) if found else 0.0
 
 
 def is_instrumentation(snapshot: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
