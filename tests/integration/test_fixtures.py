@@ -117,6 +117,20 @@ def test_gpu_fixture_completes_with_an_honest_verdict(gpu_logdir: Path, tmp_path
             "launches)") in a["findings"][0]["what"]
 
 
+def test_per_device_idle_is_labelled_as_mldiags_own(gpu_logdir: Path):
+    # xprof has no per-device idle for this trace (`get_step_trace --device_core N` answers
+    # the session's 30.2% for every core): the timeline's own figures say whose they are.
+    from mldiag.analysis.judgement import evidence as ev
+
+    tl = ev.tool_data(collect(gpu_logdir), ev.TIMELINE)
+    assert tl["device_idle_basis"]["by"] == ev.TIMELINE
+    assert "--device_core" in tl["device_idle_basis"]["why"]
+    devices = {d["device"]: d for d in tl["per_host"][0]["devices"]}
+    assert devices["/device:GPU:0"]["idle_in_active_span_percent"] == 100.0
+    assert devices["/device:GPU:6"]["idle_in_active_span_percent"] == pytest.approx(
+        100.0 - devices["/device:GPU:6"]["busy_in_active_span_percent"])
+
+
 def test_cli_prints_verdict_findings_and_report_path(tpu_logdir: Path, tmp_path: Path, capsys):
     assert main(["analyze", str(tpu_logdir), "--out", str(tmp_path)]) == 0
     out = capsys.readouterr()

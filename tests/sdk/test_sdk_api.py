@@ -271,6 +271,46 @@ def test_metrics_are_written_in_batches_in_the_background(sdk_home: Path,
     assert [p.step for p in sdk_state.list_metrics("r", "step_time")] == list(range(2000))
 
 
+def test_a_jax_array_is_read_on_the_sdks_thread_not_the_training_thread(
+        sdk_home: Path, sdk_state: SqliteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    # float() or int() of a JAX array waits for the device (a sync of JAX's async dispatch):
+    # `record` hands the array to the SDK's metrics thread, which reads it.
+    run = machinelearning_run(name="r")
+    loss, step = jnp.asarray(0.25) * 2, jnp.asarray(3) + 0
+    cls = type(loss)
+    read_on: list[str] = []
+
+    def spy(method: str) -> Any:
+        real = getattr(cls, method)
+
+        def read(self: Any) -> Any:
+            read_on.append(threading.current_thread().name)
+            return real(self)
+        return read
+
+    for method in ("__float__", "__int__", "__index__"):
+        monkeypatch.setattr(cls, method, spy(method))
+    metrics.record(MetricType.LOSS, loss, step=step)
+    metrics.record(MetricType.STEP_TIME, jnp.asarray(0.125) + 0, step=3)
+    metrics.record("losses", [loss, jnp.asarray(1.5) + 0], step=4)
+
+    def wait_for(name: str) -> None:
+        deadline = time.monotonic() + 15
+        while not metrics.history(name):
+            assert time.monotonic() < deadline, f"{name} was never read"
+            time.sleep(0.01)
+
+    wait_for(MetricType.LOSS)
+    assert read_on and "MainThread" not in read_on
+    wait_for("losses")
+    # Every read (the values, the list's elements, the step) on the metrics thread.
+    assert len(read_on) >= 5 and set(read_on) == {"mldiag-metrics"}
+    flush_to(run)
+    got = {p.name: (p.step, p.value) for p in sdk_state.list_metrics("r")}
+    assert got == {"loss": (3, 0.5), "step_time": (3, 0.125), "losses": (4, 1.0)}
+    assert [s.value for s in metrics.history(MetricType.STEP_TIME)] == [0.125]
+
+
 def test_points_recorded_before_the_run_go_to_it(sdk_home: Path,
                                                  sdk_state: SqliteStateStore) -> None:
     metrics.record(MetricType.LOSS, 0.5, step=0)

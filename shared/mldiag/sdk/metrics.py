@@ -10,7 +10,13 @@ system-utilization metrics are stored only for a run with `log_system_metrics=Tr
 background thread writes the buffer to the state store in one batch per `FLUSH_S` second (or
 per `BATCH` points), and the run's `close()` (at exit too) writes what is left. Points
 recorded before `machinelearning_run(...)` wait for it, as upstream's queue does. Every
-STEP_TIME also goes, at once, to the run's degradation monitor.
+STEP_TIME also goes to the run's degradation monitor.
+
+A JAX array (a value, an element of a list, or a step) is not converted on the training
+thread: `float()` of it waits for the device to compute it and copy it back, a sync that
+stalls JAX's async dispatch once per record. `record` starts the copy to the host
+(`copy_to_host_async`, which does not wait) and hands the array to the background thread,
+which converts it; its point (and, for STEP_TIME, the monitor) follow from there.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import logging
 import math
 import os
 import statistics
+import sys
 import threading
 import time
 from collections import deque
@@ -103,6 +110,25 @@ Entry = tuple[str, float, float | None, int | None, dict[str, str] | None,
               str | dict[str, Any] | None, bool, str]
 
 
+# A value the background thread converts: (name, at, value, step, labels, all_hosts).
+Raw = tuple[str, float, Any, Any, dict[str, str], bool]
+
+
+def _device_array(value: Any) -> bool:
+    """Whether `value` is a JAX array, whose conversion waits for the device. JAX is looked
+    up, never imported: a workload without it has no such value."""
+    jax = sys.modules.get("jax")
+    array = getattr(jax, "Array", None) if jax is not None else None
+    return array is not None and isinstance(value, array)
+
+
+def _on_device(value: Any, step: Any) -> list[Any]:
+    """The JAX arrays among a value (or its list's elements) and a step: what converting on
+    the training thread would wait for."""
+    items = list(value) if isinstance(value, list | tuple) else [value]
+    return [x for x in (*items, step) if _device_array(x)]
+
+
 def _point(e: Entry, host: str) -> MetricPoint:
     name, at, value, step, labels, body, _, own_host = e
     return MetricPoint(name=name, at=at, value=value, step=step, host=own_host or host,
@@ -117,6 +143,8 @@ class _Recorder:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._pending: list[Entry] = []
+        # Values on a device, converted by the background thread (`defer`).
+        self._raw: list[Raw] = []
         self._thread: threading.Thread | None = None
         self._pid = 0
         self._flushing = threading.Lock()
@@ -140,24 +168,64 @@ class _Recorder:
                 self.dropped += BATCH
                 log.warning("mldiag: %d metric points dropped: the state store is not "
                             "taking them", self.dropped)
-            if self._pid != _getpid():
-                # Started on first use (not at import), and again in a forked child.
-                self._pid = _getpid()
-                self._thread = threading.Thread(target=self._loop, name="mldiag-metrics",
-                                                daemon=True)
-                self._thread.start()
+            self._start()
+
+    def defer(self, raw: Raw) -> None:
+        """Hand a value on a device to the background thread, which converts it (`_convert`)
+        and records its point: the caller does not wait for the device."""
+        with self._lock:
+            self._raw.append(raw)
+            self._start()
+            self._wake.notify()
+
+    def _start(self) -> None:
+        # Under the lock. Started on first use (not at import), and again in a forked child.
+        if self._pid != _getpid():
+            self._pid = _getpid()
+            self._thread = threading.Thread(target=self._loop, name=THREAD_NAME, daemon=True)
+            self._thread.start()
 
     def _loop(self) -> None:
+        flushed = time.monotonic()
         while True:
             with self._lock:
-                self._wake.wait(FLUSH_S)
-            run = current_run()
-            if run is not None:
-                self.flush(run)
+                if not self._raw:
+                    self._wake.wait(max(0.0, FLUSH_S - (time.monotonic() - flushed)))
+                full = len(self._pending) >= BATCH
+            self._convert()
+            if full or time.monotonic() - flushed >= FLUSH_S:
+                flushed = time.monotonic()
+                run = current_run()
+                if run is not None:
+                    self.flush(run)
+
+    def _convert(self) -> None:
+        """Convert the values handed over by `defer` (waiting for their devices) and record
+        their points, as `record_metrics` records a number."""
+        with self._lock:
+            batch, self._raw = self._raw, []
+        for name, at, raw, step, labels, all_hosts in batch:
+            try:
+                if isinstance(raw, list | tuple):
+                    # The mean of the elements' values (a list of JAX scalars has no mean).
+                    raw = [float(x) if _device_array(x) else x for x in raw]
+                value = _number(name, raw)
+                step_number = _step(step)
+            except Exception as e:  # noqa: BLE001 - a deleted (donated) array: one point lost
+                log.warning("mldiag: metric %r could not be read from its device, dropped: %s",
+                            name, e)
+                continue
+            if value is None:
+                continue
+            self.add((name, at, value, step_number, labels, None, all_hosts, ""))
+            if name == STEP_TIME:
+                _observe(value, at)
 
     def flush(self, run: MLRun) -> int:
-        """Write every pending point to `run`'s store; returns how many were written. Points
-        stay pending when the write fails (the next flush tries again)."""
+        """Write every pending point to `run`'s store (values still on a device converted
+        first); returns how many were written. Points stay pending when the write fails (the
+        next flush tries again)."""
+        self._convert()
         with self._flushing:
             with self._lock:
                 batch, self._pending = self._pending, []
@@ -187,6 +255,8 @@ def _stored_by(run: MLRun, name: str, all_hosts: bool) -> bool:
     return all_hosts or run.target.process_index == 0
 
 
+# The background thread's name (the SDK names its threads `mldiag-<what>`).
+THREAD_NAME = "mldiag-metrics"
 _recorder = _Recorder()
 _getpid = os.getpid
 _PLAIN_STEP = (int, type(None))
@@ -254,6 +324,12 @@ def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_host
             _recorder.add((name, now, None, _step(item_step), labels,
                            raw if isinstance(raw, str) else dict(raw), record_on_all_hosts, ""))
             continue
+        on_device = _on_device(raw, item_step)
+        if on_device:
+            for array in on_device:
+                _copy_to_host(array)
+            _recorder.defer((name, now, raw, item_step, labels, record_on_all_hosts))
+            continue
         value = _number(name, raw)
         if value is None:
             continue
@@ -263,6 +339,14 @@ def record_metrics(metrics_data: Sequence[Mapping[str, Any]], record_on_all_host
             step_times.append(value)
     for seconds in step_times:
         _observe(seconds, now)
+
+
+def _copy_to_host(array: Any) -> None:
+    """Start copying a JAX array to the host, without waiting for it."""
+    try:
+        array.copy_to_host_async()
+    except Exception:  # noqa: BLE001 - the background conversion still reads it (or says why)
+        log.debug("mldiag: copy_to_host_async failed", exc_info=True)
 
 
 def _step(step: Any) -> int | None:
@@ -296,6 +380,8 @@ def history(metric_name: MetricType | str) -> list[Sample]:
         raise ValueError(f"not a metric name: {metric_name!r}")
     with _recorder._lock:
         entries = list(_recorder.series.get(name, ()))
+    # By when each was recorded: a value converted in the background joins its series late.
+    entries.sort(key=lambda e: e[1])
     return [Sample(p.name, p.value, p.step, p.at, p.labels)
             for p in (_point(e, "") for e in entries) if p.value is not None]
 

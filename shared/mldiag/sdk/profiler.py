@@ -50,6 +50,14 @@ def default_session_id() -> str:
     return time.strftime("%Y_%m_%d_%H_%M_%S", time.gmtime(now)) + f"_{int(now * 1000) % 1000:03d}"
 
 
+def _discard(tmp: Path) -> None:
+    """Remove a trace's scratch directory on the upload thread. A frame of its own: a
+    profile that starts while the upload of the one before runs records it (the frames that
+    called it began before), and the analysis knows it as the SDK's, not the workload's
+    (`collection.instrumentation`)."""
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 class Xprof:
     """Capture a profile of this process into the run's logdir.
 
@@ -175,7 +183,7 @@ class Xprof:
             self._failed(run, session, f"the profiler did not stop: {e}")
             return
 
-        def read() -> bytes:
+        def _read_trace() -> bytes:
             try:
                 found = trace_file(tmp)
                 if found is None:
@@ -183,9 +191,9 @@ class Xprof:
                         f"session {session}: the {run.engine.name} profiler wrote no .xplane.pb")
                 return found.read_bytes()
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _discard(tmp)
 
-        self.upload = run.upload(session, read)
+        self.upload = run.upload(session, _read_trace)
 
     def __enter__(self) -> Xprof:
         self.start()

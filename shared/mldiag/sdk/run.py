@@ -191,7 +191,7 @@ class MLRun:
         """
         name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
 
-        def work() -> str:
+        def _upload_trace() -> str:
             try:
                 blob = data if isinstance(data, bytes) else data()
                 if not blob:
@@ -209,7 +209,7 @@ class MLRun:
             log.info("uploaded %s (%d bytes)", name, len(blob))
             return name
 
-        future = self._executor.submit(work)
+        future = self._executor.submit(_upload_trace)
         # Keep only unfinished uploads (and failed ones, for wait_uploads to report).
         self._pending = [f for f in self._pending
                          if not f.done() or f.exception() is not None] + [future]

@@ -19,10 +19,23 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis.collection import detectors, hlo_digest, hlo_facts, plan, registry
+from mldiag.analysis.collection import (
+    detectors,
+    hlo_digest,
+    hlo_facts,
+    memory_allocators,
+    plan,
+    registry,
+)
 from mldiag.analysis.collection.host_share import combine_host_parts
 from mldiag.analysis.collection.jobs import pick_step_trace
-from mldiag.analysis.collection.passes import ASYNC_COPIES, CUSTOM_CALLS, PASSES, TIMELINE
+from mldiag.analysis.collection.passes import (
+    ASYNC_COPIES,
+    CUSTOM_CALLS,
+    MEMORY_ALLOCATORS,
+    PASSES,
+    TIMELINE,
+)
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
@@ -81,6 +94,7 @@ _PASS_JOBS: dict[str, tuple[str, ...]] = {
     TIMELINE: ("timeline_pass",),
     CUSTOM_CALLS: registry.HLO_JOBS,
     ASYNC_COPIES: registry.HLO_JOBS,
+    MEMORY_ALLOCATORS: ("memory_profile",),
 }
 
 # The `xprof` CLI command that outputs each collection tool's data for the same file (the
@@ -127,10 +141,17 @@ class _Assembler:
             return self._step_trace(parts[0], parts[2], elapsed)
         if tool in _DETECTORS:
             return tool_result(tool, lambda: self._detect(tool, *parts)) | {"elapsed_ms": elapsed}
-        return _as_result(tool, main, elapsed)
+        result = _as_result(tool, main, elapsed)
+        if tool == "get_memory_profile" and isinstance(result.get("data"), dict):
+            # What the CLI prints; the allocators beside it are mldiag.memory_allocators.
+            result["data"] = {k: v for k, v in result["data"].items()
+                              if k != memory_allocators.KEY}
+        return result
 
     def _pass(self, name: str, parts: list[Outcome]) -> dict[str, Any]:
         elapsed = round(sum(p.elapsed_ms for p in parts), 1)
+        if name == MEMORY_ALLOCATORS:
+            return {**_allocators_result(parts[0], elapsed), "from": list(PASSES[name])}
         if name == TIMELINE:
             result = _as_result(name, parts[0], elapsed)
             if isinstance(result.get("data"), dict):
@@ -262,6 +283,24 @@ def _as_result(tool: str, o: Outcome, elapsed: float) -> dict[str, Any]:
     if o.status == NO_DATA:
         return {"name": tool, "status": NO_DATA, "elapsed_ms": elapsed, "data": o.value}
     return {"name": tool, "status": ERROR, "elapsed_ms": elapsed, "error": reason_of(o)}
+
+
+def _allocators_result(o: Outcome, elapsed: float) -> dict[str, Any]:
+    """mldiag.memory_allocators from the memory profile job: the allocators its host's
+    converter named (`memory_allocators.summarize`), with that host on a multi-host session;
+    the tool's own NO_DATA or ERROR otherwise."""
+    name = MEMORY_ALLOCATORS
+    if o.status != DATA or not isinstance(o.value, Mapping):
+        return _as_result(name, o, elapsed)
+    found = o.value.get(memory_allocators.KEY)
+    if not isinstance(found, Mapping):
+        return {"name": name, "status": NO_DATA, "elapsed_ms": elapsed,
+                "data": {"reason": "the memory profile carried no allocator figures"}}
+    if "error" in found:
+        return {"name": name, "status": ERROR, "elapsed_ms": elapsed,
+                "error": str(found["error"])}
+    host = {"host": o.value["host"]} if "host" in o.value else {}
+    return {"name": name, "status": DATA, "elapsed_ms": elapsed, "data": {**host, **found}}
 
 
 def _op_times(prof: Mapping[str, Any] | None, tl: Mapping[str, Any], modules: list[str]

@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace_scan import Line, XSpaceScan, unique_ids
 
 
 def aggregate_events(
@@ -30,12 +31,21 @@ def aggregate_events(
             scan.close()
 
 
+# What `aggregate_scans` hands a line's matching events to (`on_line`): the line, their start
+# and duration (ps, as xprof's times), and each one's index into the line's event names.
+LineEvents = Callable[[Line, NDArray[np.int64], NDArray[np.int64], NDArray[np.int64],
+                       list[str]], None]
+
+
 def aggregate_scans(
     scans: Any, plane_regex: str, event_regex: str, *,
     min_duration_ps: int | None = None, max_duration_ps: int | None = None,
     start_time_ps: int | None = None, end_time_ps: int | None = None,
+    on_line: LineEvents | None = None,
 ) -> dict[str, Any]:
-    """`aggregate_events` on files already open: lines they decoded before are reused."""
+    """`aggregate_events` on files already open: lines they decoded before are reused.
+    `on_line` is given each line's matching events, as they are aggregated (another pass
+    over them without decoding the lines again)."""
     import re
 
     if start_time_ps is not None and end_time_ps is not None and start_time_ps > end_time_ps:
@@ -70,6 +80,8 @@ def aggregate_scans(
             sel = keep & matched[inverse]
             if not sel.any():
                 continue
+            if on_line is not None:
+                on_line(line, start_ps[sel], dur_ps[sel], inverse[sel], names)
             # Group the selected durations by name with one sort, not a pass per name.
             inv, dur = inverse[sel], dur_ps[sel]
             order = np.argsort(inv, kind="stable")

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from mldiag.analysis.collection import memory_allocators
 from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS, write_peaks
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
@@ -136,9 +137,24 @@ def peaks_memory_profile(ws: XprofWorkspace, src: Path, only_host: str | None) -
     same, and the converter no longer holds every allocator event (3.3 GB on the 264 MB
     memory copy of a 1.9 GB TPU-shaped host; 0.18 GB for the copy's pass)."""
     if src.stat().st_size < PEAKS_MIN_BYTES:
-        return ws.call("get_memory_profile", only_host=only_host, run_dir=src.parent)
-    run_dir = ws.side_run_dir(PEAKS_DIR)
-    target = run_dir / src.name
-    target.unlink(missing_ok=True)
-    write_peaks(src, target)
-    return ws.call("get_memory_profile", only_host=only_host, run_dir=run_dir)
+        run_dir = src.parent
+    else:
+        run_dir = ws.side_run_dir(PEAKS_DIR)
+        target = run_dir / src.name
+        target.unlink(missing_ok=True)
+        write_peaks(src, target)
+    cli = ws.call("get_memory_profile", only_host=only_host, run_dir=run_dir)
+    return {**cli, memory_allocators.KEY: allocators_of(ws, run_dir, only_host, cli)}
+
+
+def allocators_of(ws: XprofWorkspace, run_dir: Path, only_host: str | None,
+                  cli: dict[str, Any]) -> dict[str, Any]:
+    """Each allocator's figures from the converter the CLI tool read (`memory_allocators`),
+    or why there are none; never raises (the CLI's own result stands without them)."""
+    try:
+        raw = ws.fetch_tool_data("memory_profile", run_dir=run_dir, only_host=only_host)
+        found = memory_allocators.summarize(raw, cli)
+    except Exception as e:  # noqa: BLE001 - the CLI's summary is kept, the reason recorded
+        return {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+    return found if found is not None else {
+        "error": "xprof's memory_profile converter names no allocator"}

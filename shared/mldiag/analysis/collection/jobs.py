@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import registry, timeline
+from mldiag.analysis.collection import memory_allocators, registry, timeline
 from mldiag.analysis.collection.host_activity import HostActivity
 from mldiag.analysis.collection.host_copies import (
     MEMORY_DIR,
@@ -461,6 +461,7 @@ def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     summary = timeline.summarize(hosts)
     precomputed = {}
     if python_events is not None:
+        summary["host_instrumentation"] = python_events.pop("instrumentation")
         precomputed["aggregate_xplane_events"] = python_events
     if overlaps:
         precomputed["analyze_async_overlap"] = combine_async_overlap(overlaps)
@@ -498,17 +499,22 @@ def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
     from mldiag.analysis.collection.event_aggregates import aggregate_scans
+    from mldiag.analysis.collection.instrumentation import HostInstrumentation
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
         return None
-    data = aggregate_scans([scan], **HOST_PYTHON_EVENTS)
+    measuring = HostInstrumentation()
+    data = aggregate_scans([scan], **HOST_PYTHON_EVENTS, on_line=measuring.add)
     rows = data["aggregates"]
     data["truncated"] = len(rows) > _PYTHON_EVENT_ROWS
     data["aggregates"] = rows[:_PYTHON_EVENT_ROWS]
     data["returned"] = len(data["aggregates"])
     return {"args": dict(HOST_PYTHON_EVENTS), "data": data,
-            "how": "computed by the timeline pass from the events it had decoded"}
+            "how": "computed by the timeline pass from the events it had decoded",
+            # Which of those frames are instrumentation (never the host work to remove),
+            # mldiag's: the timeline pass keeps it (`host_instrumentation`).
+            "instrumentation": measuring.result(r["event"] for r in data["aggregates"])}
 
 
 def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -606,5 +612,9 @@ def utilization_viewer(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any
 
 def _usage_ratio(memory_profile: Mapping[str, Any]) -> float:
     peak = float(memory_profile.get("peak_memory_usage_gib") or 0.0)
-    capacity = float(memory_profile.get("memory_capacity_gib") or 0.0)
+    # The capacity of the allocator that holds the peak (`memory_allocators`), where the
+    # converter gave it: the CLI's own `memory_capacity_gib` is the largest allocator's.
+    own = ((memory_profile.get(memory_allocators.KEY) or {}).get("peak") or {}).get(
+        "memory_capacity_gib")
+    capacity = float(own or memory_profile.get("memory_capacity_gib") or 0.0)
     return peak / capacity if capacity > 0 else peak

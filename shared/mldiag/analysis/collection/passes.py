@@ -20,6 +20,7 @@ CUSTOM_CALLS = "mldiag.custom_calls"
 ASYNC_COPIES = "mldiag.async_copies"
 KERNEL_TABLE = "mldiag.kernel_table"
 HLO_EXCERPT = "mldiag.hlo_excerpt"
+MEMORY_ALLOCATORS = "mldiag.memory_allocators"
 
 # mldiag's own passes whose results the snapshot holds, and what each is computed from (the
 # collection writes the `from` of each run; this is what a snapshot without it says).
@@ -31,6 +32,12 @@ PASSES: dict[str, tuple[str, ...]] = {
     CUSTOM_CALLS: ("get_hlo_text: the custom-call instructions of each module",
                    "get_hlo_op_profile total_self_time_ms over total_profile_time_ms (or "
                    "mldiag.timeline op times over its step time or active span)"),
+    MEMORY_ALLOCATORS: ("xprof's memory_profile converter, the data of the XProf UI's "
+                        "Memory Profile page (the one `xprof get_memory_profile` "
+                        "summarises): per memory id, profileSummary.memoryCapacity, "
+                        "peakStats and peakStatsTimePs, verbatim in bytes and as GiB",
+                        "the allocator whose peak `xprof get_memory_profile` prints: the "
+                        "highest peakStats.peakBytesInUse"),
     TIMELINE: ("xplane: each host's XLA execution lines (device planes, or the XLA:CPU "
                "executor threads) and step markers, read event by event",),
     # keep-sorted end

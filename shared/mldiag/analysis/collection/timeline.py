@@ -467,6 +467,22 @@ def _round(x: float, nd: int = 3) -> float:
     return round(float(x), nd)
 
 
+# What the per-device idle figures of this pass are, and why they are mldiag's own.
+DEVICE_IDLE_BASIS = {
+    "by": "mldiag.timeline",
+    "what": ("per device: 100 - busy_in_active_span_percent, where busy is the union of the "
+             "device's XLA op events (its plane's op lines) and the span runs from the "
+             "host's first op to its last on any device; per host (busy_in_active_span_percent): "
+             "the union over all its devices, so its idle is the time no device runs an op"),
+    "why": ("xprof states device idle for all devices together (get_overview "
+            "performance_summary.device_idle_time_percent, get_step_trace "
+            "summary.idle_percent, get_hlo_op_profile's IDLE row); per device only in the pod "
+            "viewer's per-core step records (`xprof get_step_trace --device_core N`), which "
+            "only a TPU trace with step markers has. Elsewhere `--device_core` answers the "
+            "session-wide figure for every core (GPU), or no data (no steps)"),
+}
+
+
 def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     """The JSON block we attach to the step-trace tool result as `host_bound_analysis`."""
     per_host = []
@@ -503,10 +519,14 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
                 )
                 if h.active_span_ns
                 else None,
-                # Each device's busy share of this host's active span; idle devices named.
+                # Each device's busy share of this host's active span, and the rest of the
+                # span as its idle share (DEVICE_IDLE_BASIS); idle devices named.
                 "devices": [
                     {"device": name, "events": count, "busy_ms": _round(busy / 1e6),
                      "busy_in_active_span_percent": _round(100.0 * busy / h.active_span_ns, 2)
+                     if h.active_span_ns else None,
+                     "idle_in_active_span_percent": _round(
+                         100.0 - 100.0 * busy / h.active_span_ns, 2)
                      if h.active_span_ns else None}
                     for name, busy, count in h.devices],
                 # Devices that ran nothing, or under 1% of what the busiest device ran.
@@ -559,6 +579,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         # The same steps' spread: stddev, min/median/max and the outlier steps.
         "step_time_spread": spread,
         "per_host": per_host,
+        "device_idle_basis": DEVICE_IDLE_BASIS,
         "op_time_per_step": [
             {
                 "op": name,

@@ -235,12 +235,17 @@ class XprofWorkspace:
             raise NoData(str(data.get("message") or "no data"))
         return data
 
-    def fetch_tool_data(self, tb_tool: str, run_dir: Path | None = None) -> dict[str, Any]:
+    def fetch_tool_data(self, tb_tool: str, run_dir: Path | None = None,
+                        only_host: str | None = None) -> dict[str, Any]:
         """Raw converter output for a TensorBoard-plugin tool such as `smart_suggestion`,
-        converted in this workspace's run directory or in `run_dir` (see `side_run_dir`)."""
+        converted in this workspace's run directory or in `run_dir` (see `side_run_dir`);
+        `only_host` converts that host's trace alone (as `call` does)."""
         from xprof.cli.internal.oss import xprof_client
 
         where = run_dir or self.run_dir
+        if only_host is not None:
+            where = where / next(
+                p.name for p in self.session.xplanes if p.name.startswith(f"{only_host}."))
         _, raw = xprof_client.get_client().fetch(tb_tool, str(where))
         data = self.scrub(_parse(raw))
         if run_dir is not None:

@@ -32,6 +32,30 @@ INSTRUMENTATION_HOST_EVENT = re.compile(
 )
 
 
+def instrumentation_ps(snapshot: Mapping[str, Any], row: Mapping[str, Any]) -> float:
+    """How much of a host-work row (an `aggregate_xplane_events` event) is instrumentation:
+    all of it by its name (INSTRUMENTATION_HOST_EVENT), else the part collection found
+    inside the profiler's or the SDK's frames or threads (mldiag.timeline
+    `host_instrumentation.by_event`, `collection.instrumentation`): the `rmtree` of the
+    SDK's upload, the `__float__` of a metric the SDK converts."""
+    total = float(row.get("total_duration_ps") or 0.0)
+    name = str(row.get("event", ""))
+    if INSTRUMENTATION_HOST_EVENT.search(name):
+        return total
+    by_event = ev.get(snapshot, ev.TIMELINE, "host_instrumentation.by_event")
+    if not isinstance(by_event, list):
+        return 0.0
+    found = next((r for r in by_event if isinstance(r, Mapping) and r.get("event") == name),
+                 None)
+    return min(total, float(found.get("instrumentation_ps") or 0.0)) if found else 0.0
+
+
+def is_instrumentation(snapshot: Mapping[str, Any], row: Mapping[str, Any]) -> bool:
+    """Whether at least half of a host-work row is instrumentation (`instrumentation_ps`)."""
+    total = float(row.get("total_duration_ps") or 0.0)
+    return total > 0 and instrumentation_ps(snapshot, row) >= 0.5 * total
+
+
 class Context:
     """What a finding is written from: the snapshot, the triage, and the follow-up results by
     their plan's key."""
@@ -128,9 +152,11 @@ def host_events(ctx: Context, step_ms: float, steps: int | None = None
     picked = []
     for i, row in enumerate(data.get("aggregates", [])):
         name = str(row.get("event", ""))
-        if _RUNTIME_HOST_EVENT.search(name) or INSTRUMENTATION_HOST_EVENT.search(name):
+        if _RUNTIME_HOST_EVENT.search(name):
             continue
-        per_step = float(row.get("total_duration_ps", 0)) / _PS_PER_MS / steps
+        # The workload's part of the row: instrumentation is never the host work to remove.
+        per_step = (float(row.get("total_duration_ps", 0)) - instrumentation_ps(
+            ctx.snapshot, row)) / _PS_PER_MS / steps
         avg = float(row.get("avg_duration_ps", 0)) / _PS_PER_MS
         # Frames longer than a step enclose the loop itself, not the stall.
         if avg >= step_ms or per_step < 0.05 * step_ms:
@@ -152,10 +178,9 @@ def instrumentation_events(ctx: Context, step_ms: float, steps: int | None = Non
     out = []
     for row in data.get("aggregates", []):
         name = str(row.get("event", ""))
-        per_step = float(row.get("total_duration_ps", 0)) / _PS_PER_MS / steps
+        per_step = instrumentation_ps(ctx.snapshot, row) / _PS_PER_MS / steps
         avg = float(row.get("avg_duration_ps", 0)) / _PS_PER_MS
-        if INSTRUMENTATION_HOST_EVENT.search(name) and 0.05 * step_ms <= per_step and (
-                avg < step_ms):
+        if 0.05 * step_ms <= per_step and avg < step_ms:
             out.append(name.lstrip("$"))
     return out[:3]
 

@@ -28,6 +28,7 @@ from mldiag.analysis.collection.passes import (
 )
 from mldiag.analysis.collection.passes import HLO_EXCERPT as HLO_EXCERPT
 from mldiag.analysis.collection.passes import KERNEL_TABLE as KERNEL_TABLE
+from mldiag.analysis.collection.passes import MEMORY_ALLOCATORS as MEMORY_ALLOCATORS
 from mldiag.analysis.collection.registry import DETECTORS
 from mldiag.errors import MldiagError
 

@@ -86,7 +86,8 @@ def collect(hosts: list[str], port: int, duration_ms: int, log_dir: str, session
         path.write_bytes(data)
         return path
 
-    with ThreadPoolExecutor(max(1, min(len(hosts), 10))) as pool:
+    with ThreadPoolExecutor(max(1, min(len(hosts), 10)),
+                            thread_name_prefix="mldiag-collect") as pool:
         futures = [pool.submit(one, h, n) for h, n in zip(hosts, names, strict=True)]
     written, errors = [], []
     for f in futures:

@@ -13,13 +13,13 @@ from typing import Any
 
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import (
-    INSTRUMENTATION_HOST_EVENT,
     Context,
     Plan,
     finding_of,
     host_events,
     host_events_plan,
     instrumentation_events,
+    is_instrumentation,
 )
 from mldiag.analysis.judgement.model import Hypothesis, impact_of, priority_of
 from mldiag.analysis.judgement.reading import SessionReading
@@ -87,7 +87,7 @@ def _user_frames(ctx: Context, step_ms: float) -> list[str]:
         name = str(row.get("event", ""))
         avg_ms = float(row.get("avg_duration_ps", 0)) / 1e9
         if (".py:" in name and not _JAX_INTERNAL.search(name) and avg_ms <= step_ms
-                and not INSTRUMENTATION_HOST_EVENT.search(name)
+                and not is_instrumentation(ctx.snapshot, row)
                 and not _NOT_USER.search(name)):
             out.append(name.lstrip("$"))
     return out
@@ -121,6 +121,11 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
         what += (" Not counted as the cause: " + ", ".join(f"`{m}`" for m in measuring)
                  + " (instrumentation: the profiler, mldiag's SDK or JAX's traceback filter, "
                  "which wraps each call it measures).")
+        took = ev.number(ev.get(ctx.snapshot, tool := ev.TIMELINE,
+                                "host_instrumentation.instrumentation_ms"))
+        if took:
+            what += f" Instrumentation ran {took:.1f} ms of host Python time in the capture."
+            extra.append(ev.cite(ctx.snapshot, tool, "host_instrumentation.instrumentation_ms"))
     fix = ("Take host work off the step's critical path: produce batches in a background thread "
            "or process and prefetch them to the device (e.g. a `queue.Queue` filled by a "
            "producer thread plus `jax.device_put` of the next batch while the current step runs, "
