@@ -70,7 +70,7 @@ def test_the_lock_pins_every_runtime_requirement_with_hashes_and_no_jax() -> Non
     entries = _lock_entries()
     assert {_name(r) for r in wanted} <= set(entries)
     for name, entry in entries.items():
-        assert re.match(r"[A-Za-z0-9._-]+==\S+ \\\n", entry), entry[:200]
+        assert re.match(r"[A-Za-z0-9._-]+(\[[a-z0-9,_-]+\])?==\S+ \\\n", entry), entry[:200]
         assert "--hash=sha256:" in entry, name
     # JAX is the SDK's (the `sdk` extra): none of it, nor what it pulls in, in a function.
     assert not {"jax", "jaxlib", "scipy"} & set(entries)
