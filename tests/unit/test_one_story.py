@@ -1,5 +1,6 @@
-"""One story per page, over every profile the tests hold: the team's fixtures, the planted
-workloads (recorded), their edited variants and the report goldens' snapshots.
+"""One story per page, over every profile the tests hold: the team's fixtures (recorded, and
+analysed afresh), the planted workloads (recorded), their edited variants and the report
+goldens' snapshots.
 
 Each profile is judged afresh (triage, the rule-based investigator with its recorded follow-ups,
 analysis.json, summary.html) and the page must tell one story:
@@ -31,6 +32,7 @@ from mldiag.analysis import (
     NEEDS_ATTENTION,
     OPTIMAL,
     RuleBasedInvestigator,
+    analyze,
     build_analysis,
     none_found,
     render_summary_html,
@@ -38,6 +40,7 @@ from mldiag.analysis import (
 )
 from mldiag.analysis.judgement.verdict import RELATED, VERDICTS
 from tests.helpers.findings import DATA, VARIANTS, ReplayedFollowUps
+from tests.helpers.fixtures import GPU, TPU, copy_fixture
 
 GOLDENS = Path(__file__).parent / "report" / "goldens"
 
@@ -110,7 +113,26 @@ def test_the_profiles_cover_every_verdict_but_failed() -> None:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_every_page_tells_one_story(name: str) -> None:
-    snapshot, a, page = _judged(name)
+    assert_one_story(name, *_judged(name))
+
+
+@pytest.mark.parametrize("fixture", [TPU, GPU])
+def test_the_team_fixtures_analysed_afresh_tell_one_story(
+        fixture: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    # The fixtures as a user analyses them today (the recorded cases above are older
+    # snapshots): XProf's per-allocator memory profile and every pass of this version.
+    out = tmp_path_factory.mktemp("analysis")
+    result = analyze(copy_fixture(tmp_path_factory, fixture), out, progress=None)
+    snapshot = json.loads((out / "health_snapshot.json").read_text())
+    assert_one_story(fixture, snapshot, result.analysis, (out / "summary.html").read_text())
+    if fixture == GPU:
+        # The GPU's 14.41 GiB device allocator, not the 64 GiB host pool the CLI prints.
+        assert result.analysis["metrics"]["memory_capacity_gib"] == pytest.approx(14.41)
+
+
+def assert_one_story(name: str, snapshot: Mapping[str, Any], a: Mapping[str, Any],
+                     page: str) -> None:
+    """What every page must hold (the module docstring)."""
     findings, checks, status = a["findings"], a["checks"], a["status"]
     failed = [c for c in checks if c["passed"] is False]
 
@@ -156,12 +178,17 @@ def test_every_page_tells_one_story(name: str) -> None:
             assert "prefetch" not in f["fix"] and "tf.data" not in f["fix"], f["fix"]
             assert re.search(r"MirroredStrategy|Mesh|pmap", f["fix"]), f["fix"]
 
-    # Memory capacity is XProf's memory profile's.
-    xprof_capacity = (((snapshot.get("tools") or {}).get("get_memory_profile") or {}).get(
-        "data") or {}
-                      ).get("memory_capacity_gib")
-    if isinstance(xprof_capacity, int | float) and xprof_capacity > 0:
-        assert m["memory_capacity_gib"] == xprof_capacity
+    # Memory capacity is XProf's memory profile's: the allocator that peaked, as its Memory
+    # Profile page shows it (the CLI's figure only where the snapshot has no allocators).
+    passes = snapshot.get("passes") or {}
+    peak_allocator = ((passes.get("mldiag.memory_allocators") or {}).get("data") or {}).get(
+        "peak") or {}
+    cli = (((snapshot.get("tools") or {}).get("get_memory_profile") or {}).get("data") or {}
+           ).get("memory_capacity_gib")
+    xprof_capacity = peak_allocator.get("memory_capacity_gib") or cli
+    if isinstance(xprof_capacity, int | float) and xprof_capacity > 0 and m.get(
+            "peak_memory_source") == "get_memory_profile":
+        assert m["memory_capacity_gib"] == xprof_capacity, name
 
     # Instrumentation is never the bottleneck.
     for f in findings:

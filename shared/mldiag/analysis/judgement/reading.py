@@ -283,6 +283,25 @@ def _values(snapshot: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
         if peak is not None:
             program = ev.get(snapshot, "get_peak_allocations",
                              f"summary.top_modules[{top_i}].module_name")
+    capacity_source = "get_memory_profile memory_capacity_gib" if capacity else None
+    capacity_note = None
+    allocator = _peak_allocator(snapshot)
+    if source == "get_memory_profile" and allocator is not None:
+        # XProf's Memory Profile page (its memory_profile converter) gives each allocator its
+        # own capacity; `xprof get_memory_profile` prints the peak allocator's peak beside the
+        # largest capacity of any allocator (a GPU's host pool: 64 GiB beside a 14.41 GiB
+        # device). The peak is judged against its own allocator's capacity.
+        own = ev.number(allocator.get("memory_capacity_gib"))
+        if own:
+            cli, capacity = capacity, own
+            capacity_source = (f"{ev.MEMORY_ALLOCATORS} peak.memory_capacity_gib (XProf's "
+                               f"memory profile, allocator {allocator.get('memory_id')})")
+            if cli and abs(cli - own) > 0.005:
+                capacity_note = (f"`xprof get_memory_profile` prints {cli:g} GiB: the largest "
+                                 "capacity of any allocator, not the one that peaked")
+            if allocator.get("capacity_is_stack_heap_free") is False:
+                capacity_note = ((capacity_note + "; ") if capacity_note else "") + (
+                    "its stack + heap + free does not add up to it")
     if capacity is not None and capacity <= 0:
         capacity = None
     risk = oom_risk(peak, capacity)
@@ -306,6 +325,9 @@ def _values(snapshot: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
                  "from the op profile's occurrences"),
         "peak_memory_gib": peak,
         "memory_capacity_gib": capacity,
+        # Whose capacity it is (XProf's memory profile, per allocator), and what disagrees.
+        "memory_capacity_source": capacity_source if capacity is not None else None,
+        "memory_capacity_note": capacity_note,
         "oom_risk": risk,
         "oom_risk_rule": rule,
         "peak_memory_source": source,
@@ -325,6 +347,13 @@ def _values(snapshot: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
         "step_time_source": step_source,
         "steps_measured": _steps_count(snapshot, steps_analyzed) if step else 0,
     }
+
+
+def _peak_allocator(snapshot: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The allocator that peaked, as XProf's memory profile has it (mldiag.memory_allocators
+    `peak`), or None."""
+    found = ev.get(snapshot, ev.MEMORY_ALLOCATORS, "peak")
+    return found if isinstance(found, Mapping) else None
 
 
 def _steps_count(snapshot: Mapping[str, Any], analyzed: int) -> int:
@@ -358,7 +387,7 @@ def _metrics(values: Mapping[str, Any]) -> Mapping[str, Metric]:
             else None),
         "memory_capacity_gib": Metric(
             "memory_capacity_gib", values.get("memory_capacity_gib"), "GiB",
-            "get_memory_profile" if values.get("memory_capacity_gib") is not None else None),
+            values.get("memory_capacity_source"), None, values.get("memory_capacity_note")),
         "oom_risk": Metric("oom_risk", values.get("oom_risk"), "level",
                            values.get("oom_risk_rule") or "peak memory / capacity"),
     }

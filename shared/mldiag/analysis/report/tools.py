@@ -260,6 +260,36 @@ def _memory(device: SessionReading) -> list[Block]:
         details = as_map(found.get("peak_usage_details"))
         peak = measured(found.get("peak_memory_usage_gib"))
         cap = measured(found.get("memory_capacity_gib"))
+        # XProf's Memory Profile page, per allocator: the capacity and fragmentation of the
+        # allocator that peaked (the CLI prints the largest capacity of any allocator).
+        allocators = as_map(device.data(ev.MEMORY_ALLOCATORS))
+        own = as_map(allocators.get("peak"))
+        memory_id = as_str(own.get("memory_id"))
+        cap_cell: Cell = fmt_gib(cap)
+        utilization = details.get("utilization_percent")
+        frag_cell: Cell = fmt_pct(details.get("fragmentation_percent"))
+        if own and measured(own.get("memory_capacity_gib")):
+            cli = cap
+            cap = measured(own.get("memory_capacity_gib"))
+            said: list[Cell] = [
+                f"allocator {memory_id} at its peak, as XProf's Memory Profile page shows it "
+                f"(mldiag.memory_allocators); stack + heap + free "
+                f"{'equals' if own.get('capacity_is_stack_heap_free') else 'does not equal'} it"]
+            if cli is not None and cap is not None and abs(cli - cap) > 0.005:
+                said += ["; ", Code("xprof get_memory_profile"),
+                         f" prints {cli:,.2f} GiB, the largest capacity of any allocator"]
+            cap_cell = parts(fmt_gib(cap), Span(parts(*said), "subnote"))
+            utilization = own.get("utilization_percent")
+            first = as_str((as_list(allocators.get("memory_ids")) or [""])[0])
+            opens = ""
+            if first and first != memory_id:
+                first_row = next((as_map(a) for a in as_list(allocators.get("allocators"))
+                                  if as_map(a).get("memory_id") == first), {})
+                if first_row.get("fragmentation_percent") is not None:
+                    opens = (f"; XProf's page opens on allocator {first}, at "
+                             f"{first_row['fragmentation_percent']}%")
+            frag_cell = parts(fmt_pct(own.get("fragmentation_percent")),
+                              Span(f"at the peak of allocator {memory_id}{opens}", "subnote"))
         if peak is not None and cap:
             blocks.append(Chart("memory_bar", charts.memory_bar(
                 peak, cap, measured(details.get("stack_reservation_gib")),
@@ -268,15 +298,15 @@ def _memory(device: SessionReading) -> list[Block]:
             blocks.append(why("Peak usage or capacity is unknown, so no bar is drawn."))
         facts: list[tuple[str, Cell]] = [
             ("Peak usage", fmt_gib(peak)),
-            ("Capacity", fmt_gib(cap)),
-            ("Utilization at peak", fmt_pct(details.get("utilization_percent"))),
+            ("Capacity", cap_cell),
+            ("Utilization at peak", fmt_pct(utilization)),
             ("Stack reservation", fmt_gib(details.get("stack_reservation_gib"))),
             ("Heap allocation", fmt_gib(details.get("heap_allocation_gib"))),
             ("Allocator free at peak", parts(fmt_gib(details.get("free_memory_gib")), Span(
                 parts("memory free inside the allocator's reserved pool at the peak (XProf ",
                       Code("peak_usage_details.free_memory_gib"),
                       "), not capacity minus peak"), "subnote"))),
-            ("Fragmentation", fmt_pct(details.get("fragmentation_percent"))),
+            ("Fragmentation", frag_cell),
         ]
         if peak is not None and cap and cap >= peak:
             facts.insert(2, ("Headroom (capacity − peak)", parts(

@@ -26,7 +26,10 @@ def hypotheses(reading: SessionReading) -> list[Hypothesis]:
     peak, cap = metrics.get("peak_memory_gib"), metrics.get("memory_capacity_gib")
     if risk in ("HIGH", "MEDIUM") and peak is not None and cap:
         proof = [ev.cite(snapshot, "get_memory_profile", "peak_memory_usage_gib"),
-                 ev.cite(snapshot, "get_memory_profile", "memory_capacity_gib")]
+                 ev.cite(snapshot, ev.MEMORY_ALLOCATORS, "peak.memory_capacity_gib")
+                 if str(metrics.get("memory_capacity_source") or "").startswith(
+                     ev.MEMORY_ALLOCATORS)
+                 else ev.cite(snapshot, "get_memory_profile", "memory_capacity_gib")]
         _, mi = stepped_module(snapshot)
         buffer = f"modules[{mi}].top_buffers[0]"
         if ev.get(snapshot, "get_peak_allocations", buffer) is not None:
