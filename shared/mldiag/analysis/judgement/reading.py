@@ -93,13 +93,23 @@ class Steps:
 
 
 @dataclass(frozen=True)
+class DeviceFigures:
+    """One device's idle share of its host's active span: mldiag's own figure
+    (`mldiag.timeline per_host[i].devices[j]`), since xprof states idle only for all devices
+    together (the pass's `device_idle_basis` says why)."""
+
+    name: str
+    idle_percent: float | None
+
+
+@dataclass(frozen=True)
 class HostFigures:
     """One host's figures from mldiag's timeline pass (`mldiag.timeline per_host[i]`)."""
 
     name: str
     busy_percent: float | None
     active_span_ms: float | None
-    devices: tuple[str, ...] = ()
+    devices: tuple[DeviceFigures, ...] = ()
     idle_devices: tuple[str, ...] = ()
 
 
@@ -175,7 +185,10 @@ class SessionReading:
             "host_figures": [
                 {"host": h.name, "busy_percent": h.busy_percent,
                  "active_span_ms": h.active_span_ms, "devices": len(h.devices),
-                 "idle_devices": list(h.idle_devices)} for h in self.host_figures],
+                 "idle_devices": list(h.idle_devices),
+                 "device_idle_percent": {d.name: d.idle_percent for d in h.devices
+                                         if d.idle_percent is not None}}
+                for h in self.host_figures],
             "metrics": {name: m.to_dict() for name, m in self.metrics.items()},
             "tools": {name: {"status": t.status} | ({"reason": t.reason} if t.reason else {})
                       for name, t in self.tools.items()},
@@ -238,9 +251,17 @@ def _hosts(snapshot: Mapping[str, Any]) -> tuple[HostFigures, ...]:
         out.append(HostFigures(
             str(h.get("host") or h.get("hostname") or f"host {i}"),
             ev.number(h.get("busy_in_active_span_percent")), ev.number(h.get("active_span_ms")),
-            tuple(str(d) for d in h.get("devices") or ()),
+            tuple(_device(d) for d in h.get("devices") or ()),
             tuple(str(d) for d in h.get("idle_devices") or ())))
     return tuple(out)
+
+
+def _device(entry: Any) -> DeviceFigures:
+    """A device of the timeline's per-host list: a name (older snapshots) or its figures."""
+    if isinstance(entry, Mapping):
+        return DeviceFigures(str(entry.get("device") or ""),
+                             ev.number(entry.get("idle_in_active_span_percent")))
+    return DeviceFigures(str(entry), None)
 
 
 def oom_risk(peak: float | None, capacity: float | None) -> str:

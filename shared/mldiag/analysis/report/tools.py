@@ -150,7 +150,25 @@ def _overview(device: SessionReading) -> list[Block]:
             f"this page, get_step_trace's included, is over the {text(count)} annotated steps "
             f"({ms_text(ours)} on average)."))
     shown = [(k, text(v)) for k, v in facts if v not in (None, "")]
-    return [ToolBlock("overview", "XProf overview", ([Facts(shown)] if shown else []) + notes)]
+    return [ToolBlock("overview", "XProf overview", ([Facts(shown)] if shown else []) + notes
+                      + _device_idle(device))]
+
+
+def _device_idle(device: SessionReading) -> list[Block]:
+    """Each device's idle share, where a host has several: mldiag's own figure, which says
+    so and why (xprof states idle only for all devices together)."""
+    rows = sorted(((h.name, d.name, d.idle_percent) for h in device.host_figures
+                   if len(h.devices) > 1 for d in h.devices if d.idle_percent is not None),
+                  key=lambda r: -(r[2] or 0.0))
+    if not rows:
+        return []
+    basis = as_map(device.get(ev.TIMELINE, "device_idle_basis"))
+    why_ours = as_str(basis.get("why")) or "xprof states device idle for all devices together"
+    return [Heading("Device idle per device (mldiag.timeline, not xprof's)", css="gap"),
+            why(Prose(f"Each device's idle share of its host's active span, computed by mldiag "
+                      f"from the device's op events: {why_ours}.")),
+            table([("Host", "mono"), ("Device", "mono"), ("Idle", "num")],
+                  ((text(h), text(d), fmt_pct(v)) for h, d, v in rows), collapse_after=8)]
 
 
 # ---------------------------------------------------------------- roofline
