@@ -4,7 +4,7 @@
 
 On Google Cloud each host of a fanned-out session runs in a `collect_host` function instance
 of its own (or a task of the collect job): its op_stats (whole, or in time windows combined
-as one host), passes, per-host tools and memory copy (`collection.host_share.collect_host`). The
+as one host), passes, per-host tools and memory copy (`collection.hosts.share.collect_host`). The
 local runtime runs several at once in one process tree, so `bench/fanout.py`'s tree peak is
 not an instance's. This runs one host's share alone, in a child process, and measures its
 wall time, CPU seconds and the peak resident memory of its process tree (sampled every
@@ -30,7 +30,7 @@ from scale import measure, run_cli_measured, warm  # noqa: E402 - bench/scale.py
 
 
 def _child(xplane: Path, out: Path, budget: str | None, result: Path) -> int:
-    from mldiag.analysis.collection.host_share import collect_host
+    from mldiag.analysis.collection.hosts.share import collect_host
     from mldiag.analysis.collection.workers import parse_bytes
 
     parts = collect_host(xplane, xplane.stem.removesuffix(".xplane"), out,

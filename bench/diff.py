@@ -175,7 +175,7 @@ def _module(n: int, moved: bool) -> tuple[str, dict[str, str]]:
 
 def pairing_cost(n: int, repeat: int) -> dict[str, Any]:
     """Digest two modules of `n` fusions and pair their ops (see the module docstring)."""
-    from mldiag.analysis.collection.hlo_digest import digest
+    from mldiag.analysis.collection.hlo.digest import digest
     from mldiag.analysis.diff.pairing import facts, pair
 
     (ta, sa), (tb, sb) = _module(n, False), _module(n, True)

@@ -69,7 +69,7 @@ class _Replayed:
 def _child(args: argparse.Namespace) -> int:
     """One task, in this process (the parent measures it)."""
     from mldiag.analysis.collection.collect import collect
-    from mldiag.analysis.collection.window_tasks import convert_windows, task_windows
+    from mldiag.analysis.collection.hosts.window_tasks import convert_windows, task_windows
     from mldiag.stages.window_shards import StoredWindows
 
     budget = parse_bytes(args.budget)

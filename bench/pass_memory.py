@@ -4,7 +4,7 @@
                                        [--windows 4] [--json OUT]
 
 Each pass runs in a child process of its own, as a job runs in a worker: the window cut
-(`op_stats_shards.write_windows`), the memory copy (`host_copies.memory_copy`'s first pass),
+(`op_stats_shards.write_windows`), the memory copy (`hosts.copies.memory_copy`'s first pass),
 the async-overlap share (`async_overlap.host_partial`), our timeline pass
 (`timeline.analyze_scan`) and the allocators' peak events (`memory_peaks.write_peaks`, on the
 memory copy it writes first). The child samples its own `/proc/self/status` every 20 ms and
@@ -43,11 +43,11 @@ def _status() -> dict[str, int]:
 
 
 def _child(xplane: Path, name: str, windows: int, work: Path) -> dict[str, Any]:
-    from mldiag.analysis.collection import async_overlap, memory_peaks, timeline
-    from mldiag.analysis.collection import host_copies as copies
-    from mldiag.analysis.collection import op_stats_shards as shards
-    from mldiag.analysis.collection.xspace_scan import XSpaceScan
-    from mldiag.analysis.collection.xspace_write import write_filtered
+    from mldiag.analysis.collection.hosts import copies, memory_peaks
+    from mldiag.analysis.collection.hosts import op_stats_shards as shards
+    from mldiag.analysis.collection.xspace import async_overlap, timeline
+    from mldiag.analysis.collection.xspace.scan import XSpaceScan
+    from mldiag.analysis.collection.xspace.write import write_filtered
 
     peak = {"RssAnon": 0, "RssFile": 0, "VmRSS": 0}
     stop = threading.Event()

@@ -4,7 +4,7 @@
 # 16 GiB and an hour per task. A large host's time windows are shared by the job's tasks
 # (var.collect_job_tasks, CLOUD_RUN_TASK_INDEX/COUNT): tasks 1..N-1 each convert their share
 # and publish it under the session's analysis/v<n>/windows/, task 0 runs the collection and
-# combines them (analysis/collection/window_tasks.py). Windows are claimed in the state store:
+# combines them (analysis/collection/hosts/window_tasks.py). Windows are claimed in the state store:
 # a task that dies stops renewing its claims, and task 0 takes its windows over once they
 # lapse; a task that exits non-zero is retried (max_retries), and published windows are
 # reused. State transitions, claims and the messages it publishes are the pipeline's own; a

@@ -9,7 +9,8 @@ FAILED), 1 on a transient error, so Cloud Run retries the task.
 
 A job of several tasks (Cloud Run's `CLOUD_RUN_TASK_INDEX` and `CLOUD_RUN_TASK_COUNT`; the
 local runner sets the same) shares a large host's time windows: task 0 runs the stage, the
-others `stages.collect_windows`, their share of the windows (analysis/collection/window_tasks).
+others `stages.collect_windows`, their share of the windows
+(analysis/collection/hosts/window_tasks).
 A viewer prebuild's windowed hosts are shared the same way: the others run
 `stages.prebuild_viewer_share` (`viewer_prebuild`'s notes).
 """

@@ -93,7 +93,7 @@ class Settings:
     # empty: a session over the function limits is FAILED with the reason.
     collect_job: str = ""
     # How many tasks the collect job runs: a large host's time windows are shared by them
-    # (analysis/collection/window_tasks.py). On GCP the job's task count (Cloud Run's
+    # (analysis/collection/hosts/window_tasks.py). On GCP the job's task count (Cloud Run's
     # CLOUD_RUN_TASK_COUNT, terraform's collect_job_tasks); locally, how many processes the
     # local job runner starts.
     collect_job_tasks: int = 1

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from mldiag.analysis.collection import op_stats_shards as shards
-from mldiag.analysis.collection import timeline
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.hosts import op_stats_shards as shards
+from mldiag.analysis.collection.xspace import timeline
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 
 
 def test_the_cut_finds_the_host_s_steps_as_their_own_pass_does(

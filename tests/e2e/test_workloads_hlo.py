@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection.detectors import (
+from mldiag.analysis.collection.hlo.detectors import (
     Detection,
     detect_layout_mismatch_copies,
     detect_unfused_reshapes,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection import op_stats_shards as shards
+from mldiag.analysis.collection.hosts import op_stats_shards as shards
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, XprofWorkspace
 

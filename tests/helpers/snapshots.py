@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mldiag.analysis.collection.hlo_digest import digest
+from mldiag.analysis.collection.hlo.digest import digest
 
 
 def tool_result(data: Any) -> dict[str, Any]:

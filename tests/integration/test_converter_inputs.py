@@ -11,11 +11,12 @@ import numpy as np
 import pytest
 
 from mldiag.analysis.collection import collect as collect_mod
-from mldiag.analysis.collection import host_copies, jobs
+from mldiag.analysis.collection import jobs
 from mldiag.analysis.collection import plan as plan_mod
+from mldiag.analysis.collection.hosts import copies as host_copies
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from tests.helpers.fixtures import TPU_XPLANE as TPU
 from tests.helpers.fixtures import team_fixture
 

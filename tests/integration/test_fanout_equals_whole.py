@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from mldiag.analysis.collection.collect import collect
-from mldiag.analysis.collection.host_share import collect_host
+from mldiag.analysis.collection.hosts.share import collect_host
 from mldiag.analysis.collection.profile_input import ProfileSession
 from tests.helpers.fixtures import REPO, team_fixture
 from tests.helpers.fixtures import TPU_XPLANE as TPU

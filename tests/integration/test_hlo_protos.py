@@ -42,7 +42,7 @@ def test_protos_from_the_metadata_plane_are_xprofs_own(fixture: str, tmp_path: P
 def _canonical(blob: bytes, depth: int = 0) -> Any:
     """A protobuf message as a sorted tuple of (field, value), length-delimited values that
     decode as messages decoded in turn; bytes that do not decode stay bytes."""
-    from mldiag.analysis.collection.protobuf import CorruptProtobuf, fields
+    from mldiag.analysis.collection.xspace.protobuf import CorruptProtobuf, fields
 
     try:
         items = list(fields(blob, 0, len(blob)))

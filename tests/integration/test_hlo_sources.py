@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from mldiag.analysis.collection.hlo_meta import module_sources, sources
+from mldiag.analysis.collection.hlo.meta import module_sources, sources
 from mldiag.analysis.judgement.summary import _first_sentence
 from tests.helpers.fixtures import TPU_XPLANE as TPU
 from tests.helpers.fixtures import team_fixture

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection import op_stats_shards as shards
-from mldiag.analysis.collection import xspace_scan
-from mldiag.analysis.collection.host_activity import (
+from mldiag.analysis.collection.hosts import op_stats_shards as shards
+from mldiag.analysis.collection.profile_input import resolve_session
+from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, XprofWorkspace
+from mldiag.analysis.collection.xspace import scan as xspace_scan
+from mldiag.analysis.collection.xspace.host_activity import (
     HOST_THREADS_PLANE,
     HostActivity,
     derived_thread,
     tf_op_category_known,
 )
-from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 
 # Event names, and whether tsl's ParseTfOpFullname gives them a category.
 NAMES = {

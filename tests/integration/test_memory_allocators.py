@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection import host_copies, memory_allocators
 from mldiag.analysis.collection.collect import collect
+from mldiag.analysis.collection.hosts import copies as host_copies
+from mldiag.analysis.collection.hosts import memory_allocators
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
 from mldiag.analysis.judgement import evidence as ev

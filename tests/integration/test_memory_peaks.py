@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection import memory_peaks, xspace_scan
+from mldiag.analysis.collection.hosts import memory_peaks
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
+from mldiag.analysis.collection.xspace import scan as xspace_scan
 from tests.helpers.fixtures import fixture_id, team_fixture, team_xplanes
 
 FIXTURES = team_xplanes()
@@ -145,7 +146,7 @@ def test_the_collection_s_memory_profile_is_the_tool_s_at_any_size(
         xplane: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """`host_copies.peaks_memory_profile`, as the collection calls it: the tool on the file
     below `PEAKS_MIN_BYTES`, on the peak events' copy from it on; the same answer."""
-    from mldiag.analysis.collection import host_copies
+    from mldiag.analysis.collection.hosts import copies as host_copies
 
     team_fixture(xplane)
     with XprofWorkspace(resolve_session(xplane.parent)) as ws:

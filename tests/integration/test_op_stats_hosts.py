@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection import op_stats_hosts as hosts
-from mldiag.analysis.collection import op_stats_shards as shards
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.hosts import op_stats_hosts as hosts
+from mldiag.analysis.collection.hosts import op_stats_shards as shards
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from tests.helpers.fixtures import GPU_XPLANE as GPU
 from tests.helpers.fixtures import REPO, team_fixture
 from tests.helpers.fixtures import TPU_XPLANE as TPU

@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection import op_stats_shards as shards
-from mldiag.analysis.collection.host_activity import HostActivity
+from mldiag.analysis.collection.hosts import op_stats_shards as shards
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xprof_tools import NoData, XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace.host_activity import HostActivity
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from tests.helpers.fixtures import REPO, team_fixture
 from tests.helpers.fixtures import TPU_XPLANE as TPU
 from tests.helpers.op_stats import xprof_op_stats
@@ -174,7 +174,7 @@ def test_windows_measured_against_the_host_s_steps_add_up(four_copies: Path,
     capture, two of them across the cut)."""
     import numpy as np
 
-    from mldiag.analysis.collection import timeline
+    from mldiag.analysis.collection.xspace import timeline
 
     with XSpaceScan(four_copies) as scan:
         whole0 = timeline.analyze_scan(scan, "h")
@@ -208,7 +208,8 @@ def test_long_lines_cut_chunk_by_chunk_give_the_same_windows(
         four_copies: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A line over `_CHAIN_BYTES` is cut chunk by chunk (one chunk's columns held at a time):
     the windows, their extents and the host's steps are those of the line cut whole."""
-    from mldiag.analysis.collection import timeline, xspace_scan
+    from mldiag.analysis.collection.xspace import scan as xspace_scan
+    from mldiag.analysis.collection.xspace import timeline
 
     def cut(tag: str) -> tuple[list[bytes], Any, Any]:
         paths = [tmp_path / f"{tag}{k}.pb" for k in range(3)]

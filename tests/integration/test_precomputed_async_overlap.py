@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mldiag.analysis.collection import async_overlap, xspace_scan
 from mldiag.analysis.collection.collect import collect
 from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace import async_overlap
+from mldiag.analysis.collection.xspace import scan as xspace_scan
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from mldiag.analysis.engine import investigate, precomputed_follow_ups
 from mldiag.analysis.judgement.followups import ASYNC_OVERLAP, MAX_FOLLOW_UPS, FollowUps
 from mldiag.analysis.judgement.triage import triage

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from mldiag.analysis.collection.collect import collect
-from mldiag.analysis.collection.window_tasks import convert_windows
+from mldiag.analysis.collection.hosts.window_tasks import convert_windows
 from mldiag.messages import AnalyzeSession
 from mldiag.model import REPORTED
 from mldiag.stages.window_shards import StoredWindows

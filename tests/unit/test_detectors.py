@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.collection import hlo
-from mldiag.analysis.collection.detectors import (
+from mldiag.analysis.collection.hlo import text as hlo
+from mldiag.analysis.collection.hlo.detectors import (
     MIN_BYTES,
     Detection,
     detect_layout_mismatch_copies,
     detect_unfused_reshapes,
     detect_unnecessary_convert_reduce,
 )
-from mldiag.analysis.collection.hlo_facts import custom_calls
+from mldiag.analysis.collection.hlo.facts import custom_calls
 
 DATA = Path(__file__).parent / "data" / "hlo"
 DETECTORS = (
@@ -355,7 +355,7 @@ def test_tpu_fixture_modules_from_xprof(tpu_logdir):
 
 
 def test_async_copies_have_their_direction_from_memory_spaces():
-    from mldiag.analysis.collection.hlo_facts import async_copies
+    from mldiag.analysis.collection.hlo.facts import async_copies
 
     found = {c["copy_done"]: c["direction"] for c in async_copies(
         _modules("tpu_inference_2_jit_f"))}

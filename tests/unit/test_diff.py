@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection.hlo_digest import digest, fingerprint, module_base
+from mldiag.analysis.collection.hlo.digest import digest, fingerprint, module_base
 from mldiag.analysis.diff.compare import build_diff, kpi
 from mldiag.analysis.diff.sides import HLO_DIGESTS, Side
 from mldiag.analysis.judgement import evidence as ev

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from mldiag.analysis.collection.hlo_digest import digest
+from mldiag.analysis.collection.hlo.digest import digest
 from mldiag.analysis.diff.compare import build_diff
 from mldiag.analysis.diff.pairing import SAME_CODE, SAME_COMPUTATION, facts, pair
 from mldiag.analysis.diff.sides import Side

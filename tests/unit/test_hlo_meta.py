@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mldiag.analysis.collection.hlo_meta import sources
+from mldiag.analysis.collection.hlo.meta import sources
 
 
 def _varint(n: int) -> bytes:

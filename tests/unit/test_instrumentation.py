@@ -1,6 +1,6 @@
 """Instrumentation is never the bottleneck: the SDK's threads and frames (its uploads, its
 metrics conversion), the profiler's and JAX's traceback wrappers are told apart from the
-workload's host work by collection (`collection.instrumentation`, mldiag.timeline's
+workload's host work by collection (`collection.xspace.instrumentation`, mldiag.timeline's
 `host_instrumentation`), left out of the host work the judgement names, and reported with
 their time."""
 
@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from mldiag.analysis.collection import jobs
-from mldiag.analysis.collection.instrumentation import (
+from mldiag.analysis.collection.xspace.instrumentation import (
     SDK,
     SDK_THREAD_PREFIX,
     classify,
 )
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.context import Context, host_events, instrumentation_events
 from mldiag.analysis.judgement.reading import read_session

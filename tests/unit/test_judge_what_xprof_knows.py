@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection.timeline import warmup_split
+from mldiag.analysis.collection.xspace.timeline import warmup_split
 from mldiag.analysis.judgement.context import Context, contraction_fix, host_events
 from mldiag.analysis.judgement.triage import triage
 from tests.helpers.findings import DATA, judge

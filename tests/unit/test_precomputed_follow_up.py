@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.collection.event_aggregates import aggregate_events
 from mldiag.analysis.collection.jobs import _host_python_events
 from mldiag.analysis.collection.profile_input import resolve_session
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace.event_aggregates import aggregate_events
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 from mldiag.analysis.judgement.followups import HOST_PYTHON_EVENTS, FollowUps
 
 pytestmark = pytest.mark.slow

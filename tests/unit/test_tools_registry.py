@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.collection import collect, detectors, plan, registry
+from mldiag.analysis.collection import collect, plan, registry
+from mldiag.analysis.collection.hlo import detectors
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement import rules

@@ -226,7 +226,7 @@ def test_a_link_of_a_chain_is_not_a_finding_of_its_own() -> None:
 
 
 def test_step_time_spread_names_the_outlier_steps() -> None:
-    from mldiag.analysis.collection.timeline import step_spread
+    from mldiag.analysis.collection.xspace.timeline import step_spread
 
     spread = step_spread([10.0, 10.2, 9.9, 10.1, 30.0, 10.0, 9.8, 14.0])
     assert spread is not None and spread["steps"] == 8

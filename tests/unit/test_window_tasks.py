@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection.window_tasks import RemoteWindows, task_windows
+from mldiag.analysis.collection.hosts.window_tasks import RemoteWindows, task_windows
 
 
 class _Exchange:

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mldiag.analysis.collection.timeline import _covered, _merge
-from mldiag.analysis.collection.xspace_scan import (
+from mldiag.analysis.collection.xspace.scan import (
     CorruptXSpace,
     XSpaceScan,
     unique_ids,
     varints_at,
 )
-from mldiag.analysis.collection.xspace_write import write_filtered
+from mldiag.analysis.collection.xspace.timeline import _covered, _merge
+from mldiag.analysis.collection.xspace.write import write_filtered
 from tests.helpers.fixtures import GPU_XPLANE, TPU_XPLANE, fixture_id, team_fixture, team_xplanes
 
 FIXTURES = team_xplanes()
@@ -81,7 +81,7 @@ def test_long_lines_decode_and_filter_chunk_by_chunk_as_whole(
         path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Lines chained a few KiB at a time decode to the same columns, and a copy filtered chunk
     by chunk (by metadata, and whole lines left whole) is the copy filtered line by line."""
-    from mldiag.analysis.collection import xspace_scan
+    from mldiag.analysis.collection.xspace import scan as xspace_scan
 
     team_fixture(path)
 
@@ -146,9 +146,9 @@ def test_busy_time_per_window_matches_a_brute_force_union():
 @pytest.mark.parametrize("plane,event", [(".*", ".*"), ("^/device:TPU:0$", "fusion"),
                                          ("^/host:CPU$", r"^\$")])
 def test_event_aggregates_match_xprofs_tool(plane: str, event: str):
-    from mldiag.analysis.collection.event_aggregates import aggregate_events
     from mldiag.analysis.collection.profile_input import resolve_session
     from mldiag.analysis.collection.xprof_tools import XprofWorkspace
+    from mldiag.analysis.collection.xspace.event_aggregates import aggregate_events
 
     session = resolve_session(team_fixture(TPU_XPLANE).parent)
     with XprofWorkspace(session) as ws:
@@ -165,7 +165,7 @@ def test_an_ops_executors_are_its_most_overlapping_executions() -> None:
     alternate between two threads is one; touching intervals do not overlap."""
     import numpy as np
 
-    from mldiag.analysis.collection.timeline import _max_concurrency
+    from mldiag.analysis.collection.xspace.timeline import _max_concurrency
 
     gather, eigh = ("6", "all_gather.3"), ("14", "eigh.0")
     ids = {gather: 0, eigh: 1}
@@ -225,7 +225,7 @@ def test_unique_ids_is_numpys_unique(values, spread):
 
 
 def _field(num: int, value: int | bytes) -> bytes:
-    from mldiag.analysis.collection.protobuf import encode_varint
+    from mldiag.analysis.collection.xspace.protobuf import encode_varint
 
     if isinstance(value, bytes):
         return encode_varint(num << 3 | 2) + encode_varint(len(value)) + value

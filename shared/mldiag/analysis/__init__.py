@@ -37,14 +37,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Side": ("diff.sides", "Side"),
     "TOOLS": ("collection.registry", "TOOLS"),
     "Triage": ("judgement.model", "Triage"),
-    "XSpaceScan": ("collection.xspace_scan", "XSpaceScan"),
+    "XSpaceScan": ("collection.xspace.scan", "XSpaceScan"),
     "analyze": ("engine", "analyze"),
     "build_analysis": ("engine", "build_analysis"),
     "build_diff": ("diff.compare", "build_diff"),
     "check_report": ("judgement.evidence_check", "check_report"),
     "collect": ("collection.collect", "collect"),
-    "collect_host": ("collection.host_share", "collect_host"),
-    "convert_windows": ("collection.window_tasks", "convert_windows"),
+    "collect_host": ("collection.hosts.share", "collect_host"),
+    "convert_windows": ("collection.hosts.window_tasks", "convert_windows"),
     "default_budget_bytes": ("collection.workers", "default_budget_bytes"),
     "evidence": ("judgement.evidence", None),
     "find_sessions": ("collection.profile_input", "find_sessions"),
@@ -52,14 +52,14 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "judged_over": ("judgement.verdict", "judged_over"),
     "kpi": ("diff.compare", "kpi"),
     "none_found": ("judgement.verdict", "none_found"),
-    "op_stats_shards": ("collection.op_stats_shards", None),
+    "op_stats_shards": ("collection.hosts.op_stats_shards", None),
     "parse_bytes": ("collection.workers", "parse_bytes"),
     "prose": ("report.model", "prose"),
     "read_session": ("judgement.reading", "read_session"),
     "render_diff_html": ("report.diff", "render_diff_html"),
     "render_summary_html": ("report.summary", "render_summary_html"),
     "style_hash": ("report.page", "style_hash"),
-    "task_windows": ("collection.window_tasks", "task_windows"),
+    "task_windows": ("collection.hosts.window_tasks", "task_windows"),
     "triage": ("judgement.triage", "triage"),
     "validate_xplane": ("collection.profile_input", "validate_xplane"),
     "window_count": ("collection.plan", "window_count"),
@@ -83,20 +83,20 @@ def __getattr__(name: str) -> Any:
 
 if TYPE_CHECKING:
     # What the lazy names are, for mypy (the import graph test leaves these out).
-    from mldiag.analysis.collection import op_stats_shards as op_stats_shards
     from mldiag.analysis.collection.collect import SessionTooLarge as SessionTooLarge
     from mldiag.analysis.collection.collect import collect as collect
-    from mldiag.analysis.collection.host_share import collect_host as collect_host
+    from mldiag.analysis.collection.hosts import op_stats_shards as op_stats_shards
+    from mldiag.analysis.collection.hosts.share import collect_host as collect_host
+    from mldiag.analysis.collection.hosts.window_tasks import convert_windows as convert_windows
+    from mldiag.analysis.collection.hosts.window_tasks import task_windows as task_windows
     from mldiag.analysis.collection.plan import window_count as window_count
     from mldiag.analysis.collection.profile_input import ProfileSession as ProfileSession
     from mldiag.analysis.collection.profile_input import find_sessions as find_sessions
     from mldiag.analysis.collection.profile_input import validate_xplane as validate_xplane
     from mldiag.analysis.collection.registry import TOOLS as TOOLS
-    from mldiag.analysis.collection.window_tasks import convert_windows as convert_windows
-    from mldiag.analysis.collection.window_tasks import task_windows as task_windows
     from mldiag.analysis.collection.workers import default_budget_bytes as default_budget_bytes
     from mldiag.analysis.collection.workers import parse_bytes as parse_bytes
-    from mldiag.analysis.collection.xspace_scan import XSpaceScan as XSpaceScan
+    from mldiag.analysis.collection.xspace.scan import XSpaceScan as XSpaceScan
     from mldiag.analysis.diff.compare import build_diff as build_diff
     from mldiag.analysis.diff.compare import kpi as kpi
     from mldiag.analysis.diff.sides import Side as Side

@@ -54,7 +54,7 @@ def _discard(tmp: Path) -> None:
     """Remove a trace's scratch directory on the upload thread. A frame of its own: a
     profile that starts while the upload of the one before runs records it (the frames that
     called it began before), and the analysis knows it as the SDK's, not the workload's
-    (`collection.instrumentation`)."""
+    (`collection.xspace.instrumentation`)."""
     shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -1,6 +1,6 @@
 """A many-host or large session's fan-out: one `collect_host` per host, then the combine.
 
-Each host's share (`collection.host_share.collect_host`: its op_stats, passes and per-host
+Each host's share (`collection.hosts.share.collect_host`: its op_stats, passes and per-host
 tools, and the memory copy the combine step's converters read) is written under
 `analysis/v<n>/hosts/`; `collect` combines them when every host is done (`host_parts`).
 

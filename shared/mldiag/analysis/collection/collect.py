@@ -19,15 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import mldiag
-from mldiag.analysis.collection import (
-    detectors,
-    hlo_digest,
-    hlo_facts,
-    memory_allocators,
-    plan,
-    registry,
-)
-from mldiag.analysis.collection.host_share import combine_host_parts
+from mldiag.analysis.collection import plan, registry
+from mldiag.analysis.collection.hlo import detectors
+from mldiag.analysis.collection.hlo import digest as hlo_digest
+from mldiag.analysis.collection.hlo import facts as hlo_facts
+from mldiag.analysis.collection.hosts import memory_allocators
+from mldiag.analysis.collection.hosts.share import combine_host_parts
+from mldiag.analysis.collection.hosts.window_tasks import RemoteWindows, WindowExchange, window_of
 from mldiag.analysis.collection.jobs import pick_step_trace
 from mldiag.analysis.collection.passes import (
     ASYNC_COPIES,
@@ -42,7 +40,6 @@ from mldiag.analysis.collection.profile_input import (
     resolve_session,
     validate_xplane,
 )
-from mldiag.analysis.collection.window_tasks import RemoteWindows, WindowExchange, window_of
 from mldiag.analysis.collection.workers import (
     DEFAULT_TOOL_TIMEOUT_S,
     Outcome,

@@ -15,20 +15,22 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import memory_allocators, registry, timeline
-from mldiag.analysis.collection.host_activity import HostActivity
-from mldiag.analysis.collection.host_copies import (
+from mldiag.analysis.collection import registry
+from mldiag.analysis.collection.hosts import memory_allocators
+from mldiag.analysis.collection.hosts.copies import (
     MEMORY_DIR,
     memory_copy,
     peaks_memory_profile,
     reduce_one,
 )
-from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS
+from mldiag.analysis.collection.hosts.memory_peaks import MEMORY_EVENTS
 from mldiag.analysis.collection.passes import ASYNC_OVERLAP, HOST_PYTHON_EVENTS
 from mldiag.analysis.collection.profile_input import ProfileSession
 from mldiag.analysis.collection.registry import XprofCommand
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData, XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace import timeline
+from mldiag.analysis.collection.xspace.host_activity import HostActivity
+from mldiag.analysis.collection.xspace.scan import Line, Plane, XSpaceScan
 
 
 @dataclass
@@ -168,8 +170,8 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if inputs.get("host_op_stats"):
             # A fanned-out session whose hosts built their own op_stats: combined as xprof
             # combines hosts; the run directory's traces are the hosts' memory copies.
-            from mldiag.analysis.collection import op_stats_hosts
-            from mldiag.analysis.collection import op_stats_shards as shards
+            from mldiag.analysis.collection.hosts import op_stats_hosts
+            from mldiag.analysis.collection.hosts import op_stats_shards as shards
 
             ctx.ws.adopt_op_stats(op_stats_hosts.combine_hosts(
                 [shards.read(p) for p in inputs["host_op_stats"]]).SerializeToString())
@@ -181,7 +183,7 @@ def op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
                                     inputs.get("reduced") or {})
         if not parts:
             return ctx.ws.precompute_op_stats()
-        from mldiag.analysis.collection import op_stats_shards as shards
+        from mldiag.analysis.collection.hosts import op_stats_shards as shards
 
         combined = shards.combine([shards.read(p) for p in parts],
                                   inputs.get("seams")).SerializeToString()
@@ -248,7 +250,7 @@ def split_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     (the converters' input: the reduced copy where the reduction made one). With
     `inputs["keep"]`, only those windows are written (a task of the collect job converting
     its share of them); the cuts and the idle time between windows are every window's."""
-    from mldiag.analysis.collection import op_stats_shards as shards
+    from mldiag.analysis.collection.hosts import op_stats_shards as shards
 
     (xplane,) = ctx.session.xplanes
     with XSpaceScan(ctx.ws.run_dir / xplane.name) as scan:
@@ -287,7 +289,7 @@ def op_stats_window(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     (another task of the collect job did, and died before publishing it) is cut here first,
     alone, from `inputs["cuts"]`. With `inputs["timeline"]`, the window's share of our
     timeline pass comes first, from the same file (`timeline_from_windows` combines them)."""
-    from mldiag.analysis.collection import op_stats_shards as shards
+    from mldiag.analysis.collection.hosts import op_stats_shards as shards
 
     k = int(inputs["window"])
     if k >= int(inputs["windows"]):
@@ -404,7 +406,7 @@ def smart_suggestions(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]
     saved results before a fresh conversion).
 
     On large sessions (`inputs["after_op_stats"]`) it runs after the op_stats job and reads
-    them from the saved file, and reads the memory copies (`host_copies.memory_copy`, which
+    them from the saved file, and reads the memory copies (`hosts.copies.memory_copy`, which
     keep those events and the step markers) for the rest; 5.3 s CPU becomes 0.3 s on 94 MB
     TPU-shaped, and its memory no longer follows the trace's size. On small
     ones it runs beside the build and combines its own op_stats in memory (the same answer).
@@ -434,7 +436,7 @@ def hlo_texts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         content = out.get("content")
         if isinstance(content, str) and content:
             texts[module] = content
-    from mldiag.analysis.collection.hlo_meta import module_sources
+    from mldiag.analysis.collection.hlo.meta import module_sources
 
     return {"texts": texts, "sources": module_sources(ctx.ws.run_dir)}
 
@@ -474,7 +476,7 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
     """One host's share of the async-overlap follow-up (`async_overlap.host_partial`), from
     the device lines the timeline pass decoded; None when the trace has no XLA op lines (a
     CPU trace), where the investigator never asks for it."""
-    from mldiag.analysis.collection import async_overlap
+    from mldiag.analysis.collection.xspace import async_overlap
 
     if not async_overlap.has_async_lines(scan):
         return None
@@ -483,7 +485,7 @@ def async_overlap_part(scan: XSpaceScan) -> dict[str, Any] | None:
 
 def combine_async_overlap(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     """The precomputed async-overlap follow-up from each host's label and share."""
-    from mldiag.analysis.collection import async_overlap
+    from mldiag.analysis.collection.xspace import async_overlap
 
     return {"args": dict(ASYNC_OVERLAP),
             "data": async_overlap.combine(parts, **ASYNC_OVERLAP),
@@ -498,8 +500,8 @@ _PYTHON_EVENT_ROWS = 100
 def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
-    from mldiag.analysis.collection.event_aggregates import aggregate_scans
-    from mldiag.analysis.collection.instrumentation import HostInstrumentation
+    from mldiag.analysis.collection.xspace.event_aggregates import aggregate_scans
+    from mldiag.analysis.collection.xspace.instrumentation import HostInstrumentation
 
     if not any(plane.name == "/host:CPU" and any(
             n.startswith("$") for n in plane.event_names.values()) for plane in scan.planes):
@@ -528,7 +530,7 @@ def memory_profile(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             per_host[host] = None
             continue
         only = host if len(session.hosts) > 1 else None
-        # The host's memory copy, where the collection made one (`host_copies.memory_copy`).
+        # The host's memory copy, where the collection made one (`hosts.copies.memory_copy`).
         copy = "memory_copy_bytes" in (reduced.get(host) or {})
         src = (ctx.ws.side_run_dir(MEMORY_DIR) if copy else ctx.ws.run_dir) / xplane.name
         per_host[host] = peaks_memory_profile(ctx.ws, src, only)

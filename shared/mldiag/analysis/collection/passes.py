@@ -52,6 +52,6 @@ PASSES: dict[str, tuple[str, ...]] = {
 # arguments).
 HOST_PYTHON_EVENTS: dict[str, Any] = {"plane_regex": "^/host:CPU$", "event_regex": r"^\$"}
 # The async-overlap follow-up as the investigator asks for it. The timeline pass computes
-# it from the device lines it has decoded (collection.async_overlap), so the answer is ready
+# it from the device lines it has decoded (collection.xspace.async_overlap), so the answer is ready
 # when collection ends instead of a 15 s re-read of a 100 MB trace after it.
 ASYNC_OVERLAP: dict[str, Any] = {"top_k": 10}

@@ -31,7 +31,7 @@ _SHARED_RSS_PER_BYTE = {"op_stats": 30.0, "op_stats_reduced": 20.0,
                         # what it keeps is a few columns of the device events.
                         "timeline": 2.0,
                         # The async-overlap follow-up, computed in the timeline pass after its
-                        # own work (collection/async_overlap.py): 1.9 per byte on its own on a
+                        # own work (xspace/async_overlap.py): 1.9 per byte on its own on a
                         # 94 MB TPU-shaped profile, and no higher a peak than the pass's alone
                         # after it. As its own pass (a large host's timeline by window), one
                         # device plane's three columns at a time, decoded chunk by chunk:
@@ -85,7 +85,7 @@ JOBS_MODULE = "mldiag.analysis.collection.jobs"
 
 def run_planned(jobs: Sequence[Job], root: Path, session: ProfileSession,
                 **options: Any) -> dict[str, Outcome]:
-    """Run planned jobs (runners of `jobs` and `host_jobs`) in worker processes that each
+    """Run planned jobs (runners of `jobs` and `hosts.jobs`) in worker processes that each
     join the workspace created at `root` (`jobs.attach`); `options` as `workers.run_jobs`'s."""
     return run_jobs(jobs, setup=f"{JOBS_MODULE}:attach",
                     setup_args={"root": str(root), "session": session}, **options)
@@ -97,7 +97,7 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
     """The jobs of a collection, in plan order (a worker runs its jobs in that order).
 
     `hosts_built`: a fanned-out session whose hosts' op_stats were built by their own
-    `collect_host` (`host_jobs`); the op_stats job combines them, and the traces are the
+    `collect_host` (`hosts.jobs`); the op_stats job combines them, and the traces are the
     hosts' memory copies.
 
     `windows_elsewhere`: the other tasks of the collect job convert the time windows
@@ -186,7 +186,7 @@ def plan_jobs(session: ProfileSession, *, tool_timeout_s: float, prepare_timeout
             runner="async_overlap_pass") if windowed_timeline else
         job("timeline_pass", "xplane", pre,
             max(RSS_PER_BYTE["timeline"], RSS_PER_BYTE["async_overlap"]), largest),
-        # From the memory copies where the reduction wrote them (host_copies.memory_copy).
+        # From the memory copies where the reduction wrote them (hosts.copies.memory_copy).
         job("memory_profile", "xplane", pre, RSS_PER_BYTE["memory_profile"], largest),
         # Without a TPU plane of counters it answers from the plane headers, reading nothing.
         job("utilization_viewer", "xplane", pre, RSS_PER_BYTE["utilization_viewer"],
@@ -283,12 +283,12 @@ def _payload(o: Outcome) -> dict[str, Any]:
     return {"data": o.value} if o.status == DATA else {"error": reason_of(o)}
 
 
-HOST_JOBS_MODULE = "mldiag.analysis.collection.host_jobs"
+HOST_JOBS_MODULE = "mldiag.analysis.collection.hosts.jobs"
 
 
 def host_jobs(size: int, windows: int, *, python: bool, tool_timeout_s: float,
               prepare_timeout_s: float) -> list[Job]:
-    """One host's share of a fanned-out collection (`host_jobs`): its op_stats, whole or in
+    """One host's share of a fanned-out collection (`hosts.jobs`): its op_stats, whole or in
     `windows` time windows combined as one host (each window's build in either worker, as
     in `plan_jobs`), beside its passes and per-host tools, which read the whole trace one
     line at a time (the timeline's or async overlap's columns, the copies' one line)."""

@@ -137,7 +137,7 @@ def validate_xplane(path: Path, max_bytes: int = DEFAULT_MAX_HOST_BYTES) -> int:
             f"{path.name}: {size / 1024**3:.2f} GiB exceeds the per-host cap of "
             f"{max_bytes / 1024**3:.2f} GiB"
         )
-    from mldiag.analysis.collection.xspace_scan import XSpaceScan
+    from mldiag.analysis.collection.xspace.scan import XSpaceScan
 
     # Only the planes, lines and metadata are parsed here (a fraction of a second even for
     # gigabyte files); each line's events are checked when a pass first decodes them.

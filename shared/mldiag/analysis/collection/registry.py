@@ -79,7 +79,7 @@ TOOLS: tuple[ToolSpec, ...] = (
     ToolSpec("get_hosts", 40, ("hosts",), XprofCommand("get_hosts")),
     ToolSpec("get_kpi_metrics", 20, ("kpi_metrics",), XprofCommand("get_kpi_metrics")),
     ToolSpec("get_memory_profile", 130, ("memory_profile",), XprofCommand("get_memory_profile"),
-             # From the allocators' peak events alone (host_copies.peaks_memory_profile), found
+             # From the allocators' peak events alone (hosts.copies.peaks_memory_profile), found
              # one chunk of a line at a time: 0.18 GB in all for the 264 MB memory copy of a
              # 1.9 GB TPU-shaped host, where xprof's converter on the copy took 3.3 GB.
              rss_per_byte=(("memory_profile", 0.2),)),

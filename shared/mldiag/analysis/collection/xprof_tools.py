@@ -311,8 +311,8 @@ class XprofWorkspace:
         exists."""
         from xprof.cli.internal.oss import hlo_tools
 
-        from mldiag.analysis.collection.xspace_scan import XSpaceScan
-        from mldiag.analysis.collection.xspace_write import write_planes
+        from mldiag.analysis.collection.xspace.scan import XSpaceScan
+        from mldiag.analysis.collection.xspace.write import write_planes
 
         if any(self.run_dir.glob("*.hlo_proto.pb")):
             return

@@ -340,7 +340,7 @@ def _us_ms(us: Any) -> float | None:
 
 
 def _params(da: Mapping[str, Any], db: Mapping[str, Any]) -> list[dict[str, Any]]:
-    from mldiag.analysis.collection.hlo import parse_shape
+    from mldiag.analysis.collection.hlo.text import parse_shape
 
     out = []
     pa, pb = list(da.get("parameters") or []), list(db.get("parameters") or [])

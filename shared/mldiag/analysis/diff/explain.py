@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mldiag.analysis.collection.hlo_digest import COLLECTIVES, DATA_MOVEMENT, opcodes_of
+from mldiag.analysis.collection.hlo.digest import COLLECTIVES, DATA_MOVEMENT, opcodes_of
 from mldiag.analysis.diff.sides import (
     HLO_DIGESTS,
     MS_PER_STEP,
@@ -341,7 +341,7 @@ def _param_change(p: Mapping[str, Any]) -> str:
 
 
 def _ratio(param: Mapping[str, Any]) -> str:
-    from mldiag.analysis.collection.hlo import parse_shape
+    from mldiag.analysis.collection.hlo.text import parse_shape
 
     a, b = parse_shape(str(param.get("a"))), parse_shape(str(param.get("b")))
     if a.dims and b.dims and len(a.dims) == len(b.dims) and a.element_count:

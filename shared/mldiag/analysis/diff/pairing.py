@@ -2,7 +2,7 @@
 
 A recompile renames what XLA generates (`fusion.3` becomes `fusion.7`, and `ynn_fusion` may
 now name a different fusion), so names say little. Each executed op of a module's digest
-(`hlo_digest.op_info`) carries the fingerprint of what it computes, its shapes, and its atoms
+(`hlo.digest.op_info`) carries the fingerprint of what it computes, its shapes, and its atoms
 (`[opcode, dtype, file:line]` of each computing instruction inside it). Ops pair in tiers:
 
 1. the same computation: equal fingerprints (shapes, dtypes and layouts included) from the

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from mldiag.analysis.collection.hlo_digest import COLLECTIVES, module_base, opcodes_of, program_id
+from mldiag.analysis.collection.hlo.digest import COLLECTIVES, module_base, opcodes_of, program_id
 from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.triage import compute_metrics
 

@@ -36,7 +36,7 @@ def instrumentation_ps(snapshot: Mapping[str, Any], row: Mapping[str, Any]) -> f
     """How much of a host-work row (an `aggregate_xplane_events` event) is instrumentation:
     all of it by its name (INSTRUMENTATION_HOST_EVENT), else the part collection found
     inside the profiler's or the SDK's frames or threads (mldiag.timeline
-    `host_instrumentation.by_event`, `collection.instrumentation`): the `rmtree` of the
+    `host_instrumentation.by_event`, `collection.xspace.instrumentation`): the `rmtree` of the
     SDK's upload, the `__float__` of a metric the SDK converts."""
     total = float(row.get("total_duration_ps") or 0.0)
     name = str(row.get("event", ""))

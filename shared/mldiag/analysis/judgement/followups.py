@@ -186,7 +186,7 @@ class FollowUpRunner:
                                           max_duration_ps=max_duration_ps,
                                           start_time_ps=start_time_ps,
                                           end_time_ps=end_time_ps, **other)
-        from mldiag.analysis.collection.event_aggregates import aggregate_events
+        from mldiag.analysis.collection.xspace.event_aggregates import aggregate_events
 
         return aggregate_events(self.session.xplanes, plane_regex, event_regex,
                                 min_duration_ps=min_duration_ps,
@@ -224,7 +224,7 @@ class FollowUpRunner:
         # are enough (xprof's own list of the lines that carry LLO detail).
         from xprof.cli.internal.oss.xplane_tools import _LLO_LINE_NAMES
 
-        from mldiag.analysis.collection.xspace_scan import XSpaceScan
+        from mldiag.analysis.collection.xspace.scan import XSpaceScan
 
         planes: list[str] = []
         for xplane in self.session.xplanes:

@@ -6,7 +6,7 @@
 - `peaks_memory_profile`: the memory profile from each allocator's peak event alone
   (`memory_peaks`).
 
-Each copy is written in one pass (`xspace_write`), one chunk of a line at a time.
+Each copy is written in one pass (`xspace.write`), one chunk of a line at a time.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import memory_allocators
-from mldiag.analysis.collection.memory_peaks import MEMORY_EVENTS, write_peaks
+from mldiag.analysis.collection.hosts import memory_allocators
+from mldiag.analysis.collection.hosts.memory_peaks import MEMORY_EVENTS, write_peaks
 from mldiag.analysis.collection.xprof_tools import XprofWorkspace
-from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
-from mldiag.analysis.collection.xspace_write import write_filtered
+from mldiag.analysis.collection.xspace.scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace.write import write_filtered
 
 # Event names whose share of each step xprof's smart suggestions measure from the XSpace
 # (its EventTimeFractionAnalyzer: barrier-cores and debug_print, matched as substrings).

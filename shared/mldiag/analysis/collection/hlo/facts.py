@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis.collection.hlo import HloModule, HloParseError, Instruction, parse_module
+from mldiag.analysis.collection.hlo.text import HloModule, HloParseError, Instruction, parse_module
 
 
 @functools.lru_cache(maxsize=64)

@@ -1,4 +1,4 @@
-"""The jobs of one host's share of a fanned-out collection (`host_share.collect_host`).
+"""The jobs of one host's share of a fanned-out collection (`share.collect_host`).
 
 Each host of a fanned-out session builds, in its own `collect_host`:
 - its op_stats, whole (`host_op_stats`) or, over the window size, time window by time window
@@ -6,7 +6,7 @@ Each host of a fanned-out session builds, in its own `collect_host`:
   `jobs.op_stats_window`), so that no process holds a large host's whole op_stats build;
 - its passes and per-host tools (`host_parts`): our timeline pass (from the windows' shares
   when the host was cut), the async-overlap share, the memory profile and utilization, and
-  the memory copy (`host_copies.memory_copy`) that the combine step's converters read beside the
+  the memory copy (`copies.memory_copy`) that the combine step's converters read beside the
   combined op_stats.
 
 The combine step then combines the hosts' op_stats as xprof combines hosts
@@ -20,8 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from mldiag.analysis.collection import timeline
-from mldiag.analysis.collection.host_copies import (
+from mldiag.analysis.collection.hosts.copies import (
     MEMORY_DIR,
     memory_copy,
     peaks_memory_profile,
@@ -34,7 +33,8 @@ from mldiag.analysis.collection.jobs import (
     utilization_viewer,
 )
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData
-from mldiag.analysis.collection.xspace_scan import XSpaceScan
+from mldiag.analysis.collection.xspace import timeline
+from mldiag.analysis.collection.xspace.scan import XSpaceScan
 
 
 def _part(parts: dict[str, Any], name: str, fn: Callable[[], Any]) -> None:
@@ -83,7 +83,7 @@ def host_windows(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     """One large host's op_stats from its time windows' (`jobs.op_stats_window`), combined
     as one host (`op_stats_shards.combine`) and written to `inputs["out"]`, and its timeline
     from the windows' shares (`timeline.combine_windows`)."""
-    from mldiag.analysis.collection import op_stats_shards as shards
+    from mldiag.analysis.collection.hosts import op_stats_shards as shards
 
     parts = inputs["parts"]
     if not parts:

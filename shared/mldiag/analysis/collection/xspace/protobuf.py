@@ -1,8 +1,8 @@
 """The protobuf wire format, as far as our readers of xprof's files need it.
 
 One scalar reader for the few messages read field by field (an XSpace's planes, lines and
-metadata in `xspace_scan`; HLO protos' metadata in `hlo_meta`), and the writer of a varint.
-`xspace_scan` decodes the events themselves column-wise: the varints at many positions at
+metadata in `scan`; HLO protos' metadata in `hlo.meta`), and the writer of a varint.
+`scan` decodes the events themselves column-wise: the varints at many positions at
 once (`varints_at`, `optional_varints`), as NumPy columns.
 """
 

@@ -28,14 +28,14 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection.xspace_scan import (
+from mldiag.analysis.collection.xspace.scan import (
     I64,
     Line,
     Plane,
     XSpaceScan,
     varints_at,
 )
-from mldiag.analysis.collection.xspace_write import write_filtered
+from mldiag.analysis.collection.xspace.write import write_filtered
 
 HOST_PLANE = "/host:CPU"  # tsl's kHostThreadsPlaneName
 MEMORY_EVENTS = ("MemoryAllocation", "MemoryDeallocation")

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import Line, XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace.scan import Line, XSpaceScan, unique_ids
 
 
 def aggregate_events(

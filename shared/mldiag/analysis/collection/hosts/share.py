@@ -3,7 +3,7 @@ session-level outcomes from every host's share (`combine_host_parts`).
 
 Each host runs in its own `collect_host` (one function instance, or a collect job task):
 its op_stats, whole or in time windows combined as one host, its passes and per-host tools,
-and its memory copy (`host_jobs`, planned by `plan.host_jobs`). `collect(host_parts=...,
+and its memory copy (`hosts.jobs`, planned by `plan.host_jobs`). `collect(host_parts=...,
 host_op_stats=...)` then combines the hosts: their op_stats as xprof combines hosts
 (`op_stats_hosts`), the per-host outcomes here.
 """
@@ -136,7 +136,7 @@ def combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outc
     if bad:
         out.append(Outcome("timeline_pass", ERROR, "; ".join(bad), elapsed))
     else:
-        from mldiag.analysis.collection import timeline
+        from mldiag.analysis.collection.xspace import timeline
 
         hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
         summary = timeline.summarize(hts)

@@ -1,4 +1,4 @@
-"""Copies of an XSpace with a part of its events: the writing half of `xspace_scan`.
+"""Copies of an XSpace with a part of its events: the writing half of `scan`.
 
 Each copy is written in one pass over the mapped file, one line (or one chunk of a long line,
 `XSpaceScan.chunks`) decoded at a time: the events a copy keeps are found column-wise and
@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection import xspace_scan
-from mldiag.analysis.collection.protobuf import encode_varint
-from mldiag.analysis.collection.xspace_scan import I64, Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace import scan as xspace_scan
+from mldiag.analysis.collection.xspace.protobuf import encode_varint
+from mldiag.analysis.collection.xspace.scan import I64, Line, Plane, XSpaceScan
 
 KeepFn = Any  # Callable[[Plane, Line], NDArray[np.bool_] | None]
 SplitFn = Any  # Callable[[Plane, Line], NDArray[np.integer] | None]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.protobuf import (
+from mldiag.analysis.collection.xspace.protobuf import (
     MAX_VARINT,
     CorruptProtobuf,
     fields,

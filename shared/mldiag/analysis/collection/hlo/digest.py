@@ -25,7 +25,7 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from mldiag.analysis.collection.hlo import (
+from mldiag.analysis.collection.hlo.text import (
     Computation,
     HloModule,
     HloParseError,
@@ -178,7 +178,7 @@ def op_info(module: HloModule, computation: Computation, instruction: Instructio
 
 def digest(name: str, text: str, sources: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The digest of one module's HLO text (see the module docstring); `sources` maps
-    instruction names to `file.py:LINE (op name)` (`hlo_meta.sources`)."""
+    instruction names to `file.py:LINE (op name)` (`meta.sources`)."""
     out: dict[str, Any] = {"module": name, "base": module_base(name),
                            "program_id": program_id(name), "fingerprint": fingerprint(text)}
     try:
@@ -216,6 +216,6 @@ def digest(name: str, text: str, sources: Mapping[str, str] | None = None) -> di
 
 def digests(texts: Mapping[str, str],
             sources: Mapping[str, Mapping[str, str]] | None = None) -> list[dict[str, Any]]:
-    """The digest of every module, sorted by name; `sources` is `hlo_meta.module_sources`
+    """The digest of every module, sorted by name; `sources` is `meta.module_sources`
     (module name -> instruction -> `file.py:LINE (op name)`)."""
     return [digest(name, texts[name], (sources or {}).get(name)) for name in sorted(texts)]

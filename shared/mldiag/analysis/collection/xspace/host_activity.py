@@ -35,9 +35,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.protobuf import MAX_VARINT, encode_varint, read_varint
-from mldiag.analysis.collection.xspace_events import signed
-from mldiag.analysis.collection.xspace_scan import Events, Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace.events import signed
+from mldiag.analysis.collection.xspace.protobuf import MAX_VARINT, encode_varint, read_varint
+from mldiag.analysis.collection.xspace.scan import Events, Line, Plane, XSpaceScan
 
 HOST_THREADS_PLANE = "/host:CPU"
 # The stats' names as xprof 2.24.2's stat types read them (`kTfOp`,

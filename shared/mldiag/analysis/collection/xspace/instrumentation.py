@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import Line
+from mldiag.analysis.collection.xspace.scan import Line
 
 # The SDK names its threads `mldiag-<what>` (and its thread pools' threads
 # `mldiag-<what>_<n>`).
@@ -91,7 +91,7 @@ def sdk_frames() -> dict[tuple[str, str], frozenset[int]]:
     """(file basename, function name) → the first lines of the SDK's functions of that name
     in that file, read from the SDK's source (its `__init__.py` files left out: every
     package has one)."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     files = [p for p in (root / "sdk").rglob("*.py") if p.name != "__init__.py"]
     files += [root / a for a in _ADAPTERS if (root / a).is_file()]
     found: dict[tuple[str, str], set[int]] = defaultdict(set)
@@ -219,7 +219,8 @@ class HostInstrumentation:
         return {
             "method": ("mldiag: Python-tracer frames of the profiler, of mldiag's SDK (and "
                        "everything they call), of the SDK's threads, and JAX's traceback "
-                       "wrappers, told apart from the workload's (collection.instrumentation)"),
+                       "wrappers, told apart from the workload's "
+                       "(collection.xspace.instrumentation)"),
             "instrumentation_ms": round(self.total_ps / 1e9, 3),
             "python_ms": round(self.python_ps / 1e9, 3),
             "threads": self.threads[:top],

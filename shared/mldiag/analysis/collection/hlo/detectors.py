@@ -18,14 +18,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mldiag.analysis.collection.hlo import (
+from mldiag.analysis.collection.hlo.facts import parsed, source_of
+from mldiag.analysis.collection.hlo.text import (
     FUSION,
     Computation,
     HloModule,
     Instruction,
     Shape,
 )
-from mldiag.analysis.collection.hlo_facts import parsed, source_of
 
 MIN_BYTES = 64 * 1024
 

@@ -3,7 +3,7 @@
 The follow-up reads the whole trace again: xprof's tool decodes every plane into Python
 objects and builds one `TimelineEvent` per event of the `XLA Ops`, `Sparse Core Ops` and
 `Async XLA Ops` lines, 14 s of a 94 MB TPU-shaped profile after collection had finished. The
-timeline pass has those lines decoded already (as NumPy columns, `xspace_scan`), so collection
+timeline pass has those lines decoded already (as NumPy columns, `scan`), so collection
 computes the same answer there, per host, and the investigator's call is answered from it.
 
 The result is xprof's own, field for field (its `async_overlap.analyze`): the same windows
@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace.scan import XSpaceScan, unique_ids
 
 I64 = NDArray[np.int64]
 _LABELS = ("hidden", "partial", "exposed")

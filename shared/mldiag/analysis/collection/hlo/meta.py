@@ -1,7 +1,8 @@
 """Where each HLO instruction came from: `op_name`, `source_file` and `source_line` from the
 OpMetadata of xprof's `<module>.hlo_proto.pb` files (the HLO text xprof prints omits them).
 
-The few fields read here, with the wire-format reader of `protobuf.py` (xla/service/hlo.proto):
+The few fields read here (xla/service/hlo.proto), with the wire-format reader of
+`xspace/protobuf.py`:
 HloProto.hlo_module = 1; HloModuleProto.computations = 3; HloComputationProto.instructions = 2;
 HloInstructionProto.name = 1, metadata = 7; OpMetadata.op_name = 2, source_file = 3,
 source_line = 4, stack_frame_id = 15.
@@ -19,7 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mldiag.analysis.collection.protobuf import CorruptProtobuf, fields
+from mldiag.analysis.collection.xspace.protobuf import CorruptProtobuf, fields
 
 
 def _fields(buf: bytes) -> Iterator[tuple[int, int, bytes | int]]:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan, unique_ids
+from mldiag.analysis.collection.xspace.scan import Line, Plane, XSpaceScan, unique_ids
 
 # Lines of device planes that summarise other lines rather than record execution.
 _SUMMARY_LINES = frozenset(

@@ -43,9 +43,9 @@ from typing import Any
 
 import numpy as np
 
-from mldiag.analysis.collection.host_activity import HostActivity
-from mldiag.analysis.collection.xspace_scan import Line, Plane, XSpaceScan
-from mldiag.analysis.collection.xspace_write import write_split
+from mldiag.analysis.collection.xspace.host_activity import HostActivity
+from mldiag.analysis.collection.xspace.scan import Line, Plane, XSpaceScan
+from mldiag.analysis.collection.xspace.write import write_split
 
 IDLE_OP = "IDLE"
 # OpMetrics fields that add up over windows (op_metrics.proto).

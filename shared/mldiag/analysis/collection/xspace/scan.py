@@ -37,20 +37,20 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from mldiag.analysis.collection.protobuf import (
-    CorruptProtobuf,
-    fields,
-    optional_varints,
-    read_varint,
-    varints_at,
-)
-from mldiag.analysis.collection.xspace_events import (
+from mldiag.analysis.collection.xspace.events import (
     ORDER_SAMPLE,
     Events,
     event_fields,
     in_field_order,
     signed,
     unique_ids,
+)
+from mldiag.analysis.collection.xspace.protobuf import (
+    CorruptProtobuf,
+    fields,
+    optional_varints,
+    read_varint,
+    varints_at,
 )
 
 _EVENT_TAG = 0x22  # field 4 (XLine.events), wire type 2
