@@ -27,7 +27,10 @@ from tests.helpers.wait import wait_until
 pytestmark = pytest.mark.slow
 
 MLDIAG = Path(sys.executable).with_name("mldiag")
-ARTIFACTS = {"health_snapshot.json", "investigation.json", "analysis.json", "summary.html"}
+# The pipeline's artifacts: the engine's four, and the version's triage (computed once, after
+# collection, and read back by the investigator and the report).
+ARTIFACTS = {"health_snapshot.json", "triage.json", "investigation.json", "analysis.json",
+             "summary.html"}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,8 @@ FAST = {"settle_s": 0.3, "stability_s": 0.1, "poll_s": 0.02, "retry_backoff_s": 
 
 # The run and session of the stages' scenarios (tests/pipeline).
 RUN, SESSION = "myrun", "s1"
-ARTIFACTS = {"health_snapshot.json", "investigation.json", "analysis.json", "summary.html"}
+ARTIFACTS = {"health_snapshot.json", "triage.json", "investigation.json", "analysis.json",
+             "summary.html"}
 
 
 def object_name(host: str, session: str = SESSION, run: str = RUN) -> str:

@@ -162,6 +162,37 @@ def test_a_file_dropped_in_the_bucket_is_reported(make_runtime: MakeRuntime,
     assert rt.state.list_dead_letters() == []
 
 
+def test_triage_runs_once_per_version_and_the_report_tells_its_story(
+        make_runtime: MakeRuntime, xplane_bytes: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Collect triages, investigate and render read its triage.json back: the real triage,
+    # counted, runs once for the version.
+    from mldiag.stages import analysis as stage
+
+    calls: list[int] = []
+    real = stage.triage
+
+    def counted(source: Any) -> Any:
+        calls.append(1)
+        return real(source)
+
+    monkeypatch.setattr(stage, "triage", counted)
+    rt = make_runtime()
+    rt.start()
+    rt.storage.write_bytes(object_name("h0"), xplane_bytes)
+    wait_state(rt, REPORTED)
+    assert rt.wait_idle(30)
+    assert len(calls) == 1
+    stored = json.loads((analysis_dir(rt) / "v1" / "triage.json").read_text())
+    analysis = json.loads((analysis_dir(rt) / "analysis.json").read_text())
+    assert stored["metrics"] == analysis["metrics"]
+    assert [c["check"] for c in stored["checks"]] == [c["check"] for c in analysis["checks"]]
+    # The verdict is the final list's, and the session record says the same.
+    assert session_of(rt).verdict == analysis["status"] == "NEEDS_ATTENTION"
+    assert analysis["summary"].startswith(
+        f"This TPU v6 Lite profile (1 host(s)) needs attention: "
+        f"{sum(f['priority'] == 'P0' for f in analysis['findings'])} P0")
+
+
 # Idempotency
 
 
@@ -220,8 +251,8 @@ def test_fifty_duplicate_analysis_requests_give_one_collection(
 # Faults
 
 
-@pytest.mark.parametrize("suffix", ["health_snapshot.json", "investigation.json",
-                                    "summary.html"])
+@pytest.mark.parametrize("suffix", ["health_snapshot.json", "triage.json",
+                                    "investigation.json", "summary.html"])
 def test_a_stage_failing_midway_is_retried_and_finishes(
         make_runtime: MakeRuntime, xplane_bytes: bytes, suffix: str) -> None:
     rt = make_runtime()
