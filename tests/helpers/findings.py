@@ -156,16 +156,22 @@ class ReplayedFollowUps(FollowUps):
         return record
 
 
-def judge(case: str) -> dict[str, Any]:
+def case_inputs(case: str) -> tuple[dict[str, Any], ReplayedFollowUps]:
+    """A case's snapshot (a variant's edited) and its recorded follow-ups, replayed (strictly
+    for a recorded case: a call the recording lacks fails)."""
     base, edit = VARIANTS.get(case, (case, None))
     with gzip.open(DATA / f"{base}.json.gz", "rt") as f:
         recorded = json.load(f)
     snapshot = recorded["snapshot"]
     if edit is not None:
         edit(snapshot)
+    return snapshot, ReplayedFollowUps(recorded["follow_ups"], strict=edit is None)
+
+
+def judge(case: str) -> dict[str, Any]:
+    snapshot, follow_ups = case_inputs(case)
     t = triage(snapshot)
-    report = RuleBasedInvestigator().investigate(snapshot, t, ReplayedFollowUps(
-        recorded["follow_ups"], strict=edit is None))
+    report = RuleBasedInvestigator().investigate(snapshot, t, follow_ups)
     keys = ("id", "category", "priority", "title", "what", "evidence", "impact", "fix")
     # What the page says: the verdict, checks and summary of the final list.
     story = conclude(t, report["findings"])

@@ -14,7 +14,6 @@ judgement, rewrite the golden and review its diff:
 
 from __future__ import annotations
 
-import gzip
 import json
 from typing import Any
 
@@ -25,7 +24,7 @@ from mldiag.analysis.judgement import evidence as ev
 from mldiag.analysis.judgement.evidence_check import NumberPool, check_findings, pass_outputs
 from mldiag.analysis.judgement.investigator import RuleBasedInvestigator
 from mldiag.analysis.judgement.triage import triage
-from tests.helpers.findings import CASES, DATA, VARIANTS, ReplayedFollowUps, judge
+from tests.helpers.findings import CASES, DATA, case_inputs, judge
 
 GOLDEN = DATA / "findings.json"
 
@@ -34,14 +33,8 @@ def test_every_cited_field_resolves_in_a_tool_output() -> None:
     """The rule-based findings cite what is there: the evidence check the model's report goes
     through finds every cited field (but the HLO excerpt, cleaned of its backend config)."""
     for case in CASES:
-        base, edit = VARIANTS.get(case, (case, None))
-        with gzip.open(DATA / f"{base}.json.gz", "rt") as f:
-            recorded = json.load(f)
-        snapshot = recorded["snapshot"]
-        if edit is not None:
-            edit(snapshot)
+        snapshot, follow_ups = case_inputs(case)
         t = triage(snapshot)
-        follow_ups = ReplayedFollowUps(recorded["follow_ups"], strict=edit is None)
         report = RuleBasedInvestigator().investigate(snapshot, t, follow_ups)
         pool = NumberPool([snapshot.get("tools"), [r.get("data") for r in follow_ups.records],
                            pass_outputs(snapshot, follow_ups.records), t.to_dict(),
