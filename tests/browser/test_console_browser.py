@@ -25,7 +25,7 @@ from tests.helpers.browser import TOOL_MS, XPROF, drawn, open_xprof
 pytestmark = pytest.mark.slow
 
 WORKLOAD = Path(__file__).resolve().parents[1] / "e2e" / "sdk_workload.py"
-VERDICTS = ("OPTIMAL", "NEEDS_ATTENTION")
+VERDICTS = ("OPTIMAL", "NEEDS_ATTENTION", "INSUFFICIENT_DATA")
 
 
 def _shows(text: str | re.Pattern[str]) -> Callable[[Page, Profile], None]:
@@ -135,6 +135,8 @@ def test_browse_to_a_session_and_open_every_xprof_tool(
     expect(page.locator('h1 [data-field="state"]')).to_have_text("REPORTED")
     expect(page.locator('h1 [data-field="verdict"]')).to_have_text(verdict)
     expect(page.locator("#verdict .summary")).to_have_text(expected["summary"])
+    # What the verdict was judged over, in the report's words (the analysis's reading).
+    expect(page.locator("#verdict")).to_contain_text(re.compile(r"host.*: .*judged over"))
     findings = page.locator("table.findings tbody tr")
     expect(findings).to_have_count(len(expected["findings"]))
     if expected["findings"]:

@@ -136,14 +136,22 @@ def none_found(status: str, checks: Sequence[Mapping[str, Any]]) -> str:
 
 def judged_over(reading: Mapping[str, Any]) -> str:
     """One line of what the verdict was judged over, from analysis.json's `reading`: the
-    device, the steps (one step said as one sample) or the capture window, the hosts."""
+    steps behind the step time (one step said as one sample), the window idle and the checks
+    were judged over (the report's "Judged over …" line), the device and the hosts."""
     raw = reading.get("steps")
     steps: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    metrics = reading.get("metrics") if isinstance(reading.get("metrics"), Mapping) else {}
+    idle = metrics.get("device_idle_percent") if isinstance(metrics, Mapping) else None
+    window = str((idle or {}).get("over") or "") if isinstance(idle, Mapping) else ""
     count = int(steps.get("count") or 0)
     device = str(reading.get("device_type") or reading.get("device") or "unknown device")
     hosts = len(reading.get("hosts") or [])
-    over = ("one step (a single sample, not an average)" if count == 1 else
-            f"{count} steps" if count else
-            "a micro-benchmark's short window (no steps)" if steps.get("micro_benchmark") else
-            "the capture window (no step markers)")
-    return f"Judged over {over} of {device}, {hosts} host{'s' if hosts != 1 else ''}."
+    if steps.get("micro_benchmark"):
+        said = "a micro-benchmark's short window (no steps)"
+    else:
+        said = ("step time from one step (a single sample, not an average)" if count == 1 else
+                f"step time averaged over {count} steps" if count else
+                "no step markers, so no step time")
+        said += "; idle and the checks judged over " + (
+            "the steps" if window == "steps" else "the capture window")
+    return f"{device}, {hosts} host{'s' if hosts != 1 else ''}: {said}."
