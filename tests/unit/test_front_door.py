@@ -54,6 +54,23 @@ def test_every_name_of_the_door_resolves_to_its_module() -> None:
         assert getattr(analysis, name) is expected, name
 
 
+def test_the_types_mypy_reads_are_the_doors_names() -> None:
+    # The lazy table and the TYPE_CHECKING imports list the same names from the same places
+    # (the one is what runs, the other what mypy checks callers against).
+    tree = ast.parse(Path(analysis.__file__).read_text())
+    typed = {}
+    for block in ast.walk(tree):
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test):
+            for node in ast.walk(block):
+                if isinstance(node, ast.ImportFrom):
+                    for a in node.names:
+                        full = f"{node.module}.{a.name}"
+                        typed[a.asname or a.name] = full.removeprefix("mldiag.analysis.")
+    lazy = {name: f"{module}.{attribute}" if attribute else module
+            for name, (module, attribute) in analysis._EXPORTS.items()}
+    assert typed == lazy
+
+
 def test_an_unknown_name_is_an_attribute_error() -> None:
     try:
         analysis.no_such_name  # noqa: B018

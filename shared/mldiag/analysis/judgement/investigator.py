@@ -20,6 +20,7 @@ from mldiag.analysis.judgement.followups import FollowUpRefused, FollowUps
 from mldiag.analysis.judgement.model import Hypothesis, Triage
 from mldiag.analysis.judgement.reading import reading_of
 from mldiag.analysis.judgement.summary import ordered, summarize
+from mldiag.analysis.judgement.verdict import verdict
 
 
 class RuleBasedInvestigator:
@@ -56,7 +57,8 @@ class RuleBasedInvestigator:
         # The summary is the final list's: written after the check, from what it kept.
         findings = ordered(f for f in written if f["title"] not in dropped)
         assert len(findings) == len(checked)
-        summary = summarize(reading, triage, findings)
+        # With the verdict of that list, as the page states it (verdict.conclude).
+        summary = summarize(reading, triage, findings, verdict(triage, findings, triage.checks))
         return {
             "investigator": self.name,
             "hypotheses": [h.to_dict() for h in triage.hypotheses],
