@@ -123,10 +123,13 @@ class StateStore(Protocol):
 
     def upsert_target(self, target: TargetRecord) -> None: ...
 
-    def update_target(self, run: str, host: str, port: int,
+    def update_target(self, run: str, host: str, port: int, *,
+                      expect: Mapping[str, Any] | None = None,
                       **fields: Any) -> TargetRecord | None:
         """Change some fields of a target (heartbeat, continuous state) in one transaction;
-        None when the target is not registered."""
+        None when the target is not registered. With `expect`, only while the stored record's
+        fields equal it (None otherwise): a process marking its own target stopped must not
+        touch a newer process's record of the same host and port."""
         ...
 
     def list_targets(self, run: str) -> list[TargetRecord]: ...

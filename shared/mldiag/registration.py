@@ -50,6 +50,8 @@ UPLOAD_URL_TTL_S = 3600.0
 # `last_error` answer a pulled continuous start/stop).
 TARGET_UPDATE_FIELDS = frozenset({"last_heartbeat", "pid", "continuous", "continuous_since",
                                   "last_request", "last_error"})
+# What a workload's update may be conditional on: the process that owns the record.
+TARGET_OWNER_FIELDS = frozenset({"pid", "registered_at"})
 CONTINUOUS_STATES = frozenset({"OFF", "RING", "NATIVE"})
 
 
@@ -194,7 +196,12 @@ def _update_target(body: Mapping[str, Any], caller: str, services: Registrar) ->
                                 f"{', '.join(sorted(TARGET_UPDATE_FIELDS))})")
     if "continuous" in fields and fields["continuous"] not in CONTINUOUS_STATES:
         raise RegistrationError(f"continuous must be one of {', '.join(sorted(CONTINUOUS_STATES))}")
-    updated = services.state.update_target(run, host, port, **dict(fields))
+    expect = body.get("expect") or {}
+    if not isinstance(expect, Mapping) or set(expect) - TARGET_OWNER_FIELDS:
+        raise RegistrationError("expect must be a JSON object of "
+                                f"{', '.join(sorted(TARGET_OWNER_FIELDS))}")
+    updated = services.state.update_target(run, host, port, expect=dict(expect),
+                                           **dict(fields))
     return {"target": updated.to_dict() if updated is not None else None}
 
 

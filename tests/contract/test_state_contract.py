@@ -189,6 +189,23 @@ def test_targets_upsert_list_and_update(state: Subject) -> None:
     assert [t.process_index for t in s.list_targets("r") if t.host == "h1"] == [5]
 
 
+def test_a_conditional_target_update_leaves_a_newer_owners_record(state: Subject) -> None:
+    """A process marking its own target stopped (`expect` its pid and registration) must not
+    touch the record a newer process of that host and port wrote since."""
+    s = state.adapter
+    s.upsert_target(TargetRecord(run="r", host="h0", port=9999, pid=11, registered_at=5.0,
+                                 last_heartbeat=7.0))
+    assert s.update_target("r", "h0", 9999, expect={"pid": 12, "registered_at": 5.0},
+                           last_heartbeat=0.0) is None
+    assert s.update_target("r", "h0", 9999, expect={"pid": 11, "registered_at": 6.0},
+                           last_heartbeat=0.0) is None
+    assert [t.last_heartbeat for t in s.list_targets("r")] == [7.0], "the newer owner's"
+    stopped = s.update_target("r", "h0", 9999, expect={"pid": 11, "registered_at": 5.0},
+                              last_heartbeat=0.0, continuous="OFF")
+    assert stopped is not None and (stopped.last_heartbeat, stopped.continuous) == (0.0, "OFF")
+    assert s.update_target("r", "h1", 9999, expect={"pid": 11}, last_heartbeat=0.0) is None
+
+
 def test_a_deleted_run_takes_its_targets_and_sessions_and_leaves_the_others(
         state: Subject) -> None:
     s = state.adapter

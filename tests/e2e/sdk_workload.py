@@ -1,14 +1,18 @@
 """A JAX job that uses mldiag.sdk, for the capture tests (run as a subprocess).
 
     python sdk_workload.py --run R [--port P] [--no-server] [--programmatic SESSION]
-                           [--seconds S] [--busy S]
+                           [--seconds S] [--busy S] [--stream-at-exit]
 
 It registers the run (host name from $MLDIAG_HOST_NAME), takes its capture requests by pull,
 runs JAX's profiler server on `--port` unless `--no-server` (on_demand_xprof=False), and
 trains a small jitted step until `--seconds` pass or it gets SIGTERM. With
 `--programmatic SESSION` it also captures a few steps with `xprof(session_id=SESSION)`. With
 `--busy S` its own `jax.profiler.start_trace` holds the profiler for the first S seconds (what
-a user's `jax.profiler.trace` does), so remote captures meet a busy profiler.
+a user's `jax.profiler.trace` does), so remote captures meet a busy profiler. With
+`--stream-at-exit` a hook that runs at exit before the run closes lists the run's targets (a
+streaming read) until one fails, as the SDK's heartbeat or pull thread can when it fires as
+the interpreter finalizes: on Firestore, gRPC can no longer start the thread a stream needs,
+and the channel is left waiting on a call that never ends.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 
 import jax
@@ -38,6 +43,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=120.0)
     parser.add_argument("--busy", type=float, default=0.0)
     parser.add_argument("--no-server", action="store_true")
+    parser.add_argument("--stream-at-exit", action="store_true")
     parser.add_argument("--wait-targets", type=int, default=1,
                         help="start the programmatic capture once this many targets are live "
                         "(what jax.distributed's start-up barrier gives a real multi-host job)")
@@ -45,6 +51,16 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     run = machinelearning_run(name=args.run, on_demand_xprof=not args.no_server,
                               port=args.port, heartbeat_s=1.0)
+    if args.stream_at_exit:
+        def stream() -> None:
+            for _ in range(2):  # the first may still find gRPC's thread running
+                try:
+                    run.plane.state.list_targets(args.run)
+                except RuntimeError as e:
+                    print(f"stream at exit: {e}", flush=True)
+                    return  # a next stream would wait forever
+        # Exit hooks run last-registered first: this one before the run's close().
+        threading._register_atexit(stream)  # type: ignore[attr-defined]
     busy_until = 0.0
     if args.busy:
         # In the run's home when there is one (a test's temp dir, gone with it on SIGKILL).

@@ -347,9 +347,40 @@ def test_an_alert_captures_a_live_sdk_workload_and_reports_in_the_bucket(
         assert deployment.storage.stat(f"{base}/w0.xplane.pb") is not None
         assert deployment.storage.stat(f"{base}/analysis/summary.html") is not None
         assert [s.session for s in deployment.state.list_sessions(run=run)] == [session.session]
-    finally:
         os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(timeout=30)
+        assert proc.wait(timeout=30) == 0
+        # Its exit hook marked the target stopped (no waiting for the heartbeat to go stale).
+        [stopped] = deployment.state.list_targets(run)
+        assert (stopped.pid, stopped.last_heartbeat, stopped.continuous) == (proc.pid, 0.0, "OFF")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def test_a_workload_on_firestore_exits_after_a_stream_failed_at_shutdown(
+        deployment: Deployment) -> None:
+    """At exit (Python 3.12) gRPC can no longer start the thread a streaming call needs; the
+    failed start leaves the channel waiting on a call that never ends. A workload whose exit
+    hook (or the SDK's heartbeat, firing as the interpreter finalizes) streamed once must
+    still exit at once, with its target marked stopped: the SDK reads and writes single
+    documents by unary calls and lists nothing at exit. (CI once waited 30 s on it.)"""
+    import os
+    import subprocess
+    import sys
+
+    run = f"exit-{deployment.prefix.rstrip('-')}"
+    env = {**os.environ, "MLDIAG_HOST_NAME": "w0", "JAX_PLATFORMS": "cpu",
+           "TF_CPP_MIN_LOG_LEVEL": "3"}
+    proc = subprocess.run([sys.executable, str(REPO / "tests/e2e/sdk_workload.py"), "--run", run,
+                           "--no-server", "--seconds", "1", "--stream-at-exit"],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "can't create new thread at interpreter shutdown" in proc.stdout, (
+        "the hook's second listing failed as a stream does at shutdown", proc.stdout)
+    [target] = deployment.state.list_targets(run)
+    assert (target.last_heartbeat, target.continuous) == (0.0, "OFF"), proc.stderr[-2000:]
+    assert "could not mark the target stopped" not in proc.stderr
 
 
 def test_an_eight_host_session_fans_out_to_collect_host_and_is_combined(

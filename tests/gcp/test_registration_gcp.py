@@ -293,6 +293,10 @@ def test_bad_requests_get_a_clear_400(function: dict[str, Any]) -> None:
         "a field a workload may not change": (
             {"op": "update_target", "run": "bad-run", "host": "host0", "port": 9999,
              "fields": {"address": "169.254.169.254"}}, "may not change address"),
+        "a condition on something but the owner": (
+            {"op": "update_target", "run": "bad-run", "host": "host0", "port": 9999,
+             "fields": {"last_heartbeat": 0.0}, "expect": {"address": "10.0.0.1"}},
+            "expect must be a JSON object of pid, registered_at"),
         "a prefix that leaves the layout": (
             {"op": "register_run", "run": {"name": "bad-run", "storage_prefix": "a/../b"}},
             "bad storage prefix segment name '..'"),

@@ -47,6 +47,8 @@ BUSY_RETRY_S = 0.2
 # A poll that keeps failing (the state store or the register function is down) is logged at
 # most this often.
 WARN_EVERY_S = 60.0
+# How long stop() waits for a poll in flight to end.
+STOP_WAIT_S = 10.0
 
 
 class Puller:
@@ -73,7 +75,11 @@ class Puller:
         """Stop taking requests and finish those taken (their uploads are the run's)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join()
+            # Bounded: a poll stuck in the control plane must not keep the workload alive.
+            self._thread.join(timeout=STOP_WAIT_S)
+            if self._thread.is_alive():
+                log.warning("mldiag: the request poll did not stop in %.0f s; exiting without "
+                            "it", STOP_WAIT_S)
         self._captures.shutdown(wait=True)
         self._continuous.shutdown(wait=True)
 

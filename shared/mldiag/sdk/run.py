@@ -60,11 +60,12 @@ log = logging.getLogger(__name__)
 
 
 def _at_exit(fn: Callable[[], None]) -> None:
-    """Call `fn` when the interpreter exits, while threads may still be started.
+    """Call `fn` when the interpreter exits, before the non-daemon threads are joined.
 
-    Plain atexit handlers run after threading's shutdown, when the Cloud clients (gRPC) can no
-    longer start threads, so the final target update and pending uploads would fail. The
-    hook concurrent.futures uses for the same reason runs earlier; fall back to atexit.
+    Plain atexit handlers run after threading's shutdown, when the upload threads have been
+    joined; the hook concurrent.futures uses runs earlier (fall back to atexit). Neither may
+    start a thread from Python 3.12 on, so `fn` must need none: the Firestore adapter reads
+    by unary calls, and the run lists nothing at exit (adapters.gcp.firestore_client.read).
     """
     register = getattr(threading, "_register_atexit", None)
     if register is None:
@@ -354,13 +355,12 @@ class MLRun:
             self.engine.stop_server(server)
         try:
             # Only if the record is still ours: a newer process may own this host and port.
-            mine = [t for t in self.plane.state.list_targets(self.name)
-                    if t.host == self.host and t.port == self.target.port
-                    and t.pid == self.target.pid
-                    and t.registered_at == self.target.registered_at]
-            if mine:
-                self.plane.state.update_target(self.name, self.host, self.target.port,
-                                               continuous="OFF", last_heartbeat=0.0)
+            # One read-modify-write, no listing: at exit nothing may start a thread (a listing
+            # streams, and a gRPC stream needs one; see adapters.gcp.firestore_client.read).
+            self.plane.state.update_target(
+                self.name, self.host, self.target.port,
+                expect={"pid": self.target.pid, "registered_at": self.target.registered_at},
+                continuous="OFF", last_heartbeat=0.0)
         except Exception as e:  # noqa: BLE001 - exiting anyway
             log.warning("mldiag: could not mark the target stopped: %s", e)
         if self._slot is not None:

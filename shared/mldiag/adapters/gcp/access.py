@@ -25,7 +25,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
 from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
-from mldiag.adapters.gcp.firestore_client import LazyFirestore
+from mldiag.adapters.gcp.firestore_client import LazyFirestore, read
 from mldiag.adapters.gcp.state import doc_id
 from mldiag.adapters.gcp.transactions import DocumentTransactions
 
@@ -78,7 +78,7 @@ class FirestoreAccessStore(LazyFirestore):
             return False
 
         def tx(transaction: Any) -> bool:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if not snap.exists or snap.get("revoked_at"):
                 return False
             transaction.update(ref, {"revoked_at": now})
@@ -95,8 +95,8 @@ class FirestoreAccessStore(LazyFirestore):
         self._token_ref(record.token_hash).set(record.to_dict())
 
     def find_token(self, token_hash: str) -> TokenRecord | None:
-        snap = self._token_ref(token_hash).get()
-        return TokenRecord(**snap.to_dict()) if snap.exists else None
+        snap = read(self._token_ref(token_hash))
+        return TokenRecord(**(snap.to_dict() or {})) if snap.exists else None
 
     def list_tokens(self) -> list[TokenRecord]:
         query: Any = self.client.collection(TOKENS).order_by(
@@ -110,8 +110,8 @@ class FirestoreAccessStore(LazyFirestore):
         ref = self._token_ref(token_hash)
 
         def tx(transaction: Any) -> TokenRecord | None:
-            snap = ref.get(transaction=transaction)
-            record = TokenRecord(**snap.to_dict()) if snap.exists else None
+            snap = read(ref, transaction)
+            record = TokenRecord(**(snap.to_dict() or {})) if snap.exists else None
             if record is None or not record.valid(now):
                 return None
             transaction.update(ref, {"revoked_at": now})
@@ -156,8 +156,8 @@ class FirestoreAccessStore(LazyFirestore):
         self._link_ref(link.token_hash).set(link.to_dict())
 
     def find_link(self, token_hash: str) -> ShareLink | None:
-        snap = self._link_ref(token_hash).get()
-        return ShareLink(**snap.to_dict()) if snap.exists else None
+        snap = read(self._link_ref(token_hash))
+        return ShareLink(**(snap.to_dict() or {})) if snap.exists else None
 
     def list_links(self, run: str | None = None, session: str | None = None
                    ) -> list[ShareLink]:

@@ -139,10 +139,11 @@ class RegistrationStateStore:
     def upsert_target(self, target: TargetRecord) -> None:
         self.client.call("upsert_target", target=target.to_dict())
 
-    def update_target(self, run: str, host: str, port: int,
+    def update_target(self, run: str, host: str, port: int, *,
+                      expect: Mapping[str, Any] | None = None,
                       **fields: Any) -> TargetRecord | None:
         answer = self.client.call("update_target", run=run, host=host, port=port,
-                                  fields=fields)
+                                  fields=fields, expect=dict(expect or {}))
         found = answer.get("target")
         return TargetRecord(**found) if found else None
 

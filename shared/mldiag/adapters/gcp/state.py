@@ -40,7 +40,7 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from mldiag.adapters.gcp.firestore_client import LazyFirestore
+from mldiag.adapters.gcp.firestore_client import LazyFirestore, read
 from mldiag.adapters.gcp.transactions import DocumentTransactions
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
@@ -213,10 +213,10 @@ class FirestoreStateStore(LazyFirestore):
             ref.create(self._run_doc(run))
             return run
         except gexc.AlreadyExists:
-            return self._run(ref.get())
+            return self._run(read(ref))
 
     def get_run(self, name: str) -> RunRecord | None:
-        snap = self._run_ref(name).get()
+        snap = read(self._run_ref(name))
         return self._run(snap) if snap.exists else None
 
     def list_runs(self) -> list[RunRecord]:
@@ -227,7 +227,7 @@ class FirestoreStateStore(LazyFirestore):
         ref = self._run_ref(run.name)
 
         def tx(transaction: Any) -> RunRecord:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if not snap.exists:
                 stored = RunRecord(**{**run.to_dict(), "discovered": False})
             else:
@@ -253,7 +253,7 @@ class FirestoreStateStore(LazyFirestore):
         ref = self._run_ref(run)
 
         def tx(transaction: Any) -> RunRecord | None:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if not snap.exists:
                 return None
             stored = self._run(snap)
@@ -322,15 +322,19 @@ class FirestoreStateStore(LazyFirestore):
             raise ValueError(target.problem())
         self._target_ref(target.run, target.host, target.port).set(self._target_doc(target))
 
-    def update_target(self, run: str, host: str, port: int,
+    def update_target(self, run: str, host: str, port: int, *,
+                      expect: Mapping[str, Any] | None = None,
                       **fields: Any) -> TargetRecord | None:
         ref = self._target_ref(run, host, port)
 
         def tx(transaction: Any) -> TargetRecord | None:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if not snap.exists:
                 return None
-            target = TargetRecord(**{**json.loads(snap.get("data")), **fields})
+            stored = json.loads(snap.get("data"))
+            if expect and any(stored.get(k) != v for k, v in expect.items()):
+                return None
+            target = TargetRecord(**{**stored, **fields})
             transaction.set(ref, self._target_doc(target))
             return target
 
@@ -343,7 +347,7 @@ class FirestoreStateStore(LazyFirestore):
 
     def delete_run(self, name: str) -> bool:
         ref = self._run_ref(name)
-        existed = bool(ref.get().exists)
+        existed = bool(read(ref).exists)
         for target in ref.collection(TARGETS).stream():
             self._mailbox_ref(name, target.get("host")).delete()
             target.reference.delete()
@@ -359,7 +363,7 @@ class FirestoreStateStore(LazyFirestore):
     def delete_target(self, run: str, host: str, port: int | None = None) -> int:
         if port is not None:
             ref = self._target_ref(run, host, port)
-            if not ref.get().exists:
+            if not read(ref).exists:
                 return 0
             ref.delete()
             return 1
@@ -445,7 +449,7 @@ class FirestoreStateStore(LazyFirestore):
         try:
             ref.create(self._session_doc(record))
         except gexc.AlreadyExists:
-            return self._session(ref.get()), False
+            return self._session(read(ref)), False
         self._notify(None, record)
         return record, True
 
@@ -462,7 +466,7 @@ class FirestoreStateStore(LazyFirestore):
         other and abort.
         """
         for attempt in range(_SWAP_ATTEMPTS):
-            snap = ref.get()
+            snap = read(ref)
             result, doc = change(snap)
             if doc is None:
                 return result
@@ -532,7 +536,7 @@ class FirestoreStateStore(LazyFirestore):
         return after
 
     def get_session(self, run: str, session: str) -> SessionRecord | None:
-        snap = self._session_ref(run, session).get()
+        snap = read(self._session_ref(run, session))
         return self._session(snap) if snap.exists else None
 
     def sessions_query(self, run: str | None = None, state: str | None = None) -> Any:
@@ -589,7 +593,7 @@ class FirestoreStateStore(LazyFirestore):
         ref = self._claim_ref(key)
 
         def tx(transaction: Any) -> None:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if snap.exists and snap.get("owner") == owner and not snap.get("done"):
                 transaction.delete(ref)
 
@@ -599,7 +603,7 @@ class FirestoreStateStore(LazyFirestore):
         ref = self._claim_ref(key)
 
         def tx(transaction: Any) -> None:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             if snap.exists and snap.get("owner") == owner:
                 transaction.update(ref, {"done": True})
 
@@ -611,7 +615,7 @@ class FirestoreStateStore(LazyFirestore):
         ref = self.client.collection(FAILURES).document(claim_id(key))
 
         def tx(transaction: Any) -> int:
-            snap = ref.get(transaction=transaction)
+            snap = read(ref, transaction)
             count = (snap.get("count") if snap.exists else 0) + 1
             transaction.set(ref, {"key": key, "count": count, "at": now,
                                   "purge_at": _purge_at(now, FAILURE_RETENTION_S)})

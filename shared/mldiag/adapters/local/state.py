@@ -180,14 +180,18 @@ class SqliteStateStore:
 
     # Targets
 
-    def update_target(self, run: str, host: str, port: int,
+    def update_target(self, run: str, host: str, port: int, *,
+                      expect: Mapping[str, Any] | None = None,
                       **fields: Any) -> TargetRecord | None:
         with self._tx() as db:
             row = db.execute("SELECT data FROM targets WHERE run = ? AND host = ? AND port = ?",
                              (run, host, port)).fetchone()
             if row is None:
                 return None
-            target = TargetRecord(**{**json.loads(row[0]), **fields})
+            stored = json.loads(row[0])
+            if expect and any(stored.get(k) != v for k, v in expect.items()):
+                return None
+            target = TargetRecord(**{**stored, **fields})
             db.execute("UPDATE targets SET data = ? WHERE run = ? AND host = ? AND port = ?",
                        (json.dumps(target.to_dict()), run, host, port))
             return target
