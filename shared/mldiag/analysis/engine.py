@@ -116,6 +116,9 @@ def build_analysis(
         # The session's one reading: device kind, steps, per-host figures, each metric with
         # its unit and provenance, and every tool's status.
         "reading": reading.to_dict(),
+        # The hosts side by side (two or more hosts with steps): each host's step, compute,
+        # host wait and collective wait and transfer, the stragglers and the heat map.
+        **({"hosts": reading.pod.to_dict()} if reading.pod is not None else {}),
         "findings": story.findings,
         "checks": story.checks,
         "not_judged": result.not_judged,

@@ -447,20 +447,31 @@ def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     snapshot's `precomputed_follow_ups`)."""
     from xprof.cli.internal.trace_selection import trace_labels
 
+    from mldiag.analysis.collection.hosts.pod import cross_host
+
     hosts = []
     python_events = None
+    functions: dict[str, list[dict[str, Any]]] = {}
     overlaps: list[tuple[str, dict[str, Any]]] = []
     single = len(ctx.session.xplanes) == 1
     labels = trace_labels(ctx.session.xplanes)
     for xplane, host, label in zip(ctx.session.xplanes, ctx.session.hosts, labels, strict=True):
         with XSpaceScan(xplane) as scan:
             hosts.append(timeline.analyze_scan(scan, host))
+            # One host's frames answer the host-bound follow-up; in a pod, each host's own
+            # name the straggler's slow function (not the hosts' average).
+            events = _host_python_events(scan)
             if single:
-                python_events = _host_python_events(scan)
+                python_events = events
+            elif events is not None:
+                functions[host] = events["data"]["aggregates"]
             overlap = async_overlap_part(scan)
             if overlap is not None:
                 overlaps.append((label, overlap))
     summary = timeline.summarize(hosts)
+    pod = cross_host(hosts, functions)
+    if pod is not None:
+        summary["pod"] = pod
     precomputed = {}
     if python_events is not None:
         summary["host_instrumentation"] = python_events.pop("instrumentation")

@@ -114,6 +114,49 @@ class HostFigures:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """A host the others wait for at the collectives (`mldiag.timeline pod.stragglers[i]`)."""
+
+    index: int
+    host: str
+    lateness_ms: float
+    others_wait_ms: float
+    others_wait_percent: float | None
+    cause: str
+    cause_excess_ms: float
+    session_step_ms: float
+    session_step_ms_if_median: float
+    function: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PodFigures:
+    """The hosts side by side (`mldiag.timeline pod`, `collection/hosts/pod.py`): present for a
+    session of two or more hosts with steps."""
+
+    hosts: int
+    common_steps: int
+    stragglers: tuple[Straggler, ...]
+    # Of the collectives' time on every host, the share spent waiting for the last arrival.
+    wait_percent: float | None
+    transfer_ms_per_step: float | None
+    hosts_with_other_steps: tuple[str, ...]
+    data: Mapping[str, Any] = field(repr=False, default_factory=dict)
+
+    @property
+    def waiting_dominates(self) -> bool:
+        return self.wait_percent is not None and self.wait_percent >= 50.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """analysis.json's `hosts` section: the pass's per-host table, stragglers, collective
+        split and heat map, and how they were computed."""
+        keep = ("method", "hosts", "common_steps", "steps_matched_by", "step_ranges",
+                "hosts_with_other_steps", "clock_offsets_ms", "median_step_ms", "per_host",
+                "collective_split", "straggler_test", "stragglers", "heat_map", "failed_hosts")
+        return {k: self.data[k] for k in keep if k in self.data}
+
+
+@dataclass(frozen=True)
 class SessionReading:
     """The typed view of one health snapshot (see the module docstring)."""
 
@@ -128,6 +171,8 @@ class SessionReading:
     # The analysis.json `metrics` block: each metric's value and the fields that say where it
     # came from (the contract's names, kept as they were).
     values: Mapping[str, Any] = field(repr=False, default_factory=dict)
+    # The hosts side by side, for two or more hosts with steps.
+    pod: PodFigures | None = None
 
     @property
     def cpu(self) -> bool:
@@ -432,7 +477,31 @@ def read_session(snapshot: Mapping[str, Any], device_hint: str | None = None
         device=kind, device_type=device_type,
         hosts=tuple(str(h) for h in session.get("hosts") or ()),
         host_figures=_hosts(snapshot), steps=steps, metrics=_metrics(values),
-        tools=_tools(snapshot), snapshot=snapshot, values=MappingProxyType(values))
+        tools=_tools(snapshot), snapshot=snapshot, values=MappingProxyType(values),
+        pod=_pod(snapshot))
+
+
+def _pod(snapshot: Mapping[str, Any]) -> PodFigures | None:
+    pod = ev.get(snapshot, ev.TIMELINE, "pod")
+    if not isinstance(pod, Mapping) or not pod.get("common_steps"):
+        return None
+    split = pod.get("collective_split") or {}
+    stragglers = tuple(
+        Straggler(index=i, host=str(s["host"]),
+                  lateness_ms=float(s["lateness_ms_per_step"]),
+                  others_wait_ms=float(s["others_wait_ms_per_step"]),
+                  others_wait_percent=ev.number(s.get("others_wait_percent_of_step")),
+                  cause=str(s["cause"]), cause_excess_ms=float(s["cause_excess_ms_per_step"]),
+                  session_step_ms=float(s["session_step_ms"]),
+                  session_step_ms_if_median=float(s["session_step_ms_if_median"]),
+                  function=s.get("function"))
+        for i, s in enumerate(pod.get("stragglers") or ()))
+    return PodFigures(
+        hosts=int(pod["hosts"]), common_steps=int(pod["common_steps"]), stragglers=stragglers,
+        wait_percent=ev.number(split.get("wait_percent")),
+        transfer_ms_per_step=ev.number(split.get("transfer_ms_per_step")),
+        hosts_with_other_steps=tuple(str(h) for h in pod.get("hosts_with_other_steps") or ()),
+        data=pod)
 
 
 def reading_of(source: Mapping[str, Any] | SessionReading) -> SessionReading:

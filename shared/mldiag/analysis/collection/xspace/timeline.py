@@ -49,6 +49,57 @@ COMPILE_STEP_SHARE = 0.10
 _MARKER_PREFIXES = ("ThreadpoolListener::",)
 
 
+# The most collective executions a host keeps for the cross-host pass; beyond it, every
+# k-th step's (all of that step's), k the smallest that fits.
+MAX_INSTANCES = 20_000
+
+
+@dataclass
+class CollectiveInstances:
+    """Collective executions of one host, as columns: step index (into the host's steps),
+    op name, occurrence of that op within the step, start and end (ns, the host's clock)."""
+
+    step: NDArray[np.int64]
+    op: list[str]
+    occurrence: NDArray[np.int64]
+    start_ns: NDArray[np.float64]
+    end_ns: NDArray[np.float64]
+
+    @classmethod
+    def empty(cls) -> CollectiveInstances:
+        return cls(np.zeros(0, np.int64), [], np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def to_json(self) -> dict[str, Any]:
+        names = sorted(set(self.op))
+        index = {n: i for i, n in enumerate(names)}
+        return {"ops": names, "rows": [
+            [int(s), index[o], int(k), float(a), float(b)] for s, o, k, a, b in zip(
+                self.step.tolist(), self.op, self.occurrence.tolist(), self.start_ns.tolist(),
+                self.end_ns.tolist(), strict=True)]}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> CollectiveInstances:
+        if not d or not d.get("rows"):
+            return cls.empty()
+        rows = np.array([r[:5] for r in d["rows"]], dtype=np.float64)
+        names = [str(n) for n in d["ops"]]
+        return cls(rows[:, 0].astype(np.int64), [names[int(i)] for i in rows[:, 1]],
+                   rows[:, 2].astype(np.int64), rows[:, 3], rows[:, 4])
+
+    @classmethod
+    def concat(cls, parts: list[CollectiveInstances]) -> CollectiveInstances:
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        return cls(np.concatenate([p.step for p in parts]), [o for p in parts for o in p.op],
+                   np.concatenate([p.occurrence for p in parts]),
+                   np.concatenate([p.start_ns for p in parts]),
+                   np.concatenate([p.end_ns for p in parts]))
+
+
 @dataclass
 class HostTimeline:
     """Step and busy-time figures for one host (one xplane)."""
@@ -80,6 +131,15 @@ class HostTimeline:
     # windows of one host need to combine their spans (`combine_windows`).
     active_from_ns: float = 0.0
     active_to_ns: float = 0.0
+    # Per step (aligned with `steps`): the step number its annotation carries (-1: none), and
+    # how much of the step had a collective running (union over the compute lines).
+    step_numbers: list[int] = field(default_factory=list)
+    collective_per_step_ns: NDArray[np.float64] = field(default_factory=lambda: np.zeros(0))
+    # Every collective execution inside a step, one row per (step index, op, occurrence of
+    # the op in that step), its start and end averaged over the host's executors (devices):
+    # what the cross-host pass (`hosts.pod`) matches across hosts. At most MAX_INSTANCES.
+    collective_instances: CollectiveInstances = field(
+        default_factory=lambda: CollectiveInstances.empty())
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -92,7 +152,10 @@ class HostTimeline:
                 "devices": [list(d) for d in self.devices],
                 "programs_in_steps": sorted(self.programs_in_steps),
                 "excluded_steps": self.excluded_steps,
-                "active_from_ns": self.active_from_ns, "active_to_ns": self.active_to_ns}
+                "active_from_ns": self.active_from_ns, "active_to_ns": self.active_to_ns,
+                "step_numbers": list(self.step_numbers),
+                "collective_per_step_ns": self.collective_per_step_ns.tolist(),
+                "collective_instances": self.collective_instances.to_json()}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -106,7 +169,12 @@ class HostTimeline:
                 programs_in_steps={str(p) for p in d.get("programs_in_steps", [])},
                 excluded_steps=list(d.get("excluded_steps", [])),
                 active_from_ns=float(d.get("active_from_ns", 0.0)),
-                active_to_ns=float(d.get("active_to_ns", 0.0)))
+                active_to_ns=float(d.get("active_to_ns", 0.0)),
+                step_numbers=[int(n) for n in d.get("step_numbers", [])],
+                collective_per_step_ns=np.array(d.get("collective_per_step_ns", []),
+                                                dtype=np.float64),
+                collective_instances=CollectiveInstances.from_json(
+                    d.get("collective_instances")))
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -321,6 +389,9 @@ def analyze_scan(scan: XSpaceScan, host: str,
     device_spans: dict[str, list[tuple[NDArray[np.float64], NDArray[np.float64]]]] = {
         p.name: [] for p in scan.planes
         if p.name.startswith("/device:") and "CUSTOM" not in p.name}
+    # Each line's collective executions: (start, end, op id into coll_names).
+    coll_lines: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]] = []
+    coll_names: dict[str, int] = {}
     for plane, line in scan.passing(lines):
         ev = line.events
         result.events_scanned += len(ev)
@@ -340,6 +411,15 @@ def analyze_scan(scan: XSpaceScan, host: str,
         starts.append(start[timed])
         ends.append(start[timed] + dur[timed])
         attributed = timed & ~runtime
+        hlo_names = [_hlo_name(n) for n in names]
+        collective = np.array([is_collective(n) for n in hlo_names])
+        if collective.any():
+            sel = collective[inverse] & attributed
+            if sel.any():
+                ids = np.array([coll_names.setdefault(n, len(coll_names)) if c else -1
+                                for n, c in zip(hlo_names, collective.tolist(), strict=True)],
+                               dtype=np.int64)[inverse[sel]]
+                coll_lines.append((start[sel], start[sel] + dur[sel], ids))
         # Device ops are attributed through xprof's op profile; only XLA:CPU events need
         # their program to tell same-named ops of different modules apart.
         program_id = plane.stat_id("program_id") if source == "xla_cpu" else None
@@ -377,7 +457,83 @@ def analyze_scan(scan: XSpaceScan, host: str,
         result.active_span_ns = float(seg_e[-1] - seg_s[0])
         result.busy_in_span_ns = float(np.sum(seg_e - seg_s))
     result.busy_per_step_ns = _covered(seg_s, seg_e, result.steps[:, 0], result.steps[:, 1])
+    result.step_numbers = step_numbers(scan, result.steps)
+    if coll_lines:
+        c_s, c_e = _merge(np.concatenate([a for a, _, _ in coll_lines]),
+                          np.concatenate([b for _, b, _ in coll_lines]))
+        result.collective_per_step_ns = _covered(c_s, c_e, result.steps[:, 0],
+                                                 result.steps[:, 1])
+    else:
+        result.collective_per_step_ns = np.zeros(len(result.steps))
+    result.collective_instances = _instances(coll_lines, {i: n for n, i in coll_names.items()},
+                                             result.steps, result.step_numbers)
     return result
+
+
+def step_numbers(scan: XSpaceScan, steps: NDArray[np.float64]) -> list[int]:
+    """The step number (`step_num` stat) of the annotation each step starts with; -1 where
+    the file holds none (a time window without the host's annotations)."""
+    out = np.full(len(steps), -1, dtype=np.int64)
+    if not len(steps):
+        return []
+    for plane, line in scan.passing((p, ln) for p in scan.planes
+                                    if p.name.startswith("/host:") for ln in p.lines):
+        stat = plane.stat_id("step_num")
+        ev = line.events
+        if stat is None or not len(ev):
+            continue
+        nums = scan.int_stat(ev, stat)
+        has = (nums >= 0) & (ev.duration_ps > 0)
+        if not has.any():
+            continue
+        starts = line.start_ns()[has]
+        i = np.searchsorted(steps[:, 0], starts)
+        ok = (i < len(steps)) & (steps[np.minimum(i, len(steps) - 1), 0] == starts)
+        out[i[ok]] = np.maximum(out[i[ok]], nums[has][ok])
+    return [int(n) for n in out.tolist()]
+
+
+def _instances(lines: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64]]],
+               names: dict[int, str], steps: NDArray[np.float64],
+               numbers: list[int]) -> CollectiveInstances:
+    """The collective executions inside steps, one row per (step, op, occurrence in the
+    step): each line's k-th execution of an op in a step is the same collective as every
+    other line's k-th, and its start and end are their mean."""
+    if not lines or not len(steps):
+        return CollectiveInstances.empty()
+    cols: list[list[NDArray[Any]]] = [[], [], [], [], []]
+    for start, end, ids in lines:
+        i = np.searchsorted(steps[:, 0], start, side="right") - 1
+        ok = (i >= 0) & (start < steps[np.maximum(i, 0), 1])
+        start, end, ids, i = start[ok], end[ok], ids[ok], i[ok]
+        order = np.lexsort((start, ids, i))
+        start, end, ids, i = start[order], end[order], ids[order], i[order]
+        first = np.ones(len(i), dtype=bool)
+        first[1:] = (i[1:] != i[:-1]) | (ids[1:] != ids[:-1])
+        at = np.arange(len(i))
+        occurrence = at - np.maximum.accumulate(np.where(first, at, 0))
+        for col, values in zip(cols, (i, ids, occurrence, start, end), strict=True):
+            col.append(values)
+    step, op, occ, start, end = (np.concatenate(c) for c in cols)
+    if not len(step):
+        return CollectiveInstances.empty()
+    width = max(int(occ.max()) + 1, 1)
+    ops = max(int(op.max()) + 1, 1)
+    keys, inverse = np.unique((step * ops + op) * width + occ, return_inverse=True)
+    count = np.bincount(inverse)
+    mean_start = np.bincount(inverse, weights=start) / count
+    mean_end = np.bincount(inverse, weights=end) / count
+    k_step, rest = keys // (ops * width), keys % (ops * width)
+    k_op, k_occ = rest // width, rest % width
+    if len(keys) > MAX_INSTANCES:
+        # Every k-th step by number (index without numbers), the same steps on every host.
+        stride = -(-len(keys) // MAX_INSTANCES)
+        label = np.array([n if n >= 0 else i for i, n in enumerate(numbers)])[k_step]
+        keep = label % stride == 0
+        k_step, k_op, k_occ = k_step[keep], k_op[keep], k_occ[keep]
+        mean_start, mean_end = mean_start[keep], mean_end[keep]
+    return CollectiveInstances(k_step.astype(np.int64), [names[int(o)] for o in k_op],
+                               k_occ.astype(np.int64), mean_start, mean_end)
 
 
 def combine_windows(parts: list[HostTimeline]) -> HostTimeline:
@@ -392,6 +548,17 @@ def combine_windows(parts: list[HostTimeline]) -> HostTimeline:
                        steps=first.steps, excluded_steps=first.excluded_steps)
     out.busy_per_step_ns = np.sum([p.busy_per_step_ns for p in parts], axis=0) if len(
         first.steps) else np.zeros(0)
+    n = len(first.steps)
+    out.collective_per_step_ns = np.sum(
+        [p.collective_per_step_ns for p in parts if len(p.collective_per_step_ns) == n],
+        axis=0) if n else np.zeros(0)
+    numbers = [p.step_numbers for p in parts if len(p.step_numbers) == n]
+    out.step_numbers = np.max(numbers, axis=0).astype(int).tolist() if numbers and n else [
+        -1] * n
+    # A step the cut split between windows numbers its second part's collectives from 0
+    # again; the cut falls between module executions, so this is rare.
+    out.collective_instances = CollectiveInstances.concat(
+        [p.collective_instances for p in parts])
     devices: dict[str, list[float]] = {}
     for p in parts:
         for key, t in p.op_time_ns.items():
@@ -604,12 +771,16 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
 
 _COLLECTIVE = re.compile(
     r"^(all[-_]gather|all[-_]reduce|reduce[-_]scatter|all[-_]to[-_]all|collective[-_]permute"
-    r"|collective[-_]broadcast|ragged[-_]all[-_]to[-_]all)([-_](start|done))?(\.\d+)?$")
+    r"|collective[-_]broadcast|ragged[-_]all[-_]to[-_]all"
+    # Newer XLA names an instruction after the JAX primitive that made it (XLA:CPU:
+    # `psum_invariant.7` for a psum's all-reduce).
+    r"|psum|psum[-_]invariant|pmax|pmin|psum[-_]scatter|all[-_]gather[-_]invariant|ppermute"
+    r"|pbroadcast)([-_](start|done))?(\.\d+)?$")
 
 
 def is_collective(op: str) -> bool:
     """Whether an HLO op name is a collective (`all-gather.3`, `all_gather.3` on XLA:CPU,
-    `all-reduce-start.1`)."""
+    `all-reduce-start.1`, `psum_invariant.7`)."""
     return bool(_COLLECTIVE.match(op))
 
 

@@ -35,6 +35,7 @@ from mldiag.analysis.judgement.rules import (
     memory_bound,
     memory_pressure,
     other,
+    straggler,
     unfused_reshape,
 )
 
@@ -83,6 +84,7 @@ RULES: tuple[RaisingRule | DetectorRule, ...] = (
     memory_bound,
     memory_pressure,
     other,
+    straggler,
     unfused_reshape,
     # keep-sorted end
 )

@@ -3,6 +3,11 @@
 Raised from the op profile's collective categories or, where the op profile has none
 (XLA:CPU), from our timeline's per-device share of the step; the fix depends on the
 collective (gather less, reduce fewer bytes, overlap).
+
+In a session of several hosts, the cross-host pass (`mldiag.timeline pod`) splits that time
+into waiting for the last host to arrive and transfer. Fewer bytes, reduce-scatter or bf16
+only shorten the transfer: when waiting is most of it, the finding says so, points at the
+straggler (its own finding) or at the imbalance, and its priority is the transfer's share.
 """
 
 from __future__ import annotations
@@ -29,12 +34,40 @@ RAISE_ORDER = 40
 
 
 def hypotheses(reading: SessionReading) -> list[Hypothesis]:
+    """From the op profile's collective rows or, where it has none (XLA:CPU), the timeline;
+    in a pod whose collectives are mostly waiting, said so."""
     snapshot = reading.snapshot
-    """From the op profile's collective rows or, where it has none (XLA:CPU), the timeline."""
     if not category_fraction(snapshot, COLLECTIVE_CATEGORIES):
-        return _timeline_collectives(snapshot)
-    return op_category_hypothesis(snapshot, CATEGORY, COLLECTIVE_CATEGORIES,
-                                  "Collective communication")
+        found = _timeline_collectives(snapshot)
+    else:
+        found = op_category_hypothesis(snapshot, CATEGORY, COLLECTIVE_CATEGORIES,
+                                       "Collective communication")
+    return [_waiting(h, reading) for h in found]
+
+
+def _waiting(h: Hypothesis, reading: SessionReading) -> Hypothesis:
+    pod = reading.pod
+    if pod is None or not pod.waiting_dominates:
+        return h
+    snapshot = reading.snapshot
+    step = ev.number(pod.data.get("median_step_ms"))
+    transfer = pod.transfer_ms_per_step or 0.0
+    transfer_share = 100.0 * transfer / step if step else 0.0
+    who = ", ".join(s.host for s in pod.stragglers)
+    h.title += (f"; {pod.wait_percent:.0f}% of it is waiting for "
+                + (f"the straggler {who}" if who else "the last host to arrive")
+                + f", {transfer:.1f} ms per step transfer")
+    h.priority = priority_of(transfer_share, OP_CATEGORY_P0_PERCENT, OP_CATEGORY_P1_PERCENT)
+    h.impact = impact_of(transfer_share, "% of step",
+                         f"the transfer itself is {transfer:.1f} ms per step "
+                         f"({transfer_share:.1f}%); the rest of the collectives' time is "
+                         "waiting, which only the slow host can give back")
+    h.evidence = h.evidence + [
+        ev.cite(snapshot, ev.TIMELINE, f"pod.collective_split.{k}")
+        for k in ("wait_percent", "wait_ms_per_step", "transfer_ms_per_step")]
+    h.details["waiting"] = {"percent": pod.wait_percent, "stragglers": [
+        s.host for s in pod.stragglers], "transfer_ms": transfer, "hosts": pod.hosts}
+    return h
 
 
 def _timeline_collectives(snapshot: Mapping[str, Any]) -> list[Hypothesis]:
@@ -83,6 +116,22 @@ def follow_ups(snapshot: Mapping[str, Any], h: Hypothesis) -> list[Plan]:
 
 def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     kinds = [str(k) for k in h.details.get("categories", [])]
+    waiting = h.details.get("waiting")
+    if isinstance(waiting, Mapping):
+        stragglers = [str(s) for s in waiting.get("stragglers") or []]
+        what = (f"Of the collectives' time across the {waiting.get('hosts')} hosts, "
+                f"{waiting.get('percent'):.0f}% is waiting for the last host to arrive and "
+                f"{waiting.get('transfer_ms'):.1f} ms per step is the transfer itself.")
+        if stragglers:
+            fix = (f"Make {' and '.join(stragglers)} arrive on time (see the straggler "
+                   "finding): the other hosts wait for it inside the collective. Fewer "
+                   "bytes, reduce-scatter or bf16 would only shorten the transfer.")
+        else:
+            fix = ("No one host is late in most steps: a different host arrives last each "
+                   "step. Even out the work per host (equal batch and sequence lengths, no "
+                   "per-host side work on the step's path) before touching the collective: "
+                   "fewer bytes or bf16 would only shorten the transfer.")
+        return finding_of(h, what, fix)
     if h.details.get("source") == "timeline":
         op = h.details.get("top_op")
         ms = h.details.get("ms_per_step")

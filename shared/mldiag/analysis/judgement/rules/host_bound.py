@@ -1,6 +1,7 @@
 """host_bound: the device waits for the host between steps (our timeline's host wait).
 
-Raised from our timeline pass (mldiag.timeline) (the worst host when there are several);
+Raised from our timeline pass (mldiag.timeline) (the worst host when there are several, a
+straggler's host wait left to the straggler finding);
 its follow-up names the host-side Python frames that fill the waits, and the fix says how to
 take them off the step's critical path (or, when they are JAX's own dispatch, to jit the step).
 """
@@ -39,7 +40,13 @@ def hypotheses(reading: SessionReading) -> list[Hypothesis]:
     wait = ev.number(hb.get("host_wait_percent"))
     hosts = [h for h in hb.get("per_host") or [] if h.get("host_wait_percent") is not None]
     proof: list[dict[str, Any]] = []
-    if len(hosts) > 1:
+    if reading.pod is not None and reading.pod.stragglers:
+        # A straggler's own host wait is the straggler finding; judge the others.
+        late = {s.host for s in reading.pod.stragglers}
+        hosts = [h for h in hosts if h.get("host") not in late]
+        if not hosts:
+            return []
+    if len(hosts) > 1 or len(hb.get("per_host") or []) > 1:
         # An average over hosts hides a straggler: judge and cite the worst host.
         i, worst = max(enumerate(hosts), key=lambda kv: kv[1]["host_wait_percent"])
         index = (hb.get("per_host") or []).index(worst)
