@@ -1,6 +1,25 @@
-"""One process of a planted data-parallel JAX job on CPU (run as N subprocesses)."""
+"""One process of a planted data-parallel JAX job on CPU (run as N subprocesses).
+
+    python pod_workload.py --coordinator HOST:PORT --processes N --index I --out SESSION_DIR
+                           [--steps S] [--slow K] [--slow-input-ms MS] [--slow-compute X]
+
+Every process joins the job with `jax.distributed.initialize` (gloo collectives on CPU) and
+trains a jitted step on its shard of the batch: a matmul chain, then a cross-process sum
+(`psum` in `shard_map`: an all-reduce of one scalar). Process K (`--slow`) waits MS longer
+for its input before each step (`--slow-input-ms`), or runs its matmul X times
+(`--slow-compute`). Each process profiles its steps with `jax.profiler` (Python tracer on)
+and leaves its trace as `SESSION_DIR/host{I}.xplane.pb`: the hosts of one session.
+"""
+
 from __future__ import annotations
-import argparse, glob, os, shutil, tempfile, time
+
+import argparse
+import glob
+import os
+import shutil
+import tempfile
+import time
+
 
 def main() -> int:
     p = argparse.ArgumentParser()
@@ -19,7 +38,8 @@ def main() -> int:
                                process_id=args.index, initialization_timeout=120)
     import jax.numpy as jnp
     import numpy as np
-    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
     mesh = Mesh(np.array(jax.devices()), ("d",))
     n = 256
     def local_step(w, x):
@@ -39,7 +59,9 @@ def main() -> int:
         return jax.make_array_from_process_local_data(NamedSharding(mesh, P("d")), local)
     w = jax.block_until_ready(step(w, batch()))
     tmp = tempfile.mkdtemp()
-    jax.profiler.start_trace(tmp)
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 1
+    jax.profiler.start_trace(tmp, profiler_options=options)
     for i in range(args.steps):
         with jax.profiler.StepTraceAnnotation("train", step_num=i):
             x = batch()

@@ -89,7 +89,7 @@ def _xplane(path: Path, lines: Lines) -> Path:
 def _collected(tmp_path: Path, lines: Lines) -> tuple[dict[str, Any], dict[str, Any]]:
     """(the host-work follow-up, its instrumentation) as the timeline pass collects them."""
     with XSpaceScan(_xplane(tmp_path / "h.xplane.pb", lines)) as scan:
-        found = jobs._host_python_events(scan)
+        found = jobs.host_python_events(scan)
     assert found is not None
     return found["data"], found["instrumentation"]
 

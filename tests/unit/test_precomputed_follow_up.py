@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mldiag.analysis.collection.jobs import _host_python_events
+from mldiag.analysis.collection.jobs import host_python_events
 from mldiag.analysis.collection.profile_input import resolve_session
 from mldiag.analysis.collection.xspace.event_aggregates import aggregate_events
 from mldiag.analysis.collection.xspace.scan import XSpaceScan
@@ -51,7 +51,7 @@ def python_traced(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_the_timeline_pass_gives_the_follow_ups_own_answer(python_traced: Path) -> None:
     (xplane,) = python_traced.glob("*.xplane.pb")
     with XSpaceScan(xplane) as scan:
-        known = _host_python_events(scan)
+        known = host_python_events(scan)
     assert known is not None and known["args"] == HOST_PYTHON_EVENTS
     theirs = aggregate_events([xplane], **HOST_PYTHON_EVENTS)
     assert known["data"]["aggregates"] == theirs["aggregates"][:100]
@@ -61,7 +61,7 @@ def test_the_timeline_pass_gives_the_follow_ups_own_answer(python_traced: Path) 
 def test_follow_ups_answer_exactly_those_arguments_from_it(python_traced: Path) -> None:
     (xplane,) = python_traced.glob("*.xplane.pb")
     with XSpaceScan(xplane) as scan:
-        known = _host_python_events(scan)
+        known = host_python_events(scan)
     assert known is not None
     session = resolve_session(python_traced)
     with FollowUps(session, max_calls=2, precomputed={"aggregate_xplane_events": known}) as f:

@@ -10,6 +10,7 @@ instead of sharing one GIL.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import time
@@ -37,6 +38,7 @@ from mldiag.analysis.collection.passes import (
 from mldiag.analysis.collection.profile_input import (
     DEFAULT_MAX_HOST_BYTES,
     ProfileSession,
+    host_name,
     resolve_session,
     validate_xplane,
 )
@@ -452,8 +454,22 @@ def collect(
         else resolve_session(session_path)
     )
     started = time.perf_counter()
+    # A host that cannot be read is named and left out; the others are analysed (a pod with
+    # one corrupt or truncated host is still a pod). None readable: the session fails.
+    unreadable: dict[str, str] = {}
     for xplane in session.xplanes:
-        validate_xplane(xplane, max_bytes=max_host_bytes)
+        try:
+            validate_xplane(xplane, max_bytes=max_host_bytes)
+        except ProfileUnreadable as e:
+            if len(session.xplanes) == 1:
+                raise
+            unreadable[host_name(xplane)] = str(e)
+    if unreadable:
+        readable = tuple(x for x in session.xplanes if host_name(x) not in unreadable)
+        if not readable:
+            raise ProfileUnreadable("no host could be read: " + "; ".join(
+                unreadable.values()))
+        session = dataclasses.replace(session, xplanes=readable)
     budget = memory_budget_bytes or default_budget_bytes()
     session_bytes = sum(p.stat().st_size for p in session.xplanes)
     windows = plan.op_stats_windows(session, budget, min_bytes=window_min_bytes,
@@ -530,7 +546,8 @@ def collect(
         overlap["data"] = {**overlap["data"], "session_id": str(session.path)}
     return {
         "schema_version": SCHEMA_VERSION,
-        "session": {**session.describe(), "device_type": env.get("device_type")},
+        "session": {**session.describe(), "device_type": env.get("device_type"),
+                    **({"unreadable_hosts": unreadable} if unreadable else {})},
         "xprof_version": xprof_installed_version(),
         "mldiag_version": mldiag.__version__,
         "collected_at": datetime.now(UTC).isoformat(timespec="seconds"),

@@ -460,7 +460,7 @@ def timeline_pass(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
             hosts.append(timeline.analyze_scan(scan, host))
             # One host's frames answer the host-bound follow-up; in a pod, each host's own
             # name the straggler's slow function (not the hosts' average).
-            events = _host_python_events(scan)
+            events = host_python_events(scan)
             if single:
                 python_events = events
             elif events is not None:
@@ -508,7 +508,7 @@ def combine_async_overlap(parts: list[tuple[str, dict[str, Any]]]) -> dict[str, 
 _PYTHON_EVENT_ROWS = 100
 
 
-def _host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
+def host_python_events(scan: XSpaceScan) -> dict[str, Any] | None:
     """The host-bound follow-up (`aggregate_xplane_events` of the Python-tracer frames),
     from the lines the timeline pass has decoded; None without Python-tracer events."""
     from mldiag.analysis.collection.xspace.event_aggregates import aggregate_scans

@@ -141,6 +141,8 @@ class PodFigures:
     wait_percent: float | None
     transfer_ms_per_step: float | None
     hosts_with_other_steps: tuple[str, ...]
+    # Hosts of the session left out (unreadable, never arrived, their pass failed): why.
+    failed_hosts: Mapping[str, str] = field(default_factory=dict)
     data: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
     @property
@@ -151,9 +153,10 @@ class PodFigures:
         """analysis.json's `hosts` section: the pass's per-host table, stragglers, collective
         split and heat map, and how they were computed."""
         keep = ("method", "hosts", "common_steps", "steps_matched_by", "step_ranges",
-                "hosts_with_other_steps", "clock_offsets_ms", "median_step_ms", "per_host",
-                "collective_split", "straggler_test", "stragglers", "heat_map", "failed_hosts")
-        return {k: self.data[k] for k in keep if k in self.data}
+                "hosts_with_other_steps", "note", "clock_offsets_ms", "median_step_ms", "per_host",
+                "collective_split", "straggler_test", "stragglers", "heat_map")
+        return {k: self.data[k] for k in keep if k in self.data} | (
+            {"failed_hosts": dict(self.failed_hosts)} if self.failed_hosts else {})
 
 
 @dataclass(frozen=True)
@@ -496,7 +499,15 @@ def _pod(snapshot: Mapping[str, Any]) -> PodFigures | None:
                   session_step_ms_if_median=float(s["session_step_ms_if_median"]),
                   function=s.get("function"))
         for i, s in enumerate(pod.get("stragglers") or ()))
+    session = snapshot.get("session") or {}
+    failed = {str(h): str(r) for h, r in (session.get("unreadable_hosts") or {}).items()}
+    failed |= {str(h): str(r) for h, r in
+               ((session.get("capture") or {}).get("failed_hosts") or {}).items()}
+    for line in pod.get("failed_hosts") or ():
+        host, _, reason = str(line).partition(": ")
+        failed.setdefault(host, reason)
     return PodFigures(
+        failed_hosts=failed,
         hosts=int(pod["hosts"]), common_steps=int(pod["common_steps"]), stragglers=stragglers,
         wait_percent=ev.number(split.get("wait_percent")),
         transfer_ms_per_step=ev.number(split.get("transfer_ms_per_step")),

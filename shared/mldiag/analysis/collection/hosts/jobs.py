@@ -30,6 +30,7 @@ from mldiag.analysis.collection.jobs import (
     Context,
     async_overlap_part,
     has_memory_events,
+    host_python_events,
     utilization_viewer,
 )
 from mldiag.analysis.collection.xprof_tools import OP_STATS_FILE, NoData
@@ -61,6 +62,8 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
         if not inputs.get("windowed"):
             _part(parts, "timeline", lambda: timeline.analyze_scan(scan, host).to_json())
         _part(parts, "async_overlap", lambda: async_overlap_part(scan))
+        # The host's own Python frames, for naming a straggler's slow function.
+        _part(parts, "python_events", lambda: _python_rows(scan))
         _part(parts, "reduce", lambda: {
             **(reduce_one(ctx.ws, scan, xplane) if inputs.get("reduce") else {}),
             **memory_copy(ctx.ws, scan, xplane)})
@@ -71,6 +74,11 @@ def host_parts(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:
     if parts["reduce"]["status"] == "DATA":
         parts["converter_input"] = str(copy)
     return parts
+
+
+def _python_rows(scan: XSpaceScan) -> list[dict[str, Any]] | None:
+    events = host_python_events(scan)
+    return events["data"]["aggregates"] if events is not None else None
 
 
 def host_op_stats(ctx: Context, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -116,11 +116,14 @@ def cross_host(hosts: Sequence[HostTimeline],
     names = [h.host for h in stepped]
     common, matched_by, picks = _common_steps(stepped)
     n_hosts, n_steps = len(stepped), len(common)
-    ranges = [{"host": h.host, "steps": len(h.steps),
+    ranges: list[dict[str, Any]] = [{"host": h.host, "steps": len(h.steps),
                "first": (h.step_numbers[0] if h.step_numbers else 0),
                "last": (h.step_numbers[-1] if h.step_numbers else len(h.steps) - 1)}
               for h in stepped]
-    partial = [r["host"] for r in ranges if r["steps"] != n_steps]
+    # The hosts whose steps differ from most hosts' (one that crashed mid-capture).
+    counts = [r["steps"] for r in ranges]
+    usual = max(set(counts), key=lambda c: (counts.count(c), c))
+    partial = [str(r["host"]) for r in ranges if r["steps"] != usual]
     out: dict[str, Any] = {
         "method": "mldiag: hosts' steps aligned by " + matched_by + "; clocks aligned on the "
                   "collectives' common end; a collective's wait is from a host's arrival to "
@@ -131,6 +134,10 @@ def cross_host(hosts: Sequence[HostTimeline],
     if not n_steps:
         out["note"] = "the hosts have no step in common"
         return out
+    if partial or any(c != n_steps for c in counts):
+        out["note"] = (f"aligned on the {n_steps} steps every host has ({common[0]}-{common[-1]})"
+                       + (f"; {', '.join(partial)} {'has' if len(partial) == 1 else 'have'} "
+                          f"other steps than the other hosts' {usual}" if partial else ""))
     # Per host × common step (ms).
     step_ms = np.zeros((n_hosts, n_steps))
     busy_ms = np.zeros((n_hosts, n_steps))

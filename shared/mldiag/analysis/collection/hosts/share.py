@@ -133,13 +133,26 @@ def combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outc
                 if p.get(name, {}).get("status") == ERROR]
 
     bad = failed("timeline")
-    if bad:
+    if len(bad) == len(parts):
         out.append(Outcome("timeline_pass", ERROR, "; ".join(bad), elapsed))
     else:
+        from mldiag.analysis.collection.hosts.pod import cross_host
         from mldiag.analysis.collection.xspace import timeline
 
-        hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in parts.values()]
+        # A host whose pass failed is named; the others are measured without it.
+        good = {h: p for h, p in parts.items() if p.get("timeline", {}).get("status") == DATA}
+        hts = [timeline.HostTimeline.from_json(p["timeline"]["value"]) for p in good.values()]
         summary = timeline.summarize(hts)
+        functions = {h: p["python_events"]["value"] for h, p in good.items()
+                     if p.get("python_events", {}).get("status") == DATA
+                     and p["python_events"]["value"]}
+        pod = cross_host(hts, functions)
+        if bad:
+            summary["failed_hosts"] = bad
+        if pod is not None:
+            if bad:
+                pod["failed_hosts"] = bad
+            summary["pod"] = pod
         overlaps = [(h if len(hosts) > 1 else "", p["async_overlap"]["value"])
                     for h, p in parts.items()
                     if p.get("async_overlap", {}).get("status") == DATA

@@ -90,6 +90,14 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
         what += (f" Its Python frame `{fn['event'][1:]}` takes {fn['ms_per_call']:.1f} ms per "
                  f"call there" + (f" against {others:.1f} ms on the other hosts"
                                   if others is not None else "") + ".")
+    reading = ctx.triage.reading or reading_of(ctx.snapshot)
+    if reading.pod is not None and reading.pod.failed_hosts:
+        left = sorted(reading.pod.failed_hosts)
+        what += (f" Left out: {', '.join(left)} (" + "; ".join(
+            reading.pod.failed_hosts[h] for h in left) + "); the hosts are compared without "
+            + ("it." if len(left) == 1 else "them."))
+    if reading.pod is not None and reading.pod.data.get("note"):
+        what += f" Steps: {reading.pod.data['note']}."
     return finding_of(h, what, _fix(s.cause, fn, host))
 
 

@@ -1,0 +1,75 @@
+"""The cross-host pass (`collection/hosts/pod.py`) on TPU-shaped pods written as XSpaces:
+steps and clocks aligned, collective time split into waiting and transfer, and a straggler
+named only when one host is late step after step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from mldiag.analysis.collection.hosts.pod import SHOWN_HOSTS, cross_host
+from mldiag.analysis.collection.xspace.timeline import analyze_host
+from tests.helpers.pod_xplanes import PodShape, write_pod
+
+
+def _pod(tmp_path: Path, shape: PodShape) -> dict[str, Any]:
+    paths = write_pod(tmp_path / "s1", shape)
+    out = cross_host([analyze_host(p, p.name.split(".")[0]) for p in paths])
+    assert out is not None
+    return out
+
+
+def test_a_stretched_host_is_the_straggler_and_the_others_wait_for_it(tmp_path: Path) -> None:
+    offsets = [0.0, 31.5, -12.25, 7.0]
+    pod = _pod(tmp_path, PodShape(stretch={2: 1.5}, clock_offset_ms=offsets))
+    [s] = pod["stragglers"]
+    assert s["host"] == "host2" and s["cause"] == "device compute"
+    assert s["lateness_ms_per_step"] == pytest.approx(4.0, abs=0.2)
+    assert s["others_wait_ms_per_step"] == pytest.approx(4.0, abs=0.2)
+    assert s["excess_ms_per_step"]["device compute"] == pytest.approx(4.0, abs=0.2)
+    # The clocks: each host's offset from host0, found from the collectives' common end.
+    for h, want in zip(("host1", "host2", "host3"), offsets[1:], strict=True):
+        assert pod["clock_offsets_ms"][h] == pytest.approx(want - offsets[0], abs=0.05)
+    split = pod["collective_split"]
+    assert split["transfer_ms_per_step"] == pytest.approx(1.0, abs=0.1)
+    assert split["wait_percent"] > 60
+    [op] = split["ops"]
+    assert op["op"] == "all-reduce-done.1", "an async pair's start is its issue, not a wait"
+    assert op["wait_ms_by_host"]["host2"] == pytest.approx(0.0, abs=0.1)
+    # Without the wait, a step is compute + transfer; with it, the straggler's compute.
+    assert s["session_step_ms_if_median"] < s["session_step_ms"] - 3.5
+    assert pod["per_host"][0]["host"] == "host2" and pod["per_host"][0]["straggler"]
+
+
+def test_jitter_and_balance_name_no_straggler(tmp_path: Path) -> None:
+    jitter = _pod(tmp_path / "j", PodShape(jitter_ms=4.0, steps=24))
+    assert jitter["stragglers"] == [], jitter["straggler_test"]
+    # Waiting is still most of the collectives: the communication rule says so.
+    assert jitter["collective_split"]["wait_percent"] > 40
+    balanced = _pod(tmp_path / "b", PodShape())
+    assert balanced["stragglers"] == []
+    assert all(abs(r["lateness_ms"]) < 0.2 for r in balanced["per_host"])
+
+
+def test_a_host_that_stopped_early_is_aligned_on_the_common_steps(tmp_path: Path) -> None:
+    pod = _pod(tmp_path, PodShape(stretch={1: 1.4}, step_range={3: range(0, 10)}))
+    assert pod["common_steps"] == 10 and pod["steps_matched_by"] == "step number"
+    assert pod["hosts_with_other_steps"] == ["host3"]
+    assert [s["host"] for s in pod["stragglers"]] == ["host1"]
+
+
+def test_one_host_is_not_a_pod(tmp_path: Path) -> None:
+    [path] = write_pod(tmp_path, PodShape(hosts=1))
+    assert cross_host([analyze_host(path, "host0")]) is None
+
+
+def test_a_large_pod_keeps_its_views_bounded(tmp_path: Path) -> None:
+    pod = _pod(tmp_path, PodShape(hosts=40, devices=1, steps=80, stretch={33: 1.5}))
+    assert [s["host"] for s in pod["stragglers"]] == ["host33"]
+    heat = pod["heat_map"]
+    assert heat["hosts_shown"] == SHOWN_HOSTS and heat["hosts_summarised"] == 40 - SHOWN_HOSTS
+    assert heat["rows"][0]["host"] == "host33", "worst first"
+    assert heat["rows"][-1]["summary_of"] == 40 - SHOWN_HOSTS
+    assert len(heat["steps"]) == 64 and all(len(r["lateness_ms"]) == 64 for r in heat["rows"])
