@@ -36,7 +36,7 @@ RELATED: dict[str, tuple[tuple[str, ...], str]] = {
         "that computing runs against its roofline, which a busy device can still fall short "
         "of"),
     "idle + communication overhead is low": (
-        ("idle", "communication", "host_bound"),
+        ("idle", "communication", "host_bound", "straggler"),
         "the check asks whether idle and collective time together stay within what a healthy "
         "profile allows; {ids} count{s} {what} on its own, from a lower threshold, as time a "
         "fix can win back"),
