@@ -136,12 +136,13 @@ def category_bars(rows: list[tuple[str, float, float | None]]) -> dict[str, Any]
 
 # The host × step heat map: its size does not grow with the pod (the pass shows at most 16
 # hosts and a summary row, at most 64 step columns), so 256 hosts draw as 8 do.
-HEAT_LABEL_W, HEAT_PLOT_W, HEAT_ROW_H, HEAT_MAX_ROWS, HEAT_MAX_COLS = 176, 640, 16, 17, 64
+HEAT_LABEL_W, HEAT_PLOT_W, HEAT_ROW_H, HEAT_MAX_ROWS, HEAT_MAX_COLS = 186, 640, 16, 17, 64
 HEAT_TOP, HEAT_GAP, HEAT_BOTTOM = 8, 6, 74
 # Host names longer than this are cut in the label (the cell titles keep them whole).
-HEAT_LABEL_CHARS = 26
-# Width of one character of the 11 px labels, generously: labels are spaced by it.
-CHAR_W = 6.6
+HEAT_LABEL_CHARS = 22
+# Width of one character of the labels (the stylesheet's 12.5 px monospace), generously:
+# labels are spaced and cut by it.
+CHAR_W = 7.8
 _LATE, _EARLY, _ZERO = (207, 34, 46), (9, 105, 218), (255, 255, 255)
 HEAT_SHADES = 5
 
@@ -158,7 +159,8 @@ def _level(value: float, scale: float) -> int:
 
 
 def _short(name: str, chars: int) -> str:
-    return name if len(name) <= chars else name[:chars - 1] + "…"
+    # Hosts of one pod share their prefix: the end (the worker's index) tells them apart.
+    return name if len(name) <= chars else "…" + name[-(chars - 1):]
 
 
 def heat_map(steps: list[str], rows: list[tuple[str, list[float], list[float], bool]],
@@ -207,7 +209,8 @@ def heat_map(steps: list[str], rows: list[tuple[str, list[float], list[float], b
               for level in range(-HEAT_SHADES, HEAT_SHADES + 1)]
     legend_end = HEAT_LABEL_W + (2 * HEAT_SHADES + 1) * swatch
     return {
-        "width": HEAT_LABEL_W + HEAT_PLOT_W + 8,
+        # Room on the right for half of the last step's label.
+        "width": HEAT_LABEL_W + HEAT_PLOT_W + math.ceil(widest / 2),
         "height": f"{plot_bottom + HEAT_BOTTOM:.0f}",
         "left": HEAT_LABEL_W, "top": HEAT_TOP, "plot_w": HEAT_PLOT_W,
         "plot_bottom": f"{plot_bottom:.1f}", "plot_h": f"{plot_bottom - HEAT_TOP:.1f}",

@@ -186,7 +186,10 @@ def _heat_map(hosts: Mapping[str, Any]) -> list[Block]:
         row = as_map(raw)
         late = [float(v) for v in as_list(row.get("lateness_ms")) if _number(v)]
         wait = [float(v) for v in as_list(row.get("wait_ms")) if _number(v)]
-        rows.append((text(row.get("host")), late, wait, bool(row.get("summary_of"))))
+        summary = row.get("summary_of")
+        # The summary row's own label is long ("240 other hosts (median)"): a short one.
+        label = f"{text(summary)} others (median)" if summary else text(row.get("host"))
+        rows.append((label, late, wait, bool(summary)))
     if not steps or not rows:
         return [why("No heat map was recorded.")]
     threshold = measured(as_map(hosts.get("straggler_test")).get("threshold_ms"))
