@@ -39,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Triage": ("judgement.model", "Triage"),
     "XSpaceScan": ("collection.xspace.scan", "XSpaceScan"),
     "analyze": ("engine", "analyze"),
+    "breakable": ("report.model", "breakable"),
     "build_analysis": ("engine", "build_analysis"),
     "build_diff": ("diff.compare", "build_diff"),
     "check_report": ("judgement.evidence_check", "check_report"),
@@ -48,6 +49,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "default_budget_bytes": ("collection.workers", "default_budget_bytes"),
     "evidence": ("judgement.evidence", None),
     "find_sessions": ("collection.profile_input", "find_sessions"),
+    "hosts_section": ("report.hosts", "hosts_section"),
     "investigate": ("engine", "investigate"),
     "judged_over": ("judgement.verdict", "judged_over"),
     "kpi": ("diff.compare", "kpi"),
@@ -125,6 +127,8 @@ if TYPE_CHECKING:
     from mldiag.analysis.judgement.verdict import judged_over as judged_over
     from mldiag.analysis.judgement.verdict import none_found as none_found
     from mldiag.analysis.report.diff import render_diff_html as render_diff_html
+    from mldiag.analysis.report.hosts import hosts_section as hosts_section
+    from mldiag.analysis.report.model import breakable as breakable
     from mldiag.analysis.report.model import prose as prose
     from mldiag.analysis.report.page import style_hash as style_hash
     from mldiag.analysis.report.summary import render_summary_html as render_summary_html

@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, select_autoescape
 from markupsafe import Markup
 
 import mldiag
-from mldiag.analysis import prose
+from mldiag.analysis import breakable, prose
 from mldiag.console.context import Console
 from mldiag.console.guard import Guard
 
@@ -47,6 +47,8 @@ def templates() -> Jinja2Templates:
     env.filters["fmt"] = _fmt
     # Escaped by prose itself, which only adds <code> around `code` spans.
     env.filters["prose"] = lambda value: Markup(prose(_fmt(value)))
+    # The report's blocks (a pod's hosts, drawn by report/macros.html) need its filter too.
+    env.filters["breakable"] = breakable
     return Jinja2Templates(env=env)
 
 

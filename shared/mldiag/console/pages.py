@@ -132,7 +132,8 @@ def session_page(request: Request, principal: Principal, s: SessionRecord, base:
                           or principal.can(ADMIN, s.run)})
     api = (f"/api/v1/runs/{quote(s.run, safe='')}/sessions/{quote(s.session, safe='')}"
            if not shared else f"{base}/state")
-    return render(request, "console/session.html", s=views.session_view(console, principal, s),
+    return render(request, "console/session.html",
+                  s=views.session_view(console, principal, s, pod=True),
                   base=base, api=api, shared=shared, links=links,
                   can_share=not shared and principal.can(SHARE, s.run, s.session),
                   can_report=principal.can(REPORT, s.run, s.session),

@@ -7,10 +7,11 @@ import json
 import logging
 import re
 from collections import Counter
+from dataclasses import replace
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
-from mldiag.analysis import judged_over, none_found
+from mldiag.analysis import hosts_section, judged_over, none_found
 from mldiag.capture.targets import status as status_of
 from mldiag.capture.targets import statuses
 from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
@@ -185,7 +186,11 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
     return view
 
 
-def session_view(console: Console, principal: Principal, s: SessionRecord) -> dict[str, Any]:
+def session_view(console: Console, principal: Principal, s: SessionRecord, *,
+                 pod: bool = False) -> dict[str, Any]:
+    """A session, its hosts, history and findings; with `pod`, also the report's view of a
+    multi-host session's hosts side by side (for the HTML page: the same table and heat map
+    as summary.html, from analysis.json's `hosts`)."""
     analysis = read_analysis(console, s)
     view = session_row(s, principal, analysis)
     may_profile = principal.can(PROFILE, s.run, s.session)
@@ -217,6 +222,12 @@ def session_view(console: Console, principal: Principal, s: SessionRecord) -> di
         if may_profile else None,
         "regression": _regression(s, analysis),
     })
+    if pod:
+        hosts = (analysis or {}).get("hosts")
+        section = hosts_section(hosts) if isinstance(hosts, dict) else None
+        # The console's own "hosts" section lists the xplanes: this one gets its own anchor.
+        view["pod"] = (replace(section, anchor="pod", title="Hosts side by side") if section
+                     else None)
     return view
 
 

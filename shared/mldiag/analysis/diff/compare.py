@@ -13,6 +13,8 @@ analysis.json) and returns the diff.json document:
   op signatures added and removed;
 - `findings`: new, resolved, and changed priority;
 - `config`: run configs, framework, xprof and mldiag versions, device type, host count;
+- `hosts`: when both sides are pods (analysis.json `hosts`), host by host: step, lateness and
+  waits before and after, and the stragglers that appeared or went away (`diff.hosts`);
 - `explanation`: one ranked list `{change, kind, delta_ms, share_of_delta, evidence}`, the
   largest first, whose deltas add up to the step-time delta with `unattributed`;
 - `comparability`: what differs in kind between the two (device type, hosts, step markers,
@@ -29,7 +31,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import mldiag
-from mldiag.analysis.diff import pairing, stats
+from mldiag.analysis.diff import hosts, pairing, stats
 from mldiag.analysis.diff.explain import NEGLIGIBLE, explain
 from mldiag.analysis.diff.sides import (
     PERCENT,
@@ -80,6 +82,9 @@ def build_diff(a: Side, b: Side, *, xprof_diff: Mapping[str, Any] | None = None
         "mldiag_version": mldiag.__version__,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    pods = hosts.host_diff(a.analysis.get("hosts"), b.analysis.get("hosts"))
+    if pods is not None:
+        doc["hosts"] = pods
     doc["headline"] = headline(doc)
     return doc
 
@@ -541,13 +546,22 @@ def headline(doc: Mapping[str, Any]) -> str:
                   "compare step times)")
     if top is None:
         if "cannot be compared" in change:
-            return f"{lead}{change}, and neither the ops nor the idle time can be compared."
-        return f"{lead}{change}; no change was found between the two."
+            return _with_stragglers(
+                f"{lead}{change}, and neither the ops nor the idle time can be compared.", doc)
+        return _with_stragglers(f"{lead}{change}; no change was found between the two.", doc)
     share = top.get("share_of_delta")
     amount = (f"{top['delta_ms']:+.2f} ms" if top.get("delta_ms") is not None else
               f"{top.get('delta_points', 0):+.2f} points of device time")
     part = f", {share:.0%} of the delta" if share is not None and step.get(
         "significant") is not False and 0 < share <= 2 else ""
     text = top["change"].replace("`", "")
-    return f"{lead}{change}; the largest change: {text} ({amount}{part})."
+    return _with_stragglers(f"{lead}{change}; the largest change: {text} ({amount}{part}).",
+                            doc)
+
+
+def _with_stragglers(said: str, doc: Mapping[str, Any]) -> str:
+    """The sentence, and the stragglers that appeared or went away between two pods."""
+    pods = doc.get("hosts")
+    extra = hosts.sentence(pods) if isinstance(pods, Mapping) else ""
+    return f"{said} {extra}" if extra else said
 

@@ -132,3 +132,100 @@ def category_bars(rows: list[tuple[str, float, float | None]]) -> dict[str, Any]
     width = label_w + bar_w + value_w
     return {"width": width, "height": row_h * len(rows) + 6, "label_x": label_w - 6,
             "bar_x": label_w, "bar_h": row_h - 6, "bars": bars}
+
+
+# The host × step heat map: its size does not grow with the pod (the pass shows at most 16
+# hosts and a summary row, at most 64 step columns), so 256 hosts draw as 8 do.
+HEAT_LABEL_W, HEAT_PLOT_W, HEAT_ROW_H, HEAT_MAX_ROWS, HEAT_MAX_COLS = 186, 640, 16, 17, 64
+HEAT_TOP, HEAT_GAP, HEAT_BOTTOM = 8, 6, 74
+# Host names longer than this are cut in the label (the cell titles keep them whole).
+HEAT_LABEL_CHARS = 22
+# Width of one character of the labels (the stylesheet's 12.5 px monospace), generously:
+# labels are spaced and cut by it.
+CHAR_W = 7.8
+_LATE, _EARLY, _ZERO = (207, 34, 46), (9, 105, 218), (255, 255, 255)
+HEAT_SHADES = 5
+
+
+def _shade(level: int) -> str:
+    """Fill of a lateness level, -HEAT_SHADES (earliest) .. +HEAT_SHADES (latest)."""
+    end = _LATE if level > 0 else _EARLY
+    t = abs(level) / HEAT_SHADES
+    return "#" + "".join(f"{round(z + (e - z) * t):02x}" for z, e in zip(_ZERO, end, strict=True))
+
+
+def _level(value: float, scale: float) -> int:
+    return max(-HEAT_SHADES, min(HEAT_SHADES, round(value / scale * HEAT_SHADES)))
+
+
+def _short(name: str, chars: int) -> str:
+    # Hosts of one pod share their prefix: the end (the worker's index) tells them apart.
+    return name if len(name) <= chars else "…" + name[-(chars - 1):]
+
+
+def heat_map(steps: list[str], rows: list[tuple[str, list[float], list[float], bool]],
+             threshold_ms: float | None) -> dict[str, Any]:
+    """Cells, labels and legend of the host × step lateness map.
+
+    `rows`: (host, lateness ms per step column, collective wait ms per column, whether the
+    row summarises other hosts), worst first as the pass ordered them. The colour scale is
+    symmetric around 0 (late red, early blue) and reaches full colour at the largest
+    lateness, or at twice the straggler threshold when that is larger: jitter well under the
+    threshold stays pale."""
+    steps = steps[:HEAT_MAX_COLS]
+    rows = rows[:HEAT_MAX_ROWS]
+    n_cols = max(len(steps), 1)
+    cell_w = HEAT_PLOT_W / n_cols
+    values = [abs(v) for _, late, _, _ in rows for v in late[:n_cols]]
+    scale = max(max(values, default=0.0), 2 * (threshold_ms or 0.0)) or 1.0
+    cells, labels = [], []
+    y = float(HEAT_TOP)
+    for i, (host, late, wait, summary) in enumerate(rows):
+        if summary and i:
+            y += HEAT_GAP
+        labels.append({"y": f"{y + HEAT_ROW_H / 2 + 4:.1f}",
+                       "text": _short(host, HEAT_LABEL_CHARS), "title": host,
+                       "summary": summary})
+        for c, step in enumerate(steps):
+            if c >= len(late):
+                break
+            waited = wait[c] if c < len(wait) else None
+            title = (f"{host}, step {step}: {late[c]:+.2f} ms late"
+                     + (f", waited {waited:.2f} ms at the collectives"
+                        if waited is not None else ""))
+            cells.append({"x": f"{HEAT_LABEL_W + c * cell_w:.1f}", "y": f"{y:.1f}",
+                          "w": f"{max(cell_w - 1, 1):.1f}", "fill": _shade(_level(late[c], scale)),
+                          "title": title})
+        y += HEAT_ROW_H
+    plot_bottom = y
+    # Step labels centred under their columns, every `stride` columns so none overlap.
+    widest = max((len(s) for s in steps), default=1) * CHAR_W + 6
+    stride = max(1, math.ceil(widest / cell_w))
+    x_labels = [{"x": f"{HEAT_LABEL_W + (c + 0.5) * cell_w:.1f}", "text": s}
+                for c, s in enumerate(steps) if c % stride == 0]
+    legend_y = plot_bottom + 40
+    swatch = 28
+    legend = [{"x": HEAT_LABEL_W + (level + HEAT_SHADES) * swatch, "fill": _shade(level)}
+              for level in range(-HEAT_SHADES, HEAT_SHADES + 1)]
+    legend_end = HEAT_LABEL_W + (2 * HEAT_SHADES + 1) * swatch
+    return {
+        # Room on the right for half of the last step's label.
+        "width": HEAT_LABEL_W + HEAT_PLOT_W + math.ceil(widest / 2),
+        "height": f"{plot_bottom + HEAT_BOTTOM:.0f}",
+        "left": HEAT_LABEL_W, "top": HEAT_TOP, "plot_w": HEAT_PLOT_W,
+        "plot_bottom": f"{plot_bottom:.1f}", "plot_h": f"{plot_bottom - HEAT_TOP:.1f}",
+        "row_h": HEAT_ROW_H,
+        "label_x": HEAT_LABEL_W - 6, "cells": cells, "labels": labels,
+        "x_labels": x_labels, "x_label_y": f"{plot_bottom + 13:.1f}",
+        "x_title_x": HEAT_LABEL_W + HEAT_PLOT_W / 2, "x_title_y": f"{plot_bottom + 27:.1f}",
+        "x_title": "step" if all("-" not in s for s in steps) else
+                   f"steps ({len(steps)} columns, each the mean of its steps)",
+        "legend": legend, "legend_y": f"{legend_y:.1f}", "swatch": swatch,
+        "legend_text_y": f"{legend_y + 24:.1f}",
+        "legend_lo_x": HEAT_LABEL_W, "legend_mid_x": HEAT_LABEL_W + (HEAT_SHADES + 0.5) * swatch,
+        "legend_hi_x": legend_end,
+        "legend_lo": f"{-scale:.2f} ms early", "legend_hi": f"+{scale:.2f} ms late",
+        "legend_title_x": HEAT_LABEL_W - 6, "legend_title_y": f"{legend_y + 15:.1f}",
+        "threshold": f"straggler threshold {threshold_ms:.2f} ms" if threshold_ms else "",
+        "threshold_x": legend_end + 10,
+    }

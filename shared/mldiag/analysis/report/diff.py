@@ -29,6 +29,7 @@ from mldiag.analysis.report.model import (
     as_map,
     as_str,
     evidence_value,
+    fmt_pct,
     mono,
     na,
     parts,
@@ -256,6 +257,68 @@ def _config(doc: Mapping[str, Any]) -> list[Block]:
     return blocks
 
 
+def _before_after(side_a: object, side_b: object, delta: object, key: str,
+                  signed: bool = False) -> Cell:
+    a, b = as_map(side_a).get(key), as_map(side_b).get(key)
+    if not side_a or not side_b:
+        return _num(b if side_b else a, "ms", signed=signed)
+    return parts(_num(a, signed=signed), " → ", _num(b, "ms", signed=signed), " ",
+                 Span(parts("(", _num(as_map(delta).get(key), signed=True), ")"), "subnote"))
+
+
+def _straggler_mark(row: Mapping[str, Any]) -> Cell:
+    a, b = as_map(row.get("a")).get("straggler"), as_map(row.get("b")).get("straggler")
+    mark = ("straggler in A and B" if a and b else "straggler in B (new)" if b else
+            "straggler in A (gone)" if a else "")
+    name = mono(row.get("host"))
+    on = as_str(row.get("on"))
+    said: list[Cell] = [Strong(name) if mark else name]
+    if mark:
+        said += [" ", Span(mark, "chip")]
+    if on != "both":
+        said += [" ", Span(on, "subnote")]
+    return parts(*said)
+
+
+def _hosts(doc: Mapping[str, Any]) -> list[Block]:
+    """Two pods host by host (diff.json `hosts`)."""
+    pods = as_map(doc.get("hosts"))
+    said: list[Cell] = []
+    for key, verb in (("appeared", "Appeared in B"), ("went_away", "Gone since A")):
+        for s in as_list(as_map(pods.get("stragglers")).get(key)):
+            x = as_map(s)
+            said.append(parts(Strong(verb), ": straggler ", mono(x.get("host")),
+                              f", {text(x.get('lateness_ms_per_step'))} ms late per step, the "
+                              f"others waiting {text(x.get('others_wait_percent_of_step'))}% "
+                              f"of their step (cause: {text(x.get('cause'))})"))
+    for s in as_list(as_map(pods.get("stragglers")).get("stayed")):
+        x = as_map(s)
+        said.append(parts(Strong("In both"), ": straggler ", mono(x.get("host")), ", ",
+                          _num(as_map(x.get("a")).get("lateness_ms_per_step")), " → ",
+                          _num(as_map(x.get("b")).get("lateness_ms_per_step"), "ms"),
+                          " late per step"))
+    median, wait = as_map(pods.get("median_step_ms")), as_map(pods.get("collective_wait_percent"))
+    count = as_map(pods.get("hosts"))
+    lead = Para(parts(
+        f"Hosts {text(count.get('a'))} → {text(count.get('b'))}; median step ",
+        _num(median.get("a")), " → ", _num(median.get("b"), "ms"),
+        "; share of collective time spent waiting ", fmt_pct(wait.get("a")), " → ",
+        fmt_pct(wait.get("b")), ". Each figure is the host's median over its session's "
+        "common steps; Δ is B − A."))
+    rows = [(_straggler_mark(r),
+             *(_before_after(r.get("a"), r.get("b"), r.get("delta"), key, key == "lateness_ms")
+               for key in ("step_ms", "lateness_ms", "collective_wait_ms", "host_wait_ms",
+                           "compute_ms")))
+            for r in (as_map(x) for x in as_list(pods.get("rows")))]
+    blocks: list[Block] = [
+        Callout("Stragglers", said, heading=False) if said else
+        why("Neither session has a straggler."), lead]
+    blocks.append(table([("Host", ""), ("Step", "num"), ("Lateness", "num"),
+                         ("Collective wait", "num"), ("Host wait", "num"), ("Compute", "num")],
+                        rows, collapse_after=16))
+    return blocks
+
+
 def _unattributed(doc: Mapping[str, Any]) -> list[Block]:
     u = as_map(doc.get("unattributed"))
     said: list[Cell] = []
@@ -308,12 +371,17 @@ def render_diff_html(doc: Mapping[str, Any]) -> str:
         Section("ops", "Op deltas", _ops(doc)),
         Section("hlo", "HLO changes", _hlo(doc)),
         Section("kernels", "Kernel deltas", _kernels(doc)),
+        *([Section("hosts", "Hosts", _hosts(doc))] if doc.get("hosts") else []),
         Section("findings", "Findings", _findings(doc)),
         Section("config", "Config and environment", _config(doc)),
     ]
     about = KV([("Schema", text(doc.get("schema_version"))),
                 ("Created", text(doc.get("created_at"))),
                 ("xprof", text(doc.get("xprof_version")))])
-    return render("report/diff.html", page=Page(f"mldiag diff · {title}", _TOC), title=title,
+    toc: tuple[TocEntry, ...] = _TOC
+    if doc.get("hosts"):
+        at = toc.index(TocEntry("findings", "Findings"))
+        toc = toc[:at] + (TocEntry("hosts", "Hosts"),) + toc[at:]
+    return render("report/diff.html", page=Page(f"mldiag diff · {title}", toc), title=title,
                   sides=[_side(doc, "a"), _side(doc, "b")], sections=sections, about=about,
                   mldiag_version=text(doc.get("mldiag_version")))

@@ -11,6 +11,7 @@ from mldiag.analysis.judgement.reading import SessionReading, read_session
 from mldiag.analysis.judgement.verdict import none_found
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.diff import what_changed
+from mldiag.analysis.report.hosts import hosts_section
 from mldiag.analysis.report.model import (
     KV,
     Block,
@@ -518,6 +519,10 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
             ("Investigator", as_str(analysis.get("investigator")) or "unknown")]
     regression = as_map(analysis.get("regression"))
     toc = ((TocEntry("what-changed", "What changed"),) if regression else ()) + _TOC
+    pod = hosts_section(as_map(analysis.get("hosts")))
+    if pod is not None:
+        at = toc.index(_TOC[1]) + 1
+        toc = toc[:at] + (TocEntry("hosts", "Hosts"),) + toc[at:]
     findings, no_findings = findings_view(analysis)
     return render(
         "report/summary.html",
@@ -526,7 +531,7 @@ def render_summary_html(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
         capture=_capture_lines(as_map(session.get("capture"))),
         what_changed=what_changed(regression) if regression else None,
         summary=summary_view(analysis, snapshot, reading), findings=findings,
-        no_findings=no_findings, tools=tool_sections(analysis, reading),
+        no_findings=no_findings, hosts=pod, tools=tool_sections(analysis, reading),
         provenance=Section("provenance", "Provenance", provenance_view(analysis, snapshot)),
         mldiag_version=text(analysis.get("mldiag_version") or ""),
         xprof_version=text(analysis.get("xprof_version") or snapshot.get("xprof_version") or ""),
