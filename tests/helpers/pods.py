@@ -1,6 +1,7 @@
 """analysis.json `hosts` sections of any size, shaped as the cross-host pass writes them
 (`collection/hosts/pod.py`): per-host rows worst first, stragglers, the collective split and
-a heat map of at most 16 hosts and a summary row, at most 64 step columns."""
+a heat map of at most 16 hosts and a summary row, at most 64 step columns, and the summary
+row of the hosts beyond the first 16 (`per_host_rest`)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,14 @@ def pod_hosts(n_hosts: int, n_steps: int, *, straggler: int | None = 1,
         "function": {"event": "$train.py:35 batch", "where": "train.py:35",
                      "excess_ms_per_step": late_ms, "ms_per_call": late_ms + 0.5,
                      "others_ms_per_call": 0.5}}]
+    beyond = per_host[SHOWN:]
+    per_host_rest = {"hosts": len(beyond), "stragglers": sum(r["straggler"] for r in beyond),
+                     **{k: sorted(r[k] for r in beyond)[len(beyond) // 2] for k in (
+                         "step_ms", "compute_ms", "host_wait_ms", "collective_ms",
+                         "collective_wait_ms", "collective_transfer_ms", "lateness_ms")}
+                     } if beyond else None
     return {
+        **({"per_host_rest": per_host_rest} if per_host_rest else {}),
         "method": "mldiag: hosts' steps aligned by step number",
         "hosts": n_hosts, "common_steps": n_steps, "steps_matched_by": "step number",
         "step_ranges": [{"host": h, "steps": n_steps, "first": 0, "last": n_steps - 1}

@@ -73,3 +73,13 @@ def test_a_large_pod_keeps_its_views_bounded(tmp_path: Path) -> None:
     assert heat["rows"][0]["host"] == "host33", "worst first"
     assert heat["rows"][-1]["summary_of"] == 40 - SHOWN_HOSTS
     assert len(heat["steps"]) == 64 and all(len(r["lateness_ms"]) == 64 for r in heat["rows"])
+
+
+def test_the_hosts_beyond_the_shown_ones_are_one_row_of_medians(tmp_path: Path) -> None:
+    pod = _pod(tmp_path, PodShape(hosts=20, devices=1, steps=12, stretch={5: 1.5}))
+    rest = pod["per_host_rest"]
+    beyond = pod["per_host"][SHOWN_HOSTS:]
+    assert rest["hosts"] == len(beyond) == 4 and rest["stragglers"] == 0
+    import statistics
+    assert rest["step_ms"] == pytest.approx(statistics.median(r["step_ms"] for r in beyond),
+                                            abs=1e-3)

@@ -105,8 +105,10 @@ def _one(path: Any, out: str | None, progress: Any, budget: int | None
 def _print(analysis: dict[str, Any], html: Any) -> None:
     session = analysis["session"]
     hosts = len(session.get("hosts") or [])
+    unreadable = sorted(session.get("unreadable_hosts") or {})
     print(f"{analysis['status']}  {session.get('run')}/{session.get('session')}  "
-          f"({session.get('device_type') or 'unknown device'}, {hosts} host(s))")
+          f"({session.get('device_type') or 'unknown device'}, {hosts} host(s)"
+          + (f"; left out, unreadable: {', '.join(unreadable)}" if unreadable else "") + ")")
     for f in analysis["findings"]:
         print(f"  {f['priority']} {f['category']:<16} {f['title']}")
     if not analysis["findings"]:

@@ -154,6 +154,7 @@ class PodFigures:
         split and heat map, and how they were computed."""
         keep = ("method", "hosts", "common_steps", "steps_matched_by", "step_ranges",
                 "hosts_with_other_steps", "note", "clock_offsets_ms", "median_step_ms", "per_host",
+                "per_host_rest",
                 "collective_split", "straggler_test", "stragglers", "heat_map")
         return {k: self.data[k] for k in keep if k in self.data} | (
             {"failed_hosts": dict(self.failed_hosts)} if self.failed_hosts else {})

@@ -3,14 +3,13 @@ steps and clocks were matched, each host's figures worst first, the host × step
 and where the collectives' time goes (waiting or transfer).
 
 Every figure is analysis.json's `hosts` section as the cross-host pass wrote it
-(`collection/hosts/pod.py`); the page only picks and orders them. The one exception is the
-line that stands for the hosts beyond the first `SHOWN_HOSTS` rows: the median of each of
-their columns, which the line says.
+(`collection/hosts/pod.py`); the page only picks and orders them, including the line that
+stands for the hosts beyond the first `SHOWN_HOSTS` rows (the pass's `per_host_rest`, the
+median of each of their columns).
 """
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -66,19 +65,15 @@ def _row(row: Mapping[str, Any]) -> tuple[Cell, ...]:
     return (_host_cell(row), *figures, _signed_ms(row.get("lateness_ms")))
 
 
-def _medians(rows: Sequence[Mapping[str, Any]]) -> tuple[Cell, ...]:
-    """The line for the hosts not shown one by one: the median of each column over them."""
-    def median(key: str) -> float | None:
-        values = [v for v in (measured(r.get(key)) if key != "lateness_ms" else r.get(key)
-                              for r in rows)
-                  if isinstance(v, int | float) and not isinstance(v, bool)]
-        return statistics.median(values) if values else None
-    stragglers = sum(1 for r in rows if r.get("straggler"))
-    label: Cell = parts(Strong(f"{len(rows)} other hosts"), " ", Span(
+def _medians(rest: Mapping[str, Any]) -> tuple[Cell, ...]:
+    """The line for the hosts not shown one by one: the pass's `per_host_rest`, the median
+    of each column over them."""
+    stragglers = rest.get("stragglers")
+    label: Cell = parts(Strong(f"{text(rest.get('hosts'))} other hosts"), " ", Span(
         "median of each column" + (f"; {stragglers} straggler(s) among them" if stragglers
                                    else ""), "subnote"))
-    figures: list[Cell] = [fmt_ms(median(key)) for key, _ in _COLUMNS[:-1]]
-    return (label, *figures, _signed_ms(median("lateness_ms")))
+    figures: list[Cell] = [fmt_ms(rest.get(key)) for key, _ in _COLUMNS[:-1]]
+    return (label, *figures, _signed_ms(rest.get("lateness_ms")))
 
 
 def _per_host(hosts: Mapping[str, Any]) -> list[Block]:
@@ -87,7 +82,8 @@ def _per_host(hosts: Mapping[str, Any]) -> list[Block]:
         return [why("The pass recorded no per-host figures.")]
     head = [("Host", ""), *((label, "num") for _, label in _COLUMNS)]
     shown, rest = rows[:SHOWN_HOSTS], rows[SHOWN_HOSTS:]
-    body = [_row(r) for r in shown] + ([_medians(rest)] if rest else [])
+    summary = as_map(hosts.get("per_host_rest"))
+    body = [_row(r) for r in shown] + ([_medians(summary)] if rest and summary else [])
     blocks: list[Block] = [table(head, body)]
     if rest:
         blocks.append(Folded(f"The {len(rest)} hosts not shown above, one by one",

@@ -218,6 +218,15 @@ def cross_host(hosts: Sequence[HostTimeline],
             "straggler": j in stragglers,
         })
     out["per_host"] = sorted(per_host, key=lambda r: (-r["lateness_ms"], r["host"]))
+    rest_rows = out["per_host"][SHOWN_HOSTS:]
+    if rest_rows:
+        # The hosts beyond the first SHOWN_HOSTS as one row: the median of each column.
+        out["per_host_rest"] = {
+            "hosts": len(rest_rows),
+            "stragglers": sum(1 for r in rest_rows if r["straggler"]),
+            **{k: _r(float(np.median([r[k] for r in rest_rows]))) for k in (
+                "step_ms", "compute_ms", "host_wait_ms", "collective_ms",
+                "collective_wait_ms", "collective_transfer_ms", "lateness_ms")}}
     total_wait = float(wait_ms.sum())
     total_coll = total_wait + float(transfer_ms.sum())
     out["collective_split"] = {
