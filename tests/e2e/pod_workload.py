@@ -2,13 +2,15 @@
 
     python pod_workload.py --coordinator HOST:PORT --processes N --index I --out SESSION_DIR
                            [--steps S] [--slow K] [--slow-input-ms MS] [--slow-compute X]
+                           [--no-steps]
 
 Every process joins the job with `jax.distributed.initialize` (gloo collectives on CPU) and
 trains a jitted step on its shard of the batch: a matmul chain, then a cross-process sum
 (`psum` in `shard_map`: an all-reduce of one scalar). Process K (`--slow`) waits MS longer
 for its input before each step (`--slow-input-ms`), or runs its matmul X times
 (`--slow-compute`). Each process profiles its steps with `jax.profiler` (Python tracer on)
-and leaves its trace as `SESSION_DIR/host{I}.xplane.pb`: the hosts of one session.
+and leaves its trace as `SESSION_DIR/host{I}.xplane.pb`: the hosts of one session. With
+`--no-steps` the steps are not annotated (many jobs never mark them).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ def main() -> int:
     p.add_argument("--slow", type=int, default=-1)
     p.add_argument("--slow-input-ms", type=float, default=0.0)
     p.add_argument("--slow-compute", type=int, default=1)
+    p.add_argument("--no-steps", action="store_true", help="no step annotations")
     args = p.parse_args()
     import jax
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -63,6 +66,9 @@ def main() -> int:
     options.python_tracer_level = 1
     jax.profiler.start_trace(tmp, profiler_options=options)
     for i in range(args.steps):
+        if args.no_steps:
+            w = jax.block_until_ready(step(w, batch()))
+            continue
         with jax.profiler.StepTraceAnnotation("train", step_num=i):
             x = batch()
             w = jax.block_until_ready(step(w, x))

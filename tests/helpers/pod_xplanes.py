@@ -36,6 +36,8 @@ class PodShape:
     step_range: dict[int, range] = field(default_factory=dict)
     clock_offset_ms: Sequence[float] = ()
     seed: int = 7
+    # False: no step annotations (a job that never marks its steps)
+    annotated: bool = True
 
 
 def _plane(space: Any, name: str, pid: int) -> tuple[Any, dict[str, int], dict[str, int]]:
@@ -86,7 +88,7 @@ def write_pod(session_dir: Path, shape: PodShape) -> list[Path]:
         line.id, line.name, line.timestamp_ns = 1, "python", 0
         train, num = _meta(host, events, "train"), _stat(host, stats, "step_num")
         for step, start, _, _, end in timeline:
-            if step not in steps:
+            if step not in steps or not shape.annotated:
                 continue
             e = line.events.add()
             e.metadata_id, e.offset_ps = train, int((start + off) * 1e9)

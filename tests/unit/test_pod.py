@@ -83,3 +83,17 @@ def test_the_hosts_beyond_the_shown_ones_are_one_row_of_medians(tmp_path: Path) 
     import statistics
     assert rest["step_ms"] == pytest.approx(statistics.median(r["step_ms"] for r in beyond),
                                             abs=1e-3)
+
+
+def test_without_step_annotations_the_hosts_are_compared_round_by_round(
+        tmp_path: Path) -> None:
+    pod = _pod(tmp_path, PodShape(stretch={3: 1.5}, annotated=False, steps=16,
+                                  clock_offset_ms=[0.0, 5.0, -3.0, 11.0]))
+    assert pod["unit"] == "round" and pod["marker"] == "all-reduce-done.1"
+    assert pod["common_steps"] == 15, "round k ends with the k-th all-reduce"
+    [s] = pod["stragglers"]
+    assert s["host"] == "host3" and s["cause"] == "device compute"
+    assert s["lateness_ms_per_step"] == pytest.approx(4.0, abs=0.2)
+    assert pod["clock_offsets_ms"]["host3"] == pytest.approx(11.0, abs=0.05)
+    balanced = _pod(tmp_path / "b", PodShape(annotated=False))
+    assert balanced["stragglers"] == []

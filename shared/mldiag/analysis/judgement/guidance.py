@@ -17,7 +17,8 @@ transfer or
 {detections.DETECTOR_P1_PERCENT:g}%; OOM risk
   MEDIUM; roofline efficiency below 10%.
 - Pods (several hosts): a straggler (`mldiag.timeline pod.stragglers`) is P0 when the other
-  hosts lose >= {straggler.LOST_P0_PERCENT:g}% of their step waiting for it, P1 at >= {straggler.LOST_P1_PERCENT:g}%.
+  hosts lose >= {straggler.LOST_P0_PERCENT:g}% of their step waiting for it, P1 at
+  >= {straggler.LOST_P1_PERCENT:g}%.
   Collective time that is mostly waiting (`pod.collective_split.wait_percent` >= 50) is not
   a bandwidth problem: judge communication by its transfer share and point at the straggler.
 - P2: anything smaller that is still worth fixing."""

@@ -146,13 +146,20 @@ class PodFigures:
     data: Mapping[str, Any] = field(repr=False, default_factory=dict)
 
     @property
+    def unit(self) -> str:
+        """What the hosts were compared over: "step", or "round" (between executions of a
+        collective, for hosts without step annotations)."""
+        return str(self.data.get("unit") or "step")
+
+    @property
     def waiting_dominates(self) -> bool:
         return self.wait_percent is not None and self.wait_percent >= 50.0
 
     def to_dict(self) -> dict[str, Any]:
         """analysis.json's `hosts` section: the pass's per-host table, stragglers, collective
         split and heat map, and how they were computed."""
-        keep = ("method", "hosts", "common_steps", "steps_matched_by", "step_ranges",
+        keep = ("method", "hosts", "unit", "marker", "common_steps", "steps_matched_by",
+                "step_ranges",
                 "hosts_with_other_steps", "note", "clock_offsets_ms", "median_step_ms", "per_host",
                 "per_host_rest",
                 "collective_split", "straggler_test", "stragglers", "heat_map")

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -106,51 +107,28 @@ def _is_issue(op: str) -> bool:
 def cross_host(hosts: Sequence[HostTimeline],
                functions: Mapping[str, Sequence[Mapping[str, Any]]] | None = None
                ) -> dict[str, Any] | None:
-    """The session's cross-host figures (None for fewer than two hosts with steps).
+    """The session's cross-host figures (None for fewer than two hosts to compare).
 
+    Hosts are compared step by step when every host has annotated steps; when some have
+    none, round by round, a round ending with each execution of the collective every host
+    runs most (what a job without step annotations still has in common).
     `functions`: per host, Python-tracer rows (`aggregate_xplane_events` rows: event,
     count, total_duration_ps), to name the straggler's own slow function."""
-    stepped = [h for h in hosts if len(h.steps)]
-    if len(stepped) < 2:
+    if len(hosts) < 2:
         return None
+    frame = _by_steps(hosts) if all(len(h.steps) for h in hosts) else _by_rounds(hosts)
+    if frame is None:
+        return None
+    out, stepped = frame.head, frame.hosts
     names = [h.host for h in stepped]
-    common, matched_by, picks = _common_steps(stepped)
-    n_hosts, n_steps = len(stepped), len(common)
-    ranges: list[dict[str, Any]] = [{"host": h.host, "steps": len(h.steps),
-               "first": (h.step_numbers[0] if h.step_numbers else 0),
-               "last": (h.step_numbers[-1] if h.step_numbers else len(h.steps) - 1)}
-              for h in stepped]
-    # The hosts whose steps differ from most hosts' (one that crashed mid-capture).
-    counts = [r["steps"] for r in ranges]
-    usual = max(set(counts), key=lambda c: (counts.count(c), c))
-    partial = [str(r["host"]) for r in ranges if r["steps"] != usual]
-    out: dict[str, Any] = {
-        "method": "mldiag: hosts' steps aligned by " + matched_by + "; clocks aligned on the "
-                  "collectives' common end; a collective's wait is from a host's arrival to "
-                  "the last participant's, its transfer the rest",
-        "hosts": n_hosts, "common_steps": n_steps, "steps_matched_by": matched_by,
-        "step_ranges": ranges, "hosts_with_other_steps": partial,
-    }
+    n_hosts, n_steps = len(stepped), frame.step_ms.shape[1]
     if not n_steps:
         out["note"] = "the hosts have no step in common"
         return out
-    if partial or any(c != n_steps for c in counts):
-        out["note"] = (f"aligned on the {n_steps} steps every host has ({common[0]}-{common[-1]})"
-                       + (f"; {', '.join(partial)} {'has' if len(partial) == 1 else 'have'} "
-                          f"other steps than the other hosts' {usual}" if partial else ""))
-    # Per host × common step (ms).
-    step_ms = np.zeros((n_hosts, n_steps))
-    busy_ms = np.zeros((n_hosts, n_steps))
-    coll_ms = np.zeros((n_hosts, n_steps))
-    for j, (h, pick) in enumerate(zip(stepped, picks, strict=True)):
-        ix = np.array(pick, dtype=np.int64)
-        step_ms[j] = (h.steps[ix, 1] - h.steps[ix, 0]) / 1e6
-        busy_ms[j] = h.busy_per_step_ns[ix] / 1e6 if len(h.busy_per_step_ns) else 0.0
-        if len(h.collective_per_step_ns) == len(h.steps):
-            coll_ms[j] = h.collective_per_step_ns[ix] / 1e6
+    step_ms, busy_ms, coll_ms = frame.step_ms, frame.busy_ms, frame.coll_ms
     compute_ms = np.maximum(busy_ms - coll_ms, 0.0)
     host_wait_ms = np.maximum(step_ms - busy_ms, 0.0)
-    pos, ops, start, end = _instance_table(stepped, picks)
+    pos, ops, start, end = frame.pos, frame.ops, frame.start, frame.end
     wait_ms = np.zeros((n_hosts, n_steps))
     transfer_ms = np.zeros((n_hosts, n_steps))
     late_ms = np.zeros((n_hosts, n_steps))
@@ -236,11 +214,135 @@ def cross_host(hosts: Sequence[HostTimeline],
         "ops": sorted(per_op.values(), key=lambda r: -(r["wait_ms"] + r["transfer_ms"]))[:10],
     }
     out["median_step_ms"] = _r(median_step)
-    out["heat_map"] = _heat_map(names, common, late_ms, wait_ms, step_ms, out["per_host"])
+    out["heat_map"] = _heat_map(names, frame.labels, late_ms, wait_ms, step_ms, out["per_host"])
     out["stragglers"] = [_straggler(j, stepped, names, rest, step_ms, compute_ms,
                                     host_wait_ms, wait_ms, late_ms, functions)
                          for j in stragglers]
     return out
+
+
+@dataclass
+class _Frame:
+    """The hosts side by side, per compared unit (a step, or a collective round): what the
+    rest of the pass reads whichever way the units were matched."""
+
+    head: dict[str, Any]
+    hosts: list[HostTimeline]
+    labels: list[int]
+    step_ms: NDArray[np.float64]
+    busy_ms: NDArray[np.float64]
+    coll_ms: NDArray[np.float64]
+    pos: NDArray[np.int64]
+    ops: list[str]
+    start: NDArray[np.float64]
+    end: NDArray[np.float64]
+
+
+def _head(matched_by: str, hosts: int, units: int, unit: str) -> dict[str, Any]:
+    return {"method": "mldiag: hosts' " + unit + "s aligned by " + matched_by + "; clocks "
+            "aligned on the collectives' common end; a collective's wait is from a host's "
+            "arrival to the last participant's, its transfer the rest",
+            "hosts": hosts, "common_steps": units, "steps_matched_by": matched_by,
+            "unit": unit}
+
+
+def _by_steps(hosts: Sequence[HostTimeline]) -> _Frame:
+    stepped = list(hosts)
+    common, matched_by, picks = _common_steps(stepped)
+    n_hosts, n_steps = len(stepped), len(common)
+    ranges: list[dict[str, Any]] = [
+        {"host": h.host, "steps": len(h.steps),
+         "first": (h.step_numbers[0] if h.step_numbers else 0),
+         "last": (h.step_numbers[-1] if h.step_numbers else len(h.steps) - 1)}
+        for h in stepped]
+    # The hosts whose steps differ from most hosts' (one that crashed mid-capture).
+    counts = [r["steps"] for r in ranges]
+    usual = max(set(counts), key=lambda c: (counts.count(c), c))
+    partial = [str(r["host"]) for r in ranges if r["steps"] != usual]
+    head = _head(matched_by, n_hosts, n_steps, "step") | {
+        "step_ranges": ranges, "hosts_with_other_steps": partial}
+    if n_steps and (partial or any(c != n_steps for c in counts)):
+        head["note"] = (f"aligned on the {n_steps} steps every host has ({common[0]}-"
+                        f"{common[-1]})" + (
+                            f"; {', '.join(partial)} {'has' if len(partial) == 1 else 'have'} "
+                            f"other steps than the other hosts' {usual}" if partial else ""))
+    step_ms = np.zeros((n_hosts, n_steps))
+    busy_ms = np.zeros((n_hosts, n_steps))
+    coll_ms = np.zeros((n_hosts, n_steps))
+    for j, (h, pick) in enumerate(zip(stepped, picks, strict=True)):
+        ix = np.array(pick, dtype=np.int64)
+        step_ms[j] = (h.steps[ix, 1] - h.steps[ix, 0]) / 1e6
+        busy_ms[j] = h.busy_per_step_ns[ix] / 1e6 if len(h.busy_per_step_ns) else 0.0
+        if len(h.collective_per_step_ns) == len(h.steps):
+            coll_ms[j] = h.collective_per_step_ns[ix] / 1e6
+    pos, ops, start, end = _instance_table(stepped, picks) if n_steps else (
+        np.zeros(0, np.int64), [], np.zeros((0, n_hosts)), np.zeros((0, n_hosts)))
+    return _Frame(head, stepped, list(common), step_ms, busy_ms, coll_ms, pos, ops, start,
+                  end)
+
+
+def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
+    """Hosts without annotated steps, compared round by round: round k ends with the k-th
+    execution of the marker (the collective every host runs most), and each host's
+    collectives are matched by op and execution count over the whole capture. A host's
+    compute and host wait per round are its capture's, spread evenly over its rounds."""
+    tables, kept = [], []
+    for h in hosts:
+        ci = h.collective_instances
+        rows = {(op, int(k)): (float(a), float(b)) for op, k, a, b in zip(
+            ci.op, ci.occurrence.tolist(), ci.start_ns.tolist(), ci.end_ns.tolist(),
+            strict=True) if not _is_issue(op)}
+        if rows:  # a host that ran no collective (a coordinator) is not compared
+            tables.append(rows)
+            kept.append(h)
+    hosts = kept
+    if len(hosts) < 2:
+        return None
+    counts: list[dict[str, int]] = []
+    for rows in tables:
+        c: dict[str, int] = {}
+        for op, k in rows:
+            c[op] = max(c.get(op, 0), k + 1)
+        counts.append(c)
+    shared = set.intersection(*(set(c) for c in counts))
+    if not shared:
+        return None
+    marker = max(sorted(shared), key=lambda op: min(c[op] for c in counts))
+    rounds = min(c[marker] for c in counts) - 1  # round k: after end k-1 until end k
+    n_hosts = len(hosts)
+    head = _head(f"collective rounds (no step annotations): round k ends with the k-th "
+                 f"`{marker}`", n_hosts, max(rounds, 0), "round") | {
+        "step_ranges": [{"host": h.host, "steps": c[marker] - 1, "first": 1,
+                         "last": c[marker] - 1} for h, c in zip(hosts, counts, strict=True)],
+        "hosts_with_other_steps": [], "marker": marker}
+    if rounds < 1:
+        return _Frame(head, list(hosts), [], *(np.zeros((n_hosts, 0)),) * 3,
+                      np.zeros(0, np.int64), [], np.zeros((0, n_hosts)), np.zeros((0, n_hosts)))
+    marks = np.array([[rows[(marker, k)][1] for k in range(rounds + 1)] for rows in tables])
+    step_ms = np.diff(marks, axis=1) / 1e6
+    busy_ms = np.zeros((n_hosts, rounds))
+    coll_ms = np.zeros((n_hosts, rounds))
+    for j, (h, c) in enumerate(zip(hosts, counts, strict=True)):
+        all_rounds = max(c[marker] - 1, 1)
+        span = float(marks[j, -1] - marks[j, 0]) / rounds or 1.0
+        busy = h.busy_in_span_ns / max(h.active_span_ns, 1.0)
+        busy_ms[j] = busy * span / 1e6
+        coll_ms[j] = min(h.collective_busy_ns / all_rounds, busy * span) / 1e6
+    keys = sorted(set.intersection(*(set(t) for t in tables)))
+    pos_l, ops, starts, ends = [], [], [], []
+    for op, k in keys:
+        b = [t[(op, k)][1] for t in tables]
+        r = int(np.searchsorted(marks[0], b[0], side="left"))
+        if not 1 <= r <= rounds:
+            continue
+        pos_l.append(r - 1)
+        ops.append(op)
+        starts.append([t[(op, k)][0] for t in tables])
+        ends.append(b)
+    return _Frame(head, list(hosts), list(range(1, rounds + 1)), step_ms, busy_ms, coll_ms,
+                  np.array(pos_l, dtype=np.int64), ops,
+                  np.array(starts).reshape(len(pos_l), n_hosts),
+                  np.array(ends).reshape(len(pos_l), n_hosts))
 
 
 def _straggler(j: int, hosts: Sequence[HostTimeline], names: list[str], rest: list[int],

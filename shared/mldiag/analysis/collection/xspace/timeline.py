@@ -140,6 +140,9 @@ class HostTimeline:
     # what the cross-host pass (`hosts.pod`) matches across hosts. At most MAX_INSTANCES.
     collective_instances: CollectiveInstances = field(
         default_factory=lambda: CollectiveInstances.empty())
+    # The union of the collectives' executions over the whole capture (ns): what the
+    # cross-host pass reads when the host has no annotated steps.
+    collective_busy_ns: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able copy, so one host's pass can run elsewhere and be combined later."""
@@ -155,7 +158,8 @@ class HostTimeline:
                 "active_from_ns": self.active_from_ns, "active_to_ns": self.active_to_ns,
                 "step_numbers": list(self.step_numbers),
                 "collective_per_step_ns": self.collective_per_step_ns.tolist(),
-                "collective_instances": self.collective_instances.to_json()}
+                "collective_instances": self.collective_instances.to_json(),
+                "collective_busy_ns": self.collective_busy_ns}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> HostTimeline:
@@ -174,7 +178,8 @@ class HostTimeline:
                 collective_per_step_ns=np.array(d.get("collective_per_step_ns", []),
                                                 dtype=np.float64),
                 collective_instances=CollectiveInstances.from_json(
-                    d.get("collective_instances")))
+                    d.get("collective_instances")),
+                collective_busy_ns=float(d.get("collective_busy_ns", 0.0)))
         for program, name, t, count, *lines in d["ops"]:
             h.op_time_ns[(program, name)] = float(t)
             h.op_count[(program, name)] = int(count)
@@ -463,6 +468,7 @@ def analyze_scan(scan: XSpaceScan, host: str,
                           np.concatenate([b for _, b, _ in coll_lines]))
         result.collective_per_step_ns = _covered(c_s, c_e, result.steps[:, 0],
                                                  result.steps[:, 1])
+        result.collective_busy_ns = float(np.sum(c_e - c_s))
     else:
         result.collective_per_step_ns = np.zeros(len(result.steps))
     result.collective_instances = _instances(coll_lines, {i: n for n, i in coll_names.items()},
@@ -498,9 +504,13 @@ def _instances(lines: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArr
                numbers: list[int]) -> CollectiveInstances:
     """The collective executions inside steps, one row per (step, op, occurrence in the
     step): each line's k-th execution of an op in a step is the same collective as every
-    other line's k-th, and its start and end are their mean."""
-    if not lines or not len(steps):
+    other line's k-th, and its start and end are their mean. Without steps, the whole
+    capture is one (step index -1): the k-th execution of an op in it."""
+    if not lines:
         return CollectiveInstances.empty()
+    whole = not len(steps)
+    if whole:
+        steps = np.array([[-np.inf, np.inf]])
     cols: list[list[NDArray[Any]]] = [[], [], [], [], []]
     for start, end, ids in lines:
         i = np.searchsorted(steps[:, 0], start, side="right") - 1
@@ -528,12 +538,14 @@ def _instances(lines: list[tuple[NDArray[np.float64], NDArray[np.float64], NDArr
     if len(keys) > MAX_INSTANCES:
         # Every k-th step by number (index without numbers), the same steps on every host.
         stride = -(-len(keys) // MAX_INSTANCES)
-        label = np.array([n if n >= 0 else i for i, n in enumerate(numbers)])[k_step]
+        label = k_occ if whole else np.array(
+            [n if n >= 0 else i for i, n in enumerate(numbers)])[k_step]
         keep = label % stride == 0
         k_step, k_op, k_occ = k_step[keep], k_op[keep], k_occ[keep]
         mean_start, mean_end = mean_start[keep], mean_end[keep]
-    return CollectiveInstances(k_step.astype(np.int64), [names[int(o)] for o in k_op],
-                               k_occ.astype(np.int64), mean_start, mean_end)
+    return CollectiveInstances(k_step.astype(np.int64) - (1 if whole else 0),
+                               [names[int(o)] for o in k_op], k_occ.astype(np.int64),
+                               mean_start, mean_end)
 
 
 def combine_windows(parts: list[HostTimeline]) -> HostTimeline:
@@ -557,8 +569,24 @@ def combine_windows(parts: list[HostTimeline]) -> HostTimeline:
         -1] * n
     # A step the cut split between windows numbers its second part's collectives from 0
     # again; the cut falls between module executions, so this is rare.
-    out.collective_instances = CollectiveInstances.concat(
-        [p.collective_instances for p in parts])
+    # Without steps, an op's executions are counted over the whole capture: each window's
+    # count on from the windows before it (windows are in time order).
+    seen: dict[str, int] = defaultdict(int)
+    shifted = []
+    for p in sorted(parts, key=lambda p: p.active_from_ns):
+        ci = p.collective_instances
+        whole = ci.step < 0
+        if whole.any():
+            occ = ci.occurrence.copy()
+            for i in np.flatnonzero(whole).tolist():
+                occ[i] += seen[ci.op[i]]
+            for op in {o for o, w in zip(ci.op, whole.tolist(), strict=True) if w}:
+                seen[op] = max(int(o) + 1 for o, name, w in zip(
+                    occ.tolist(), ci.op, whole.tolist(), strict=True) if w and name == op)
+            ci = CollectiveInstances(ci.step, ci.op, occ, ci.start_ns, ci.end_ns)
+        shifted.append(ci)
+    out.collective_instances = CollectiveInstances.concat(shifted)
+    out.collective_busy_ns = sum(p.collective_busy_ns for p in parts)
     devices: dict[str, list[float]] = {}
     for p in parts:
         for key, t in p.op_time_ns.items():

@@ -47,18 +47,20 @@ def hypotheses(reading: SessionReading) -> list[Hypothesis]:
                       for k in ("event", "ms_per_call", "others_ms_per_call")]
         lost = s.others_wait_percent or 0.0
         others = pod.hosts - len(pod.stragglers)
+        unit = pod.unit
         out.append(Hypothesis(
             category=CATEGORY, priority=priority_of(lost, LOST_P0_PERCENT, LOST_P1_PERCENT),
             title=(f"Straggler: {s.host} arrives {s.lateness_ms:.1f} ms late at each "
-                   f"step's collectives; the other {others} host{'s' if others != 1 else ''} "
-                   f"wait {s.others_wait_ms:.1f} ms ({lost:.0f}% of their step)"),
+                   f"{unit}'s collectives; the other {others} host{'s' if others != 1 else ''} "
+                   f"wait {s.others_wait_ms:.1f} ms ({lost:.0f}% of "
+                   f"their {unit})"),
             evidence=proof,
             impact=impact_of(lost, "% of step",
                              f"each step would take about {s.session_step_ms_if_median:.1f} ms "
                              f"instead of {s.session_step_ms:.1f} ms if {s.host} were as fast "
                              "as the median host"),
             details={"host": s.host, "cause": s.cause, "hosts": pod.hosts,
-                     "steps": pod.common_steps},
+                     "steps": pod.common_steps, "unit": unit},
         ))
     return out
 
@@ -79,11 +81,15 @@ def finding(h: Hypothesis, ctx: Context) -> dict[str, Any]:
     steps = h.details.get("steps")
     if s is None:
         return finding_of(h, f"Host {host} arrives late at the collectives.", _fix("", None))
-    what = (f"Across {steps} steps, {host} reaches each step's collectives {s.lateness_ms:.1f} ms "
-            "after the other hosts (a sign test across the steps, not one slow step), and "
-            f"they wait for it: {s.others_wait_ms:.1f} ms of their step is waiting, not "
-            f"transfer. On {host}, its {_CAUSES.get(s.cause, s.cause)} exceeds the median "
-            f"host's by {s.cause_excess_ms:.1f} ms per step.")
+    unit = str(h.details.get("unit") or "step")
+    rounds = (" (the job marks no steps: a round ends with each execution of the collective "
+              "every host runs most)" if unit == "round" else "")
+    what = (f"Across {steps} {unit}s{rounds}, {host} reaches each {unit}'s collectives "
+            f"{s.lateness_ms:.1f} ms after the other hosts (a sign test across the {unit}s, "
+            f"not one slow {unit}), and they wait for it: {s.others_wait_ms:.1f} ms of their "
+            f"{unit} is waiting, not transfer. On {host}, its "
+            f"{_CAUSES.get(s.cause, s.cause)} exceeds the median host's by "
+            f"{s.cause_excess_ms:.1f} ms per {unit}.")
     fn = s.function
     if fn:
         others = fn.get("others_ms_per_call")
