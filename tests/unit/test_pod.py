@@ -97,3 +97,22 @@ def test_without_step_annotations_the_hosts_are_compared_round_by_round(
     assert pod["clock_offsets_ms"]["host3"] == pytest.approx(11.0, abs=0.05)
     balanced = _pod(tmp_path / "b", PodShape(annotated=False))
     assert balanced["stragglers"] == []
+
+
+def test_the_fast_statistics_equal_the_plain_ones() -> None:
+    """The median of the others and the sign test are computed in O(n log n) and log space;
+    they must equal the plain definitions."""
+    import math
+
+    import numpy as np
+
+    from mldiag.analysis.collection.hosts.pod import _median_of_others, _sign_test
+
+    rng = np.random.default_rng(1)
+    for n in (2, 3, 4, 5, 8, 17):
+        a = rng.normal(size=(30, n))
+        want = np.stack([np.median(np.delete(a, j, axis=1), axis=1) for j in range(n)], axis=1)
+        assert np.allclose(_median_of_others(a), want), n
+    for late, steps in ((12, 12), (10, 12), (3, 20), (0, 5), (700, 1000)):
+        exact = sum(math.comb(steps, k) for k in range(late, steps + 1)) / 2**steps
+        assert _sign_test(late, steps) == pytest.approx(exact, rel=1e-9, abs=1e-300)
