@@ -73,3 +73,17 @@ def test_hosts_on_one_side_only_and_a_straggler_in_both() -> None:
     assert set(new) == {"host4", "host5"} and new["host4"]["a"] is None
     assert new["host4"]["delta"]["step_ms"] is None
     assert pods["rows"][0]["host"] == "host1"  # the straggler of both sides first
+
+
+def test_a_slower_collective_that_is_mostly_waiting_is_said_to_be_waiting() -> None:
+    from mldiag.analysis.diff.explain import _waiting
+    from mldiag.analysis.diff.sides import Profile, Side
+
+    hosts = pod_hosts(4, 12)
+    op = hosts["collective_split"]["ops"][0]["op"]
+    side = Profile(side=Side("B", snapshot={}, analysis={"hosts": hosts}), name="B")
+    late = hosts["stragglers"][0]["host"]
+    assert _waiting(side, op) == f", 98% of it on B waiting for {late}, not transfer"
+    assert _waiting(side, "fusion.1") == ""
+    balanced = Profile(side=Side("B", snapshot={}, analysis={}), name="B")
+    assert _waiting(balanced, op) == ""

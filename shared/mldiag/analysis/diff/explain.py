@@ -101,6 +101,8 @@ def _module_changes(pa: Profile, pb: Profile, module: str, row: Mapping[str, Any
             (pb.ops[k].value if k in pb.ops else 0) - (pa.ops[k].value if k in pa.ops else 0)),
             default=None)
         lead = f"; most in `{top[1]}`" if top else ""
+        if top:
+            lead += _waiting(pb, top[1])
         return [_item(f"`{module}` ran {verb} {what} ({_fmt(delta, pb.unit)}{lead})",
                       "same_program", delta, total, [
                           _digest_cite(pa, module, "fingerprint"),
@@ -172,6 +174,23 @@ def _module_changes(pa: Profile, pb: Profile, module: str, row: Mapping[str, Any
                              _digest_cite(pb, module, "fingerprint"),
                              *_op_cites(pa, pb, rest_keys, 3)], module=module))
     return out
+
+
+def _waiting(p: Profile, op: str) -> str:
+    """", mostly waiting for host2 (97% of it on B)" when `op` is a collective whose time on
+    side `p` is mostly waiting for the last host (analysis.json `hosts`): a slower
+    collective in a pod is usually a late host, not a slower transfer."""
+    hosts = p.side.analysis.get("hosts") if isinstance(p.side.analysis, Mapping) else None
+    if not isinstance(hosts, Mapping):
+        return ""
+    ops = (hosts.get("collective_split") or {}).get("ops") or []
+    row = next((r for r in ops if isinstance(r, Mapping) and r.get("op") == op), None)
+    share = row.get("wait_percent") if row else None
+    if not isinstance(share, int | float) or share < 50:
+        return ""
+    late = [str(s.get("host")) for s in hosts.get("stragglers") or [] if isinstance(s, Mapping)]
+    return (f", {share:.0f}% of it on {p.name} waiting for "
+            + (" and ".join(late) if late else "the last host to arrive") + ", not transfer")
 
 
 def _time(p: Profile, module: str, names: Sequence[str]) -> float:
