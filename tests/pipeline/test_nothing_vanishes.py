@@ -49,6 +49,9 @@ def test_unchanged_bytes_do_not_start_a_new_version(make_runtime: MakeRuntime) -
     assert rt.watcher.scan() == 1
     touched = _last_finalize(rt)
     assert touched.generation != first.generation
+    # Whether or not the hasher has got to the new generation yet (it did, here).
+    wait_until(lambda: (now := rt.storage.stat(NAME)) is not None and rt.storage.known_hash(now),
+               what="the new hash")
     stages.on_profile_object(touched, rt.services)
     s = rt.state.get_session(RUN, "s1")
     assert s is not None and (s.state, s.version, s.verdict) == (REPORTED, 1, "OPTIMAL")

@@ -18,6 +18,7 @@ import pytest
 from mldiag import stages
 from mldiag.analysis.collection.workers import Job, run_jobs
 from mldiag.bootstrap import LocalRuntime
+from mldiag.cli.main import main
 from mldiag.messages import AnalyzeSession, ProfileObjectFinalized, parse
 from mldiag.model import ANALYZING, CAPTURED, CAPTURING, HostRecord, SessionRecord
 from mldiag.stages import analysis as analysis_stage
@@ -194,7 +195,7 @@ def test_a_job_session_waits_for_every_process_however_late_then_analyses_once(
 
 
 def test_a_process_that_never_comes_is_named_after_the_stuck_window(
-        make_runtime: MakeRuntime) -> None:
+        make_runtime: MakeRuntime, capsys: pytest.CaptureFixture[str]) -> None:
     clock = SkewedClock()
     rt = make_runtime(clock=clock, stuck_after_s=600, rescan_interval_s=0)
     # Process 1 joined but its trace never came; process 2 never even joined.
@@ -210,10 +211,21 @@ def test_a_process_that_never_comes_is_named_after_the_stuck_window(
         s.hosts["vm-1"].reason)
     assert s.note == ("process 2 of the job's 3 did not join the session within 600 s: "
                       "analysed without it")
+    code, out = _describe(rt, capsys)
+    assert code == 0 and "hosts:    2 of 3 processes of the job" in out
+    assert "not joined yet: process 2" in out
+
+
+def _describe(rt: LocalRuntime, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    capsys.readouterr()
+    code = main(["sessions", "describe", f"{RUN}/{SESSION}", "--home",
+                 str(rt.services.settings.home)])
+    return code, capsys.readouterr().out
 
 
 def test_a_superseded_version_stops_its_collection_and_the_session_says_so(
-        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+        make_runtime: MakeRuntime, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
     # The workers are fresh interpreters: let them import the test's job.
     monkeypatch.setenv("PYTHONPATH", f"{REPO}{os.pathsep}{REPO / 'shared'}")
     monkeypatch.setattr(sessions, "SUPERSEDED_CHECK_S", 0.2)
@@ -250,6 +262,9 @@ def test_a_superseded_version_stops_its_collection_and_the_session_says_so(
     assert (s.state, s.version) == (CAPTURING, 2)
     assert [(x["version"], x["by"], x["host"], x["state"]) for x in s.superseded] == [
         (1, 2, "h1", ANALYZING)]
+    code, out = _describe(rt, capsys)
+    assert code == 0 and "superseded: version 1 (ANALYZING) by version 2 at " in out
+    assert "when h1 arrived" in out
     # Version 1 wrote nothing, and its claim is done: a redelivery does nothing either.
     assert not (rt.storage.root / f"{RUN}/plugins/profile/{SESSION}/analysis").exists()
     assert not rt.state.claim(f"collect:{RUN}/{SESSION}#v1", "other", 60, time.time())

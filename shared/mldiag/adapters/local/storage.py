@@ -31,6 +31,8 @@ from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
 
 FinalizeFn = Callable[[ObjectInfo], None]
+# Generations of one object whose hashes are kept (see LocalDirStorage._hashes).
+HASHES_KEPT = 2
 
 
 class OutsideBucket(ProfileUnreadable):
@@ -65,8 +67,9 @@ class LocalDirStorage:
         # Generations this process wrote or already reported, so the watcher skips them.
         self.reported: dict[str, str] = {}
         self._lock = threading.Lock()
-        # name -> (generation, content hash) of the newest generation hashed.
-        self._hashes: dict[str, tuple[str, str]] = {}
+        # name -> {generation: content hash} of the last HASHES_KEPT generations hashed: the
+        # registered one's stays known while its rewrite is being hashed.
+        self._hashes: dict[str, dict[str, str]] = {}
         self._to_hash: queue.SimpleQueue[ObjectInfo] = queue.SimpleQueue()
         self._hasher: threading.Thread | None = None
 
@@ -150,8 +153,7 @@ class LocalDirStorage:
     def known_hash(self, info: ObjectInfo) -> str:
         """The content hash of `info`'s generation if it was hashed already, else ""."""
         with self._lock:
-            generation, digest = self._hashes.get(info.name, ("", ""))
-        return digest if generation == info.generation else ""
+            return self._hashes.get(info.name, {}).get(info.generation, "")
 
     def content_hash(self, info: ObjectInfo) -> str:
         """`md5:<base64>` of the object's bytes, as GCS reports it; "" when the object changed
@@ -172,7 +174,10 @@ class LocalDirStorage:
             return ""
         found = "md5:" + base64.b64encode(digest.digest()).decode()
         with self._lock:
-            self._hashes[info.name] = (info.generation, found)
+            kept = self._hashes.setdefault(info.name, {})
+            kept[info.generation] = found
+            for old in list(kept)[:-HASHES_KEPT]:
+                del kept[old]
         return found
 
     def hash_later(self, info: ObjectInfo) -> None:
