@@ -252,22 +252,29 @@ class MLRun:
         """
         name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
 
-        def _upload_trace() -> str:
-            if after is not None:
-                try:
-                    after.result(timeout=JOIN_WAIT_S)
-                except Exception as e:  # noqa: BLE001 - the upload registers the host anyway
-                    log.warning("mldiag: session %s: joining did not finish (%s); uploading",
-                                session, e)
+        def _joined() -> None:
+            if after is None:
+                return
             try:
+                after.result(timeout=JOIN_WAIT_S)
+            except Exception as e:  # noqa: BLE001 - the upload registers the host anyway
+                log.warning("mldiag: session %s: joining did not finish (%s); uploading",
+                            session, e)
+
+        def _upload_trace() -> str:
+            try:
+                # The bytes first (a ring's windows do not wait), then the join, then the write.
                 blob = data if isinstance(data, bytes) else data()
                 if not blob:
                     raise MldiagError(f"session {session}: the profiler wrote an empty trace")
+                _joined()
                 self.plane.storage.write_bytes(name, blob)
             except Exception as e:
                 # The session expects this host: record why it will not come, so the session
-                # goes on with the other hosts (or fails with this reason) instead of waiting.
+                # goes on with the other hosts (or fails with this reason) instead of waiting;
+                # after the join, so that the session knows its job first.
                 try:
+                    _joined()
                     self.fail_host(session, str(e))
                 except Exception as state_error:  # noqa: BLE001 - the upload error is raised
                     log.error("mldiag: could not record the failed upload of %s: %s", name,

@@ -106,8 +106,9 @@ def settled(services: Services, s: SessionRecord, quiet: float) -> bool:
 
 
 def unregistered(services: Services, s: SessionRecord) -> list[str]:
-    """The profiles in the session's directory that its hosts do not hold at the generation
-    the bucket has (being written, or registered soon)."""
+    """The profiles in the session's directory that are still to be registered (being
+    written, or their finalize event on its way): a host the session does not hold, or one
+    written again after it was registered, at a generation the session does not hold."""
     anchor = next(iter(s.hosts.values())).object_name.rsplit("/", 1)[0]
     out = []
     for info in services.storage.list(f"{anchor}/"):
@@ -118,7 +119,8 @@ def unregistered(services: Services, s: SessionRecord) -> list[str]:
         if name is None or name.session_dir != anchor:
             continue
         host = s.hosts.get(name.host)
-        if host is None or host.generation != info.generation:
+        if host is None or (host.generation != info.generation
+                            and info.updated > host.arrived_at):
             out.append(info.name)
     return out
 
