@@ -300,11 +300,15 @@ def bootstrap(
         services.jobs = LocalProcessJobRunner(settings, log_dir=settings.home)
 
     def finalized(info: ObjectInfo) -> None:
+        # Registered before it is hashed (seconds for 2 GB): hosts dropped together register
+        # together. Its hash follows on the storage's hasher, for the same-bytes check of a
+        # later rewrite (stages.intake).
         # Through services.bus, so a bus swapped in later (a test's, Pub/Sub) gets the events.
         services.bus.publish(ProfileObjectFinalized(
             bucket=storage.bucket, name=info.name, generation=info.generation, size=info.size,
-            content_hash=storage.content_hash(info) if info.name.endswith(XPLANE_SUFFIXES)
-            else ""))
+            content_hash=storage.known_hash(info)))
+        if info.name.endswith(XPLANE_SUFFIXES):
+            storage.hash_later(info)
 
     storage.on_finalize = finalized
     services.investigator = investigator or make_investigator(settings)

@@ -209,6 +209,8 @@ class ControlRequest:
 
 
 REASON_MAX = 500
+# Supersessions a session keeps (a state document has a size limit).
+MAX_SUPERSEDED = 20
 
 
 def short_reason(*reasons: str, limit: int = 4000) -> str:
@@ -266,6 +268,16 @@ class SessionRecord:
     note: str = ""
     # How often the sweeper re-queued this version's work (a stage that crashed or timed out).
     requeues: int = 0
+    # The job a programmatic session belongs to, as its processes' SDKs recorded it when they
+    # joined (`join`): its process count (0: not known, not a multi-process job) and the
+    # processes that capture (`process_index_list`; empty: all of them).
+    process_count: int = 0
+    process_indices: list[int] = field(default_factory=list)
+    # host -> process index of each process that joined the session.
+    processes: dict[str, int] = field(default_factory=dict)
+    # Versions whose work a later host made moot, oldest first: {"version", "by", "at",
+    # "host", "state"} ("v1 superseded by v2 at T, in ANALYZING, when host h arrived").
+    superseded: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -279,10 +291,11 @@ class SessionRecord:
                    timings={CAPTURING: now}, expected_hosts=list(expected_hosts))
 
     def add_host(self, host: str, record: HostRecord, now: float) -> bool:
-        """Register a host's object; False when this generation is already registered.
+        """Register a host's object; False when nothing changed (this generation is already
+        registered, with its content hash if `record` has one).
 
         A new generation of the bytes already registered (same content hash) only updates
-        the generation.
+        the generation; the content hash of a generation registered without one is filled in.
 
         A host arriving after the analysis started (or after the report) starts the next
         version: the current version's hosts are fixed, and the old version's messages stop
@@ -290,6 +303,11 @@ class SessionRecord:
         """
         existing = self.hosts.get(host)
         if existing is not None and existing.generation == record.generation:
+            if record.content_hash and not existing.content_hash:
+                # A later word on the generation registered: its content hash, known now
+                # (the local runtime hashes after registering, not before).
+                existing.content_hash = record.content_hash
+                return True
             return False
         if (existing is not None and existing.status == record.status == "ARRIVED"
                 and existing.content_hash and existing.content_hash == record.content_hash):
@@ -303,6 +321,11 @@ class SessionRecord:
             self.state = CAPTURING
             self.timings[CAPTURING] = now
         elif self.state != CAPTURING:
+            # The old version's stages stop at their next check (stages.sessions.current,
+            # stages.supersede); this says when and why.
+            self.superseded = [*self.superseded, {
+                "version": self.version, "by": self.version + 1, "at": now, "host": host,
+                "state": self.state}][-MAX_SUPERSEDED:]
             self.version += 1
             self.state, self.reason, self.verdict, self.progress = CAPTURING, "", None, ""
             self.report_path = ""  # the old version's report stays at analysis/v<n>/
@@ -329,17 +352,79 @@ class SessionRecord:
             self.reported_version = self.version
         return True
 
+    def join(self, host: str, process_index: int, process_count: int,
+             process_indices: Sequence[int] = ()) -> bool:
+        """Record that process `process_index` of a job of `process_count` processes captures
+        into this session as `host`; False when nothing changed.
+
+        The first process that joins sets the job's process count and the processes that
+        capture (a later one's differing view is logged, not taken: the session has one
+        job). A process may join at any time, before or after its host's profile arrived,
+        also after the analysis started: joining starts no version (its profile does).
+        """
+        changed = False
+        if process_count > 0 and not self.process_count:
+            self.process_count = process_count
+            self.process_indices = sorted(set(process_indices))
+            changed = True
+        elif process_count and (process_count != self.process_count or (
+                sorted(set(process_indices)) != self.process_indices)):
+            log.warning("session %s: host %s joined as one of %d processes %s; the session "
+                        "keeps %d %s", self.key, host, process_count, list(process_indices),
+                        self.process_count, self.process_indices)
+        if self.processes.get(host) != process_index:
+            self.processes = {**self.processes, host: process_index}
+            changed = True
+        return changed
+
+    @property
+    def expected_count(self) -> int:
+        """How many processes of the job capture (0: the session does not know its job)."""
+        return len(self.process_indices) if self.process_indices else self.process_count
+
+    def missing_processes(self) -> list[int]:
+        """The process indices of the job that capture and have not joined the session."""
+        wanted = self.process_indices or list(range(self.process_count))
+        return sorted(set(wanted) - set(self.processes.values()))
+
+    def expects(self) -> bool:
+        """Whether the session knows which hosts make it whole (a capture's targets, or the
+        job's processes); otherwise the settle window decides."""
+        return bool(self.expected_hosts) or self.expected_count > 0
+
     def complete(self) -> bool:
-        """All expected hosts arrived (False when none are expected: the settle window decides)."""
-        return bool(self.expected_hosts) and set(self.expected_hosts) <= set(self.hosts)
+        """Every host the session expects has arrived (or failed): the capture's expected
+        hosts, and with a known job, each process that joined and as many hosts as the job
+        has processes that capture. False when nothing is expected: the settle window
+        decides."""
+        if not self.expects():
+            return False
+        present = set(self.hosts)
+        if not set(self.expected_hosts) <= present:
+            return False
+        if self.expected_count:
+            return set(self.processes) <= present and len(present) >= self.expected_count
+        return True
+
+    def hopeless(self) -> bool:
+        """No host's profile arrived and none can any more: every host it expects failed."""
+        if any(r.status == "ARRIVED" for r in self.hosts.values()):
+            return False
+        return self.complete() if self.expects() else bool(self.hosts)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SessionRecord:
-        hosts = {h: HostRecord(**v) for h, v in (data.get("hosts") or {}).items()}
-        return cls(**{**data, "hosts": hosts})
+        """A stored session: records written before a field existed get its default, and
+        fields a newer writer added are ignored (old and new code share one store while a
+        deployment rolls)."""
+        known = cls.__dataclass_fields__
+        host_fields = HostRecord.__dataclass_fields__
+        hosts = {h: HostRecord(**{k: x for k, x in v.items() if k in host_fields})
+                 for h, v in (data.get("hosts") or {}).items()}
+        return cls(**{**{k: v for k, v in data.items() if k in known}, "hosts": hosts})
 
 
 @dataclass(frozen=True)

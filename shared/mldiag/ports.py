@@ -54,6 +54,12 @@ class Storage(Protocol):
 
     def list(self, prefix: str) -> list[ObjectInfo]: ...
 
+    def content_hash(self, info: ObjectInfo) -> str:
+        """`md5:<base64>` (or `crc32c:<base64>`) of the object at `info`'s generation; ""
+        when it is no longer that generation or the hash cannot be had. Intake asks only
+        when a host's object is rewritten at the same size (the same bytes again?)."""
+        ...
+
     def fetch_to(self, name: str, path: Path) -> None:
         """Copy one object to a local file without holding it in memory (locally a hard
         link where it can be). FileNotFoundError when it does not exist."""
@@ -166,6 +172,16 @@ class StateStore(Protocol):
 
     def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
         """Insert a session unless one of that name exists: (stored session, created)."""
+        ...
+
+    def join_session(self, record: SessionRecord, host: str,
+                     process_index: int) -> tuple[SessionRecord, bool]:
+        """Create `record` unless its session exists, and record that process `process_index`
+        of its job captures into it as `host` (`SessionRecord.join`, with the record's
+        process count and indices), in one transaction: (stored session, created).
+
+        A process of a job that starts after the others stopped joins the same session,
+        whatever state it is in."""
         ...
 
     def register_host(

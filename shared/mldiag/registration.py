@@ -9,8 +9,9 @@ token of its service account, and this stage decides (DESIGN.md "Tenancy"):
   bucket; every later call about that run from another identity is refused;
 - the owner may register and update its run, its auto-capture policy and its targets,
   heartbeat them, list its own targets, take the capture requests left for them (pull
-  delivery, `take_requests`), create its programmatic sessions, record that a host's upload
-  failed and record its metrics;
+  delivery, `take_requests`), create or join its programmatic sessions (every process of a
+  job joins, whenever it starts), record that a host's upload failed and record its
+  metrics;
 - it uploads through signed URLs that allow one `PUT` of exactly
   `<prefix>/<run>/plugins/profile/<session>/<host>.xplane.pb` (`UploadSigner`), so a workload
   never reads, overwrites or deletes any other object.
@@ -241,6 +242,46 @@ def _create_session(body: Mapping[str, Any], caller: str,
     return {"session": stored.to_dict(), "created": created}
 
 
+# The most processes a job may say it has (a pod of 256 hosts of 4 processes is 1024).
+MAX_JOB_PROCESSES = 65536
+
+
+def _join_session(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    """A process of a job captures into a programmatic session: created by the first process
+    of the job that gets here, joined by every other, at any time (one that starts after
+    the others finished joins the same session)."""
+    data = body.get("session")
+    if not isinstance(data, Mapping):
+        raise RegistrationError("session must be a JSON object")
+    try:
+        record = SessionRecord.from_dict(dict(data))
+    except (TypeError, ValueError, KeyError) as e:
+        raise RegistrationError(f"session: {e}") from e
+    _owned(services, _name("run", record.run), caller)
+    _name("session", record.session)
+    host = _name("host", body.get("host"))
+    index = _field(body, "process_index", int)
+    if record.kind != "programmatic" or record.state != CAPTURING or record.hosts or (
+            record.processes or record.superseded):
+        raise RegistrationError("a workload joins only programmatic sessions, CAPTURING, "
+                                "with no hosts or processes yet")
+    for name in record.expected_hosts:
+        _name("host", name)
+    count, indices = record.process_count, record.process_indices
+    if (not isinstance(count, int) or isinstance(count, bool)
+            or not 0 <= count <= MAX_JOB_PROCESSES):
+        raise RegistrationError(f"process_count must be an int in [0, {MAX_JOB_PROCESSES}]")
+    if not isinstance(indices, list) or any(
+            not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < max(count, 1)
+            for i in indices):
+        raise RegistrationError("process_indices must be a list of process indices in "
+                                "[0, process_count)")
+    if not 0 <= index < max(count, 1):
+        raise RegistrationError(f"process_index {index} is not in [0, {max(count, 1)})")
+    stored, created = services.state.join_session(record, host, index)
+    return {"session": stored.to_dict(), "created": created}
+
+
 def _object_name(run: RunRecord, session: str, host: str) -> str:
     parts = [run.storage_prefix, run.name, "plugins", "profile", session, f"{host}.xplane.pb"]
     return "/".join(p for p in parts if p)
@@ -288,6 +329,7 @@ def _upload_url(body: Mapping[str, Any], caller: str, services: Registrar) -> di
 OPERATIONS: dict[str, Callable[[Mapping[str, Any], str, Registrar], dict[str, Any]]] = {
     "create_session": _create_session,
     "host_failed": _host_failed,
+    "join_session": _join_session,
     "list_targets": _list_targets,
     "record_metrics": _record_metrics,
     "register_run": _register_run,

@@ -14,7 +14,8 @@ GIB = 1024**3
 class Settings:
     """Everything the bootstrap needs to build the services.
 
-    Environment variables (all optional): MLDIAG_HOME, MLDIAG_SETTLE_S, MLDIAG_STABILITY_S,
+    Environment variables (all optional): MLDIAG_HOME, MLDIAG_SETTLE_S, MLDIAG_SETTLE_MAX_S,
+    MLDIAG_STABILITY_S,
     MLDIAG_MAX_HOST_BYTES, MLDIAG_MAX_SESSION_BYTES, MLDIAG_MAX_ATTEMPTS, MLDIAG_RETRY_BACKOFF_S,
     MLDIAG_STUCK_AFTER_S, MLDIAG_RESCAN_INTERVAL_S, MLDIAG_RESCAN_WINDOW_S, MLDIAG_LEASE_S,
     MLDIAG_WORKERS, MLDIAG_POLL_S, MLDIAG_BACKEND,
@@ -31,8 +32,16 @@ class Settings:
     """
 
     home: Path = Path(".mldiag")
-    # A session without known expected hosts is complete once no host arrived for this long.
+    # A session that knows which hosts make it whole (a capture's targets, or the job's
+    # processes that its SDKs recorded) is analysed when they all arrived, or after
+    # stuck_after_s with the hosts that came. One that does not know (a dropped file, a
+    # trace without the SDK) settles: it waits, after its last arrival, settle_s or twice
+    # the longest gap between two of its arrivals so far, whichever is longer, at most
+    # settle_max_s; and while a profile in its directory is not registered at the bucket's
+    # generation (locally: a file still being written or copied; on GCS: an object whose
+    # finalize event is on its way), up to stuck_after_s (stages.maintenance.settled).
     settle_s: float = 2.0
+    settle_max_s: float = 60.0
     # A dropped file must keep its size and mtime this long before it counts as written. A
     # writer that pauses longer gets a FAILED first version, and its finished file (a new
     # generation) a second version, so the window trades latency, not correctness.

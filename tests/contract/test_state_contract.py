@@ -306,6 +306,52 @@ def test_a_new_host_after_capture_starts_the_next_version(state: Subject, during
     assert new and (got.state, got.version) == (CAPTURING, 2), "still capturing: same version"
 
 
+def test_a_job_s_processes_join_one_session_whenever_they_start(state: Subject) -> None:
+    s = state.adapter
+    job = SessionRecord(run="r", session="s", state=CAPTURING, kind="programmatic",
+                        created_at=1, process_count=3, process_indices=[0, 2])
+    got, created = s.join_session(job, "vm-0", 0)
+    assert created and (got.process_count, got.process_indices) == (3, [0, 2])
+    assert got.processes == {"vm-0": 0} and not got.complete()
+    # Another process sees it; a second join of the same process changes nothing.
+    got, created = state.twin.join_session(job, "vm-0", 0)
+    assert not created and got.processes == {"vm-0": 0}
+    s.register_host("r", "s", "vm-0", host("vm-0"), now=2)
+    s.transition("r", "s", REPORTED, now=3, verdict="OPTIMAL")
+    # Process 2 starts after the report: it joins the same session (no new one, no new
+    # version until its profile arrives), and the job's record is the first process's.
+    got, created = s.join_session(SessionRecord(run="r", session="s", state=CAPTURING,
+                                                process_count=4), "vm-2", 2)
+    assert not created and (got.state, got.version) == (REPORTED, 1)
+    assert got.processes == {"vm-0": 0, "vm-2": 2} and got.process_count == 3
+    got, new = s.register_host("r", "s", "vm-2", host("vm-2"), now=4)
+    assert new and (got.state, got.version) == (CAPTURING, 2) and got.complete()
+    assert got.superseded == [{"version": 1, "by": 2, "at": 4, "host": "vm-2",
+                               "state": REPORTED}]
+    assert s.get_session("r", "s") == got
+
+
+def test_concurrent_joins_of_a_job_are_all_recorded(state: Subject) -> None:
+    s = state.adapter
+    job = SessionRecord(run="r", session="s", state=CAPTURING, process_count=8)
+    results = contend(8, lambda i: (s if i % 2 else state.twin).join_session(job, f"vm-{i}", i))
+    assert sum(created for _, created in results) == 1
+    stored = s.get_session("r", "s")
+    assert stored is not None and stored.processes == {f"vm-{i}": i for i in range(8)}
+
+
+def test_a_later_event_fills_in_the_content_hash_of_a_registered_generation(
+        state: Subject) -> None:
+    s = state.adapter
+    s.register_host("r", "s", "h0", host("h0"), now=1)
+    hashed = HostRecord(object_name=host("h0").object_name, generation="1", size=10,
+                        arrived_at=5.0, content_hash="md5:abc")
+    got, changed = s.register_host("r", "s", "h0", hashed, now=5)
+    assert changed and got.hosts["h0"].content_hash == "md5:abc" and got.version == 1
+    assert got.last_arrival_at == 1 and got.hosts["h0"].arrived_at == 0.0
+    assert not s.register_host("r", "s", "h0", hashed, now=6)[1]
+
+
 def test_transition_checks_the_expected_state_and_version(state: Subject) -> None:
     s = state.adapter
     s.register_host("r", "s", "h0", host("h0"), now=1)

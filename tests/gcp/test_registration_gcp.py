@@ -175,6 +175,40 @@ def test_a_workload_registers_its_run_targets_sessions_and_uploads(
         ("loss", 0.5, 1)]
 
 
+def test_a_job_s_processes_join_one_session_through_the_function_whenever_they_start(
+        function: dict[str, Any]) -> None:
+    state, storage = workload(function, ALICE)
+    state.register_run(RunRecord(name="job-run"))
+    now = time.time()
+    job = SessionRecord(run="job-run", session="s1", state=CAPTURING, kind="programmatic",
+                        created_at=now, updated_at=now, process_count=2)
+    got, created = state.join_session(job, "vm-0", 0)
+    assert created and got.processes == {"vm-0": 0} and got.process_count == 2
+    # Process 0's trace arrives and is analysed before process 1 even starts ...
+    store = function["state"]
+    store.register_host("job-run", "s1", "vm-0", HostRecord(
+        object_name="job-run/plugins/profile/s1/vm-0.xplane.pb", generation="1", size=3,
+        arrived_at=now), now)
+    store.transition("job-run", "s1", "REPORTED", now=now, verdict="OPTIMAL")
+    # ... which then joins the same session through the function, as the SDK does.
+    got, created = state.join_session(job, "vm-1", 1)
+    assert not created and got.processes == {"vm-0": 0, "vm-1": 1}
+    stored = store.get_session("job-run", "s1")
+    assert stored is not None and stored.processes == {"vm-0": 0, "vm-1": 1}
+    assert (stored.state, stored.version) == ("REPORTED", 1)
+    assert [x.session for x in store.list_sessions(run="job-run")] == ["s1"]
+    # What a workload may not say about a session is refused with the reason.
+    for bad, index, why in (
+            (job, 2, "process_index 2 is not in [0, 2)"),
+            (SessionRecord(run="job-run", session="s1", state="REPORTED",
+                           kind="programmatic"), 0, "joins only programmatic sessions"),
+            (SessionRecord(run="job-run", session="s1", state=CAPTURING, kind="programmatic",
+                           process_count=2, process_indices=[5]), 0, "process_indices")):
+        with pytest.raises(RegistrationRefused) as refused:
+            state.join_session(bad, "vm-9", index)
+        assert refused.value.status == 400 and why in str(refused.value), why
+
+
 def test_another_workload_cannot_read_or_change_that_run(function: dict[str, Any]) -> None:
     alice, alice_storage = workload(function, ALICE)
     alice.register_run(RunRecord(name="shared-name"))
@@ -194,6 +228,9 @@ def test_another_workload_cannot_read_or_change_that_run(function: dict[str, Any
                                                last_heartbeat=0.0),
         "create a session": lambda: bob.create_session(SessionRecord(
             run="shared-name", session="s9", state=CAPTURING, kind="programmatic")),
+        "join a session": lambda: bob.join_session(SessionRecord(
+            run="shared-name", session="s9", state=CAPTURING, kind="programmatic",
+            process_count=2), "bob", 1),
         "fail a host": lambda: bob.register_host("shared-name", "s1", "host0", HostRecord(
             "", "", 0, 0.0, status="FAILED", reason="x"), 0.0),
         "overwrite a profile": lambda: bob_storage.write_bytes(

@@ -32,21 +32,30 @@ def test_unchanged_bytes_do_not_start_a_new_version(make_runtime: MakeRuntime) -
     rt = make_runtime()
     rt.storage.write_bytes(NAME, b"profile bytes v1")
     first = _last_finalize(rt)
-    assert first.content_hash.startswith("md5:")
+    # Registered before it is hashed; the storage's hasher hashes it right after.
+    assert first.content_hash == ""
+    info = rt.storage.stat(NAME)
+    assert info is not None
+    digest = wait_until(lambda: rt.storage.known_hash(info), what="the background hash")
+    assert digest.startswith("md5:")
     stages.on_profile_object(first, rt.services)
     s = rt.state.transition(RUN, "s1", REPORTED, now=0.0, verdict="OPTIMAL")
     assert s is not None and s.version == 1
-    # `touch`: a new generation of the same bytes, found by the watcher.
+    # `touch`: a new generation of the same bytes, found by the watcher. The old generation's
+    # bytes are gone from the disk: its hash is the one the hasher kept.
     path = rt.storage.root / NAME
     st = path.stat()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns - 10**10))
     assert rt.watcher.scan() == 1
     touched = _last_finalize(rt)
     assert touched.generation != first.generation
-    assert touched.content_hash == first.content_hash
+    # Whether or not the hasher has got to the new generation yet (it did, here).
+    wait_until(lambda: (now := rt.storage.stat(NAME)) is not None and rt.storage.known_hash(now),
+               what="the new hash")
     stages.on_profile_object(touched, rt.services)
     s = rt.state.get_session(RUN, "s1")
     assert s is not None and (s.state, s.version, s.verdict) == (REPORTED, 1, "OPTIMAL")
+    assert s.hosts["h0"].content_hash == digest
     # Reads pin the newest generation of those bytes, so re-reading them stays valid.
     assert s.hosts["h0"].generation == touched.generation
     # New bytes are a new version.

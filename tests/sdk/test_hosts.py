@@ -1,18 +1,19 @@
-"""Every process is its own target: host names of processes sharing a machine, and the hosts
-a programmatic session of a multi-process job waits for."""
+"""Every process is its own target: host names of processes sharing a machine (stable across
+restarts of a job), and how a programmatic session of a multi-process job learns its processes
+without any process waiting for another."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from mldiag.adapters.local.state import SqliteStateStore
-from mldiag.model import TargetRecord
 from mldiag.sdk import hosts, machinelearning_run
-from mldiag.sdk.profiler import expected_hosts
 
 
 def test_a_multi_process_job_names_each_process_by_its_index(tmp_path: Path) -> None:
@@ -51,55 +52,111 @@ def test_two_runs_of_one_machine_in_one_process_reuse_the_name(sdk_home: Path) -
     assert machinelearning_run(name="a").host == "h0"  # the closed run gave it back
 
 
-def _target(host: str, index: int, heartbeat: float) -> TargetRecord:
-    return TargetRecord(run="job", host=host, port=9999, process_index=index,
-                        last_heartbeat=heartbeat, registered_at=heartbeat, heartbeat_s=60.0)
+def test_a_job_process_keeps_its_name_across_restarts(tmp_path: Path) -> None:
+    """Process 1 of a job is vm-1 on every attempt, also while the previous attempt's process
+    still holds the name's lock (it has not exited yet when its replacement starts)."""
+    first = hosts.claim("r", "vm", process_index=1, process_count=2, lock_dir=tmp_path)
+    again = hosts.claim("r", "vm", process_index=1, process_count=2, lock_dir=tmp_path)
+    first.release()
+    after = hosts.claim("r", "vm", process_index=1, process_count=2, lock_dir=tmp_path)
+    assert first.name == again.name == after.name == "vm-1"
 
 
-def test_a_job_session_expects_every_process_and_names_those_that_never_registered(
+def test_start_and_stop_wait_for_no_other_process_and_no_state_store(
         sdk_home: Path, sdk_state: SqliteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
-    run = machinelearning_run(name="job", heartbeat_s=60.0)
-    now = time.time()
-    sdk_state.upsert_target(_target("vm-1", 1, now))
-    sdk_state.upsert_target(_target("old-2", 2, now - 3600))  # an earlier attempt's process 2
-    started = time.monotonic()
-    names, missing = expected_hosts(run, 3, None, wait_s=0.5)
-    assert (names, missing) == (["h0", "vm-1"], [2])
-    assert time.monotonic() - started >= 0.5  # it waited for process 2 first
-    assert expected_hosts(run, 3, [0, 1], wait_s=0.0) == (["h0", "vm-1"], [])
-
-    # Process 2 registers while process 0 waits: the session expects it. The registration
-    # comes once process 0 has looked for the job's processes and found process 2 missing.
-    looked_in_vain = threading.Event()
-    list_targets = run.plane.state.list_targets
-
-    def watched(name: str) -> list[TargetRecord]:
-        found = list_targets(name)
-        if not any(t.process_index == 2 and t.host == "vm-2" for t in found):
-            looked_in_vain.set()
-        return found
-
-    monkeypatch.setattr(run.plane.state, "list_targets", watched)
-    waited: list[tuple[list[str], list[int]]] = []
-    waiter = threading.Thread(
-        target=lambda: waited.append(expected_hosts(run, 3, None, wait_s=10.0)))
-    waiter.start()
-    assert looked_in_vain.wait(10), "process 0 never looked for the job's processes"
-    sdk_state.upsert_target(_target("vm-2", 2, time.time()))
-    waiter.join(15)
-    assert waited == [(["h0", "vm-1", "vm-2"], [])]
-
-
-def test_the_session_of_a_job_says_which_processes_it_does_not_wait_for(
-        sdk_home: Path, sdk_state: SqliteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a job of 3 processes where nobody else registered yet, and with a state store that
+    does not answer, xprof() starts, captures and stops; the session records the job when the
+    store answers, and the trace lands after that."""
     from mldiag.sdk import profiler
 
-    machinelearning_run(name="job", heartbeat_s=60.0)
-    monkeypatch.setattr(profiler, "REGISTRATION_WAIT_S", 0.2)
-    monkeypatch.setattr("jax.process_count", lambda: 2)
-    with profiler.xprof(session_id="s1"):
-        pass
+    run = machinelearning_run(name="job", heartbeat_s=60.0)
+    monkeypatch.setattr("jax.process_count", lambda: 3)
+    answer = threading.Event()
+    join_session = run.plane.state.join_session
+
+    order: list[str] = []
+    write_bytes = run.plane.storage.write_bytes
+
+    def stalled(*args: Any) -> Any:
+        assert answer.wait(60)
+        order.append("join")
+        return join_session(*args)
+
+    def upload(name: str, data: bytes, **kw: Any) -> Any:
+        order.append("upload")
+        return write_bytes(name, data, **kw)
+
+    monkeypatch.setattr(run.plane.state, "join_session", stalled)
+    monkeypatch.setattr(run.plane.storage, "write_bytes", upload)
+    took: list[float] = []
+
+    def train() -> None:
+        prof = profiler.xprof(session_id="s1")
+        for call in (prof.start, prof.stop):
+            started = time.monotonic()
+            call()
+            took.append(time.monotonic() - started)
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    trainer.join(30)
+    assert not trainer.is_alive() and len(took) == 2, "the training thread waited"
+    assert took[0] < 1.0, took  # start: the profiler's own start only
+    assert sdk_state.get_session("job", "s1") is None and order == []  # nothing yet ...
+    answer.set()
+    assert run.wait_uploads(timeout=60) == ["job/plugins/profile/s1/h0.xplane.pb"]
+    assert order == ["join", "upload"]  # ... then the job's record, before the trace
     s = sdk_state.get_session("job", "s1")
-    assert s is not None and s.expected_hosts == ["h0"]
-    assert s.note == ("process 1 of the job had not registered when the capture started: the "
-                      "session does not wait for it")
+    assert s is not None
+    assert (s.process_count, s.process_indices, s.processes) == (3, [], {"h0": 0})
+    assert s.expected_hosts == [] and s.expected_count == 3 and s.missing_processes() == [1, 2]
+
+
+def test_a_process_that_starts_after_the_others_stopped_joins_their_session(
+        sdk_home: Path, sdk_state: SqliteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mldiag.model import CAPTURING, HostRecord, SessionRecord
+    from mldiag.sdk import profiler
+
+    run = machinelearning_run(name="job", heartbeat_s=60.0)
+    monkeypatch.setattr("jax.process_count", lambda: 2)
+    # Process 1 captured, uploaded and exited before this process (0) reached start().
+    now = time.time()
+    sdk_state.join_session(SessionRecord(run="job", session="s1", state=CAPTURING,
+                                         kind="programmatic", created_at=now, updated_at=now,
+                                         process_count=2, process_indices=[0, 1]), "vm-1", 1)
+    sdk_state.register_host("job", "s1", "vm-1", HostRecord(
+        object_name="job/plugins/profile/s1/vm-1.xplane.pb", generation="1", size=10,
+        arrived_at=now), now)
+    with profiler.xprof(session_id="s1", process_index_list=[1, 0]):
+        pass
+    assert run.wait_uploads(timeout=60) == ["job/plugins/profile/s1/h0.xplane.pb"]
+    assert [s.session for s in sdk_state.list_sessions(run="job")] == ["s1"]
+    s = sdk_state.get_session("job", "s1")
+    assert s is not None and s.processes == {"vm-1": 1, "h0": 0} and s.version == 1
+    assert s.expected_count == 2 and s.missing_processes() == []
+    # A process outside process_index_list captures nothing and joins nothing.
+    with profiler.xprof(session_id="s2", process_index_list=[1]):
+        pass
+    run.wait_uploads(timeout=60)
+    assert sdk_state.get_session("job", "s2") is None
+
+
+def test_a_job_session_fails_at_once_only_when_every_process_failed(
+        sdk_home: Path, sdk_state: SqliteStateStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mldiag.model import CAPTURING, FAILED, SessionRecord
+
+    run = machinelearning_run(name="job", heartbeat_s=60.0)
+    now = time.time()
+    sdk_state.join_session(SessionRecord(run="job", session="s1", state=CAPTURING,
+                                         created_at=now, process_count=2), "h0", 0)
+    run.fail_host("s1", "the profiler did not start: busy")
+    s = sdk_state.get_session("job", "s1")
+    assert s is not None and s.state == CAPTURING, "process 1 may still deliver"
+    sdk_state.join_session(SessionRecord(run="job", session="s1", state=CAPTURING,
+                                         process_count=2), "vm-1", 1)
+    sdk_state.register_host("job", "s1", "vm-1", dataclasses.replace(
+        s.hosts["h0"], object_name="job/plugins/profile/s1/vm-1.xplane.pb",
+        reason="vm-1: busy too"), now)
+    run.fail_host("s1", "the profiler did not start: busy")
+    s = sdk_state.get_session("job", "s1")
+    assert s is not None and s.state == FAILED and "busy" in s.reason

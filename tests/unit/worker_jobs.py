@@ -21,6 +21,14 @@ def sleep(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
     return "woke up"
 
 
+def sleep_noting_pid(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> str:
+    """A minute's sleep that first writes this worker's pid to `inputs["pid_file"]`."""
+    with open(inputs["pid_file"], "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(60)
+    return "woke up"
+
+
 def hog(ctx: Mapping[str, Any], inputs: Mapping[str, Any]) -> int:
     blocks = []
     for _ in range(64):  # up to 4 GiB, 64 MiB at a time, touched so it is resident

@@ -81,11 +81,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"state:    {s.state}" + (f"  reason: {s.reason}" if s.reason else ""))
     print(f"verdict:  {s.verdict or '-'}")
     print(f"report:   {s.report_path or '-'}")
-    expected = f" of {len(s.expected_hosts)} expected" if s.expected_hosts else ""
+    expected = f" of {len(s.expected_hosts)} expected" if s.expected_hosts else (
+        f" of {s.expected_count} processes of the job" if s.expected_count else "")
     print(f"hosts:    {len(s.hosts)}{expected}")
+    if s.expected_count and s.missing_processes():
+        print(f"  not joined yet: process {', '.join(map(str, s.missing_processes()))}")
     for host, h in sorted(s.hosts.items()):
         extra = f"  {h.reason}" if h.reason else ""
         print(f"  {host:<32} {h.status:<8} {h.size:>12} B  {_stamp(h.arrived_at)}{extra}")
+    for x in s.superseded:
+        print(f"superseded: version {x['version']} ({x['state']}) by version {x['by']} at "
+              f"{_stamp(x['at'])}, when {x['host']} arrived")
     print("timings:")
     start = s.created_at
     for st, t in sorted(s.timings.items(), key=lambda kv: kv[1]):

@@ -6,6 +6,12 @@ as soon as the trace is written. All hosts that use the same `session_id` form o
 multi-host session; `process_index_list` limits capture to some processes, and the session
 then expects only those hosts.
 
+`start()` and `stop()` never wait on the job's other processes, nor on the state store:
+each process joins the session in the background (`MLRun.join`), recording the job's
+process count, its own index and `process_index_list`, and the pipeline decides from those
+when the session is whole (`SessionRecord.complete`). A process that starts after the others
+have finished joins the same session.
+
 While continuous profiling runs, the profiler is busy with the ring, so a programmatic
 capture is cut from the ring's windows instead of being refused.
 
@@ -23,11 +29,11 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
 from mldiag.errors import MldiagError
-from mldiag.model import CAPTURING, SessionRecord, TargetRecord
 from mldiag.sdk.current import current_run
 from mldiag.sdk.custom_types.exceptions import ProfilingError
 from mldiag.sdk.engines import trace_file
@@ -36,11 +42,6 @@ from mldiag.sdk.workload import session_name
 
 log = logging.getLogger(__name__)
 F = TypeVar("F", bound=Callable[..., Any])
-# How long the first process of a multi-process job waits, when it starts a programmatic
-# session, for the job's other processes to register (once, at start-up; later sessions
-# find them registered).
-REGISTRATION_WAIT_S = 30.0
-REGISTRATION_POLL_S = 0.1
 
 
 def default_session_id() -> str:
@@ -84,6 +85,7 @@ class Xprof:
         self._tmp: Path | None = None
         self._ring_start: float | None = None
         self._active: str | None = None
+        self._joined: Future[Any] | None = None
         self.upload: Any = None
 
     def _resolve(self) -> MLRun:
@@ -114,10 +116,9 @@ class Xprof:
         except ValueError as e:
             log.warning("mldiag: %s; using the start time instead", e)
             session = default_session_id()
-        try:
-            self._expect_hosts(run, session)
-        except Exception as e:  # noqa: BLE001 - the capture goes on; its upload registers it
-            log.warning("mldiag: could not register session %s: %s", session, e)
+        # In the background: the training thread waits on no other process, and on no
+        # state store; the trace's upload waits for it instead.
+        self._joined = run.join(session, self.process_index_list)
         if run.ring is not None and run.ring.active:
             self._ring_start = time.time()
         else:
@@ -127,34 +128,15 @@ class Xprof:
             except Exception as e:  # noqa: BLE001 - logged and recorded, training goes on
                 shutil.rmtree(tmp, ignore_errors=True)
                 self._failed(run, session, f"the profiler did not start: {e}")
+                self._joined = None
                 return
             self._tmp = tmp
         self._active = session
 
     def _failed(self, run: MLRun, session: str, reason: str) -> None:
         log.error("mldiag: xprof session %s: %s", session, reason)
-        try:
-            run.fail_host(session, reason)
-        except Exception as e:  # noqa: BLE001 - the state store is down: the log says it all
-            log.error("mldiag: could not record the failure of session %s: %s", session, e)
-
-    def _expect_hosts(self, run: MLRun, session: str) -> None:
-        """Create the session (first host wins) expecting every process that captures."""
-        import jax
-
-        now = time.time()
-        hosts, missing = expected_hosts(run, jax.process_count(), self.process_index_list)
-        note = ""
-        if missing:
-            note = (f"process{'es' if len(missing) > 1 else ''} "
-                    f"{', '.join(map(str, missing))} of the job had not registered when the "
-                    "capture started: the session does not wait for "
-                    f"{'them' if len(missing) > 1 else 'it'}")
-            log.warning("mldiag: session %s: %s", session, note)
-        run.plane.state.create_session(SessionRecord(
-            run=run.name, session=session, state=CAPTURING, kind="programmatic",
-            trigger="manual", expected_hosts=hosts, created_at=now, updated_at=now,
-            note=note))
+        # Recorded in the background, after this process joined the session.
+        run.fail_host_later(session, reason)
 
     def stop(self) -> None:
         """Stop capturing; the upload of the trace starts in the background."""
@@ -162,7 +144,7 @@ class Xprof:
             log.warning("No active profiling session to stop.")
             return
         run, session = self._resolve(), self._active
-        self._active = None
+        joined, self._active, self._joined = self._joined, None, None
         if self._ring_start is not None:
             start, end = self._ring_start, time.time()
             self._ring_start = None
@@ -171,7 +153,8 @@ class Xprof:
             # The window holding `end` must close first: wait for up to two windows past it.
             window_s = float(ring.status().get("window_s") or 2.0)
             timeout = (end - start) + 2 * window_s + 10.0
-            self.upload = run.upload(session, lambda: ring.collect(start, end, timeout))
+            self.upload = run.upload(session, lambda: ring.collect(start, end, timeout),
+                                     after=joined)
             return
         tmp = self._tmp
         assert tmp is not None
@@ -193,7 +176,7 @@ class Xprof:
             finally:
                 _discard(tmp)
 
-        self.upload = run.upload(session, _read_trace)
+        self.upload = run.upload(session, _read_trace, after=joined)
 
     def __enter__(self) -> Xprof:
         self.start()
@@ -209,45 +192,6 @@ class Xprof:
                 return func(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
-
-
-def expected_hosts(run: MLRun, process_count: int, process_index_list: list[int] | None,
-                   wait_s: float | None = None) -> tuple[list[str], list[int]]:
-    """The host names a programmatic session of `run` waits for, and the process indices of
-    the job that could not be named.
-
-    In a multi-process job (`process_count > 1`) the job says who captures: the processes of
-    `process_index_list`, or all of them. Each is named by the run's live target of that
-    process index, waiting up to `wait_s` (REGISTRATION_WAIT_S) for processes that have not
-    registered yet (the job's processes start together, but one may still be importing).
-    Otherwise (one process, or independent processes of one run) the run's live targets
-    are the job.
-    """
-    stale = run.plane.settings.target_stale_s
-    wait_s = REGISTRATION_WAIT_S if wait_s is None else wait_s
-
-    def live() -> list[TargetRecord]:
-        now = time.time()
-        return [t for t in run.plane.state.list_targets(run.name)
-                if now - t.last_heartbeat <= stale or t.host == run.host]
-
-    if process_count <= 1:
-        return sorted({t.host for t in live() if process_index_list is None
-                       or t.process_index in process_index_list}), []
-    wanted = sorted({i for i in (range(process_count) if process_index_list is None
-                                 else process_index_list) if 0 <= i < process_count})
-    deadline = time.monotonic() + wait_s
-    while True:
-        newest: dict[int, TargetRecord] = {}
-        for t in live():
-            if t.process_index in wanted and (
-                    t.process_index not in newest
-                    or t.registered_at > newest[t.process_index].registered_at):
-                newest[t.process_index] = t
-        missing = [i for i in wanted if i not in newest]
-        if not missing or time.monotonic() >= deadline:
-            return sorted({t.host for t in newest.values()}), missing
-        time.sleep(REGISTRATION_POLL_S)
 
 
 # The public name, as in google_cloud_mldiagnostics.

@@ -31,6 +31,7 @@ from mldiag.model import (
     AutoCapturePolicy,
     HostRecord,
     RunRecord,
+    SessionRecord,
     TargetRecord,
 )
 from mldiag.sdk import engines, hosts, metrics, workload
@@ -57,6 +58,9 @@ if TYPE_CHECKING:
     from mldiag.bootstrap import ControlPlane
 
 log = logging.getLogger(__name__)
+# How long an upload waits for its session's join (a state-store call) before going on: the
+# upload registers its host through the bucket either way.
+JOIN_WAIT_S = 120.0
 
 
 def _at_exit(fn: Callable[[], None]) -> None:
@@ -140,6 +144,10 @@ class MLRun:
     alerts: list[DegradationDetected] = field(default_factory=list)
     _executor: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="mldiag-upload"))
+    # Session joins and failure records, in the order xprof() made them (one thread: a
+    # failure is recorded after the join it follows).
+    _joins: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="mldiag-join"))
     _pending: list[Future[Any]] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _closed: bool = False
@@ -161,20 +169,69 @@ class MLRun:
         except Exception as e:  # noqa: BLE001 - a config update must not stop training
             log.warning("mldiag: could not save the configs of run %s: %s", self.name, e)
 
+    def join(self, session: str, process_index_list: list[int] | None = None
+             ) -> Future[SessionRecord | None]:
+        """Join this process to the programmatic session `session`, in the background;
+        the future gives the stored session (None when it could not be recorded: the
+        upload still registers the host, through the bucket).
+
+        The session is created by the first process of the job that gets there, and
+        records the job: in a multi-process job (`process_count > 1`) its process count,
+        the processes that capture (`process_index_list`) and this process's index and host
+        name, from which the pipeline knows when every process's trace is in, however far
+        apart the processes start. Outside one, the run's live targets are the hosts it
+        expects. Nothing here waits on another process.
+        """
+        count = self.engine.process_count()
+        index = self.target.process_index
+
+        def _join() -> SessionRecord | None:
+            now = time.time()
+            expected: list[str] = []
+            indices: list[int] = []
+            if count > 1:
+                indices = sorted({i for i in process_index_list or () if 0 <= i < count})
+            else:
+                stale = self.plane.settings.target_stale_s
+                expected = sorted({
+                    t.host for t in self.plane.state.list_targets(self.name)
+                    if (now - t.last_heartbeat <= stale or t.host == self.host) and (
+                        process_index_list is None or t.process_index in process_index_list)})
+            record = SessionRecord(
+                run=self.name, session=session, state=CAPTURING, kind="programmatic",
+                trigger="manual", expected_hosts=expected, created_at=now, updated_at=now,
+                process_count=count if count > 1 else 0, process_indices=indices)
+            try:
+                stored, _ = self.plane.state.join_session(record, self.host, index)
+            except Exception as e:  # noqa: BLE001 - the capture goes on; its upload registers it
+                log.warning("mldiag: could not register session %s: %s", session, e)
+                return None
+            return stored
+
+        return self._joins.submit(_join)
+
+    def fail_host_later(self, session: str, reason: str) -> None:
+        """`fail_host` in the background, after this process's join of `session`."""
+        def _record() -> None:
+            try:
+                self.fail_host(session, reason)
+            except Exception as e:  # noqa: BLE001 - the state store is down: the log says it
+                log.error("mldiag: could not record the failure of session %s: %s", session, e)
+
+        self._joins.submit(_record)
+
     def fail_host(self, session: str, reason: str) -> None:
         """Record that this host's profile of `session` will not come, and why.
 
-        When no host of the session can arrive any more (every expected host failed), the
-        session is FAILED at once with the reason, instead of waiting for the sweeper.
+        When no host of the session can arrive any more (every host it expects failed),
+        the session is FAILED at once with the reason, instead of waiting for the sweeper.
         """
         now = time.time()
         state = self.plane.state
         s, _ = state.register_host(self.name, session, self.host, HostRecord(
             object_name=f"{self.session_dir(session)}/{self.host}.xplane.pb", generation="",
             size=0, arrived_at=now, status="FAILED", reason=f"{self.host}: {reason}"), now)
-        failed = {h for h, r in s.hosts.items() if r.status == "FAILED"}
-        arrived = any(r.status == "ARRIVED" for r in s.hosts.values())
-        if not arrived and set(s.expected_hosts or [self.host]) <= failed:
+        if s.hopeless():
             state.transition(self.name, session, FAILED, expect=[REQUESTED, CAPTURING],
                              version=s.version, now=now, reason=f"{self.host}: {reason}")
 
@@ -185,23 +242,39 @@ class MLRun:
         parts = [self.storage_prefix, self.name, "plugins", "profile", session]
         return "/".join(p for p in parts if p)
 
-    def upload(self, session: str, data: bytes | Callable[[], bytes]) -> Future[str]:
+    def upload(self, session: str, data: bytes | Callable[[], bytes], *,
+               after: Future[Any] | None = None) -> Future[str]:
         """Write this host's xplane of `session` in the background; returns the object name.
 
         `data` may be a callable producing the bytes (it runs in the background too).
+        `after` (this process's join of the session) is waited for first, so that the
+        session knows its job before the trace lands.
         """
         name = f"{self.session_dir(session)}/{self.host}.xplane.pb"
 
+        def _joined() -> None:
+            if after is None:
+                return
+            try:
+                after.result(timeout=JOIN_WAIT_S)
+            except Exception as e:  # noqa: BLE001 - the upload registers the host anyway
+                log.warning("mldiag: session %s: joining did not finish (%s); uploading",
+                            session, e)
+
         def _upload_trace() -> str:
             try:
+                # The bytes first (a ring's windows do not wait), then the join, then the write.
                 blob = data if isinstance(data, bytes) else data()
                 if not blob:
                     raise MldiagError(f"session {session}: the profiler wrote an empty trace")
+                _joined()
                 self.plane.storage.write_bytes(name, blob)
             except Exception as e:
                 # The session expects this host: record why it will not come, so the session
-                # goes on with the other hosts (or fails with this reason) instead of waiting.
+                # goes on with the other hosts (or fails with this reason) instead of waiting;
+                # after the join, so that the session knows its job first.
                 try:
+                    _joined()
                     self.fail_host(session, str(e))
                 except Exception as state_error:  # noqa: BLE001 - the upload error is raised
                     log.error("mldiag: could not record the failed upload of %s: %s", name,
@@ -341,13 +414,15 @@ class MLRun:
         if self.puller is not None:
             # No new requests; those taken finish (their uploads join the pending ones).
             self.puller.stop()
-        # Uploads first: one may still be cutting its trace from the ring.
+        # Uploads first: one may still be cutting its trace from the ring (and each waits
+        # for its session's join, which the join thread finishes meanwhile).
         for f in list(self._pending):
             try:
                 f.result(timeout=300)
             except Exception as e:  # noqa: BLE001 - report every failed upload, then go on
                 log.error("mldiag: an upload failed: %s", e)
         self._executor.shutdown(wait=True)
+        self._joins.shutdown(wait=True)
         if self.ring is not None and self.ring.active:
             self.ring.stop()
         if self.profiler_server is not None:

@@ -56,12 +56,14 @@ from mldiag.stages.claims import claimed, toucher
 from mldiag.stages.fanout import fan_out, fans_out, host_file, host_parts, share_hosts
 from mldiag.stages.services import Services, fail, publish_or_undo
 from mldiag.stages.sessions import (
+    Superseded,
     analysis_dir,
     current,
     generations,
     profile_session,
     read_json,
     stage_key,
+    unless_superseded,
 )
 from mldiag.stages.window_shards import window_count_of, window_exchange
 
@@ -127,7 +129,11 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
         parts = host_parts(services, s, sorted(arrived))
         if parts is None and settings.in_job:
             # The job's tasks share the hosts: no function instance gets one it cannot hold.
-            share_hosts(services, msg, s, sorted(arrived), wait=True)
+            try:
+                share_hosts(services, msg, s, sorted(arrived), wait=True)
+            except Superseded as e:
+                log.info("collect job stopped: %s", e)
+                return
             parts = host_parts(services, s, sorted(arrived))
         if parts is None:
             fan_out(services, msg, s, sorted(arrived))
@@ -138,7 +144,12 @@ def collect(msg: AnalyzeSession, services: Services) -> None:
                 services, msg.run, msg.session, msg.version, ANALYZING)) as mine:
             if not mine:
                 return
-            _collect_claimed(services, msg, parts)
+            try:
+                with unless_superseded(services, msg):
+                    _collect_claimed(services, msg, parts)
+            except Superseded as e:
+                # A later host started the next version, which has its own analysis.
+                log.info("collect stopped: %s", e)
     except _TooLargeHere as e:
         # The claim was released: the collect job takes the session with its own.
         _hand_to_job(services, msg, s, str(e))
@@ -318,7 +329,8 @@ def collect_windows(msg: AnalyzeSession, services: Services) -> None:
             return
         (record,) = [r for r in s.hosts.values() if r.status == "ARRIVED"]
         with services.storage.local_files([record.object_name], generations=generations(s),
-                                          max_bytes=settings.max_host_bytes) as local:
+                                          max_bytes=settings.max_host_bytes) as local, \
+                unless_superseded(services, msg):
             done = convert_windows(
                 local / record.object_name.rsplit("/", 1)[1], exchange, windows, held,
                 tool_timeout_s=settings.tool_timeout_s,
@@ -330,6 +342,8 @@ def collect_windows(msg: AnalyzeSession, services: Services) -> None:
     except ProfileUnreadable as e:
         # Task 0 reads the same file and records the session FAILED with the reason.
         log.warning("collect job task %d: %s", settings.job_task, e)
+    except Superseded as e:
+        log.info("collect job task %d stopped: %s", settings.job_task, e)
     finally:
         exchange.close()
 

@@ -12,6 +12,9 @@ Where the hosts' shares run:
   place in the list; task 0 then waits for the others' and takes over a host whose task
   died (its claim stops being renewed and lapses), and combines. No host goes to a
   function instance that could not hold it.
+
+A superseded version's shares stop: a `CollectHost` of an old version does nothing, one
+running stops at its next check (`sessions.unless_superseded`), and task 0 stops waiting.
 """
 
 from __future__ import annotations
@@ -31,7 +34,15 @@ from mldiag.model import ANALYZING, CAPTURED, SessionRecord
 from mldiag.settings import Settings
 from mldiag.stages.claims import claimed, toucher
 from mldiag.stages.services import Services
-from mldiag.stages.sessions import analysis_dir, current, generations, read_json
+from mldiag.stages.sessions import (
+    Superseded,
+    analysis_dir,
+    current,
+    generations,
+    read_json,
+    superseded_by,
+    unless_superseded,
+)
 
 log = logging.getLogger(__name__)
 # How often task 0 of the collect job looks for the other tasks' hosts.
@@ -108,6 +119,9 @@ def share_hosts(services: Services, msg: AnalyzeSession, s: SessionRecord,
         missing = [h for h in hosts if h not in hosts_done(services, s, hosts)]
         if not missing:
             return
+        why = superseded_by(services, msg)
+        if why:
+            raise Superseded(why)
         time.sleep(SHARE_POLL_S)
         for host in missing:  # a lapsed claim is taken here; a live one is left to its task
             _collect_host(services, CollectHost(run=msg.run, session=msg.session,
@@ -137,15 +151,20 @@ def _collect_host(services: Services, msg: CollectHost, *, ask: bool) -> None:
                 tempfile.TemporaryDirectory(prefix="mldiag-host-") as out:
             xplane = local / record.object_name.rsplit("/", 1)[1]
             try:
-                result = collect_host_parts(
-                    xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
-                    max_host_bytes=settings.max_host_bytes,
-                    memory_budget_bytes=settings.memory_budget_bytes,
-                    window_min_bytes=settings.window_min_bytes or None,
-                    window_bytes=settings.window_bytes or None)
+                with unless_superseded(services, msg):
+                    result = collect_host_parts(
+                        xplane, msg.host, Path(out), tool_timeout_s=settings.tool_timeout_s,
+                        max_host_bytes=settings.max_host_bytes,
+                        memory_budget_bytes=settings.memory_budget_bytes,
+                        window_min_bytes=settings.window_min_bytes or None,
+                        window_bytes=settings.window_bytes or None)
             except ProfileUnreadable as e:
                 # This host is left out of the report, which names it and says why.
                 result = {"host": msg.host, "failed": str(e)}
+            except Superseded as e:
+                # The next version fans out on its own; this host's share is moot.
+                log.info("collect_host %s stopped: %s", msg.host, e)
+                return
             if settings.in_job:
                 result["job_task"] = settings.job_task
             if "failed" not in result:

@@ -4,6 +4,7 @@ the file came from outside); a complete session moves to CAPTURED and gets one A
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Sequence
 
@@ -19,6 +20,7 @@ from mldiag.model import (
     TargetRecord,
     parse_object_name,
 )
+from mldiag.ports import ObjectInfo
 from mldiag.stages.claims import claimed
 from mldiag.stages.services import Services, fail, publish_or_undo
 
@@ -74,6 +76,10 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         record = HostRecord(object_name=msg.name, generation=msg.generation, size=msg.size,
                             arrived_at=now, status=status, reason=reason,
                             content_hash=msg.content_hash)
+        prior = existing.hosts.get(name.host) if existing is not None else None
+        if status == "ARRIVED" and prior is not None:
+            record.content_hash = _rewrite_hash(services, name.run, name.session, name.host,
+                                                record, prior, now)
         # The run's registered profiler targets are the hosts a new session waits for.
         expected = sorted({t.host for t in live_targets(services, name.run)})
         session, new = services.state.register_host(name.run, name.session, name.host, record,
@@ -83,6 +89,29 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
         elif session.complete():
             # Also on a redelivery (not new): the first delivery may have died before this.
             complete_session(services, session)
+
+
+def _rewrite_hash(services: Services, run: str, session: str, host: str, record: HostRecord,
+                  prior: HostRecord, now: float) -> str:
+    """The content hash of a host's rewrite that may hold the same bytes (the same size as
+    the generation registered), so that `SessionRecord.add_host` keeps the version when it
+    does. Local finalize events come unhashed (registering never waits for a hash): the
+    hashes are asked of the storage then, only for such a rewrite, and the registered
+    generation's is recorded on its host first."""
+    if (prior.status != "ARRIVED" or prior.generation == record.generation
+            or prior.size != record.size):
+        return record.content_hash
+    before = prior.content_hash or services.storage.content_hash(ObjectInfo(
+        name=prior.object_name, size=prior.size, generation=prior.generation,
+        updated=prior.arrived_at))
+    if not before:
+        return record.content_hash
+    if not prior.content_hash:
+        services.state.register_host(run, session, host,
+                                     dataclasses.replace(prior, content_hash=before), now)
+    return record.content_hash or services.storage.content_hash(ObjectInfo(
+        name=record.object_name, size=record.size, generation=record.generation,
+        updated=now))
 
 
 def _reject_object(services: Services, msg: ProfileObjectFinalized, reason: str) -> None:

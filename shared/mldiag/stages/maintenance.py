@@ -5,6 +5,7 @@ dead-lettered message.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 
@@ -22,9 +23,11 @@ from mldiag.model import (
     INVESTIGATING,
     REPORTED,
     HostRecord,
+    SessionRecord,
     parse_object_name,
     short_reason,
 )
+from mldiag.settings import Settings
 from mldiag.stages.intake import complete_session
 from mldiag.stages.registry import handle
 from mldiag.stages.services import Services, fail
@@ -54,17 +57,14 @@ def sweep(services: Services) -> dict[str, int]:
                      + (f": {failed}" if failed else ""), s.version)
                 done["failed"] += 1
             continue
-        waited_enough = (not s.expected_hosts and quiet >= settings.settle_s) or (
-            s.expected_hosts and quiet >= settings.stuck_after_s)
-        if not waited_enough:
+        if s.expects():
+            # The capture's targets or the job's processes say who comes: wait for them up
+            # to the stuck window, then analyse who came.
+            if quiet < settings.stuck_after_s:
+                continue
+            _record_missing(services, s, now)
+        elif not settled(services, s, quiet):
             continue
-        for host in sorted(set(s.expected_hosts) - set(s.hosts)):
-            # Record who is missing, so the report says the analysis lacks that host.
-            anchor = next(iter(s.hosts.values())).object_name.rsplit("/", 1)[0]
-            services.state.register_host(s.run, s.session, host, HostRecord(
-                object_name=f"{anchor}/{host}.xplane.pb", generation="", size=0,
-                arrived_at=now, status="FAILED",
-                reason=f"{host}: did not arrive within {settings.stuck_after_s:g} s"), now)
         current = services.state.get_session(s.run, s.session)
         if current is not None and complete_session(services, current):
             done["settled"] += 1
@@ -75,6 +75,76 @@ def sweep(services: Services) -> dict[str, int]:
                                              services.owner, interval, now):
         done["rescanned"] = rescan(services, window_s=settings.rescan_window_s, now=now)
     return done
+
+
+# A session that does not know its hosts waits this many times the longest gap between two
+# of its arrivals (bounded by settle_max_s): hosts uploading one after another keep it open.
+SETTLE_GAP_FACTOR = 2.0
+
+
+def settle_wait(s: SessionRecord, settings: Settings) -> float:
+    """How long a session that does not know its hosts waits after its last arrival: the
+    settle window, or SETTLE_GAP_FACTOR times the longest gap between two arrivals so far,
+    whichever is longer, at most settle_max_s (never less than the settle window)."""
+    times = sorted(r.arrived_at for r in s.hosts.values() if r.status == "ARRIVED")
+    gap = max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+    return min(max(settings.settle_s, SETTLE_GAP_FACTOR * gap),
+               max(settings.settle_max_s, settings.settle_s))
+
+
+def settled(services: Services, s: SessionRecord, quiet: float) -> bool:
+    """Whether a session that does not know its hosts is done arriving, `quiet` seconds after
+    its last arrival: it waited `settle_wait`, and no profile in its directory is still to be
+    registered (a file still being written or copied, locally; an object whose finalize
+    event is on its way). Past the stuck window it is done whatever the bucket shows."""
+    settings = services.settings
+    if quiet < settle_wait(s, settings):
+        return False
+    if quiet >= settings.stuck_after_s:
+        return True
+    return not unregistered(services, s)
+
+
+def unregistered(services: Services, s: SessionRecord) -> list[str]:
+    """The profiles in the session's directory that are still to be registered (being
+    written, or their finalize event on its way): a host the session does not hold, or one
+    written again after it was registered, at a generation the session does not hold."""
+    anchor = next(iter(s.hosts.values())).object_name.rsplit("/", 1)[0]
+    out = []
+    for info in services.storage.list(f"{anchor}/"):
+        try:
+            name = parse_object_name(info.name)
+        except ValueError:
+            continue  # dead-lettered with its reason: never a host of this session
+        if name is None or name.session_dir != anchor:
+            continue
+        host = s.hosts.get(name.host)
+        if host is None or (host.generation != info.generation
+                            and info.updated > host.arrived_at):
+            out.append(info.name)
+    return out
+
+
+def _record_missing(services: Services, s: SessionRecord, now: float) -> None:
+    """Past the stuck window: record each expected host that did not come as FAILED, and the
+    job's processes that never joined in the session's note, so the report says what the
+    analysis lacks."""
+    settings = services.settings
+    anchor = next(iter(s.hosts.values())).object_name.rsplit("/", 1)[0]
+    for host in sorted((set(s.expected_hosts) | set(s.processes)) - set(s.hosts)):
+        services.state.register_host(s.run, s.session, host, HostRecord(
+            object_name=f"{anchor}/{host}.xplane.pb", generation="", size=0,
+            arrived_at=now, status="FAILED",
+            reason=f"{host}: did not arrive within {settings.stuck_after_s:g} s"), now)
+    never = s.missing_processes()
+    if never and len(s.hosts) < s.expected_count:
+        several = len(never) > 1
+        note = (f"process{'es' if several else ''} {', '.join(map(str, never))} of the job's "
+                f"{s.process_count} did not join the session within "
+                f"{settings.stuck_after_s:g} s: analysed without {'them' if several else 'it'}")
+        services.state.transition(s.run, s.session, CAPTURING, expect=[CAPTURING],
+                                  version=s.version, now=now,
+                                  note=short_reason(s.note, note) if s.note else note)
 
 
 # How old an object must be before the rescan registers it.

@@ -1,14 +1,19 @@
-"""What the analysis stages ask of a session: whether a message is still its current work,
-where its analysis objects live, and which generations of its hosts to read."""
+"""What the analysis stages ask of a session: whether a message is still its current work
+(and, while that work runs, whether a later host has made it moot), where its analysis
+objects live, and which generations of its hosts to read."""
 
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
 from mldiag.analysis import ProfileSession
-from mldiag.errors import PoisonMessage
+from mldiag.analysis.collection.workers import JobsStopped, stop_when
+from mldiag.errors import MldiagError, PoisonMessage
 from mldiag.messages import SessionMessage
 from mldiag.model import SessionRecord
 from mldiag.stages.services import Services
@@ -29,6 +34,48 @@ def current(services: Services, msg: SessionMessage,
     if s.version != msg.version or s.state not in states:
         return None
     return s
+
+
+# How often running work reads its session to learn whether its version was superseded.
+SUPERSEDED_CHECK_S = 2.0
+
+
+class Superseded(MldiagError):
+    """A later host started the session's next version: this version's work is moot.
+
+    Permanent for that work: it stops, and its message is acknowledged.
+    """
+
+
+def superseded_by(services: Services, msg: SessionMessage) -> str | None:
+    """Why `msg`'s version is no longer the session's (a later host started the next one,
+    `SessionRecord.superseded` says when), or None while it is."""
+    s = services.state.get_session(msg.run, msg.session)
+    if s is None or s.version == msg.version:
+        return None
+    return (f"version {msg.version} of {msg.run}/{msg.session} was superseded by version "
+            f"{s.version}")
+
+
+@contextmanager
+def unless_superseded(services: Services, msg: SessionMessage) -> Iterator[None]:
+    """Run `msg`'s work, stopping it at its next check once its version is superseded: the
+    collection's jobs stop within SUPERSEDED_CHECK_S and their workers are killed, and
+    Superseded is raised."""
+    last = [time.monotonic()]
+
+    def check() -> str | None:
+        now = time.monotonic()
+        if now - last[0] < SUPERSEDED_CHECK_S:
+            return None
+        last[0] = now
+        return superseded_by(services, msg)
+
+    with stop_when(check):
+        try:
+            yield
+        except JobsStopped as e:
+            raise Superseded(str(e)) from e
 
 
 def profile_session(s: SessionRecord, local_dir: Path) -> ProfileSession:

@@ -5,8 +5,8 @@ instead of Firestore and GCS, so a workload needs no role on either (DESIGN.md "
 
 - `RegistrationStateStore`: the state-store calls the SDK makes (register its run and
   auto-capture policy, register, heartbeat and list its targets, take their capture requests,
-  create its programmatic sessions, record a failed upload), each one a request to the
-  function;
+  create and join its programmatic sessions, record a failed upload), each one a request to
+  the function;
 - `SignedUrlStorage`: `write_bytes` of a profile asks the function for a signed URL for exactly
   that object, then `PUT`s the bytes to it.
 
@@ -158,6 +158,12 @@ class RegistrationStateStore:
 
     def create_session(self, record: SessionRecord) -> tuple[SessionRecord, bool]:
         answer = self.client.call("create_session", session=record.to_dict())
+        return SessionRecord.from_dict(answer["session"]), bool(answer["created"])
+
+    def join_session(self, record: SessionRecord, host: str,
+                     process_index: int) -> tuple[SessionRecord, bool]:
+        answer = self.client.call("join_session", session=record.to_dict(), host=host,
+                                  process_index=process_index)
         return SessionRecord.from_dict(answer["session"]), bool(answer["created"])
 
     def register_host(self, run: str, session: str, host: str, record: HostRecord,

@@ -497,6 +497,21 @@ class FirestoreStateStore(LazyFirestore):
         return self._swap(self._session_ref(run, session), on_snapshot,
                           f"session {run}/{session}")
 
+    def join_session(self, record: SessionRecord, host: str,
+                     process_index: int) -> tuple[SessionRecord, bool]:
+        def change(s: SessionRecord | None) -> SessionRecord | None:
+            s = s or copy.deepcopy(record)
+            changed = s.join(host, process_index, record.process_count, record.process_indices)
+            return s if changed else None
+
+        before, after = self._swap_session(record.run, record.session, change)
+        if after is None:
+            assert before is not None  # a new session always changes (its first process)
+            return before, False
+        if before is None:
+            self._notify(None, after)
+        return after, before is None
+
     def register_host(
         self, run: str, session: str, host: str, record: HostRecord, now: float,
         expected_hosts: Sequence[str] = (),

@@ -124,6 +124,17 @@ class GcsStorage:
         blob = self._bucket().get_blob(validate_object_name(name), timeout=self.timeout_s)
         return None if blob is None else _info(blob)
 
+    def content_hash(self, info: ObjectInfo) -> str:
+        """GCS's own hash of that generation, from its metadata (finalize events carry it,
+        so intake rarely asks)."""
+        generation = int(info.generation) if info.generation.isdigit() else None
+        blob = self._bucket().get_blob(validate_object_name(info.name), generation=generation,
+                                       timeout=self.timeout_s)
+        if blob is None or str(blob.generation) != info.generation:
+            return ""
+        return f"md5:{blob.md5_hash}" if blob.md5_hash else (
+            f"crc32c:{blob.crc32c}" if blob.crc32c else "")
+
     def read_bytes(self, name: str) -> bytes:
         blob = self._bucket().blob(validate_object_name(name))
         try:

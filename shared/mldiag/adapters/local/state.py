@@ -6,6 +6,7 @@ transactions. The in-process bus keeps its durable queue in the same database fi
 
 from __future__ import annotations
 
+import copy
 import json
 import sqlite3
 import threading
@@ -302,6 +303,21 @@ class SqliteStateStore:
                 created = False
         if created:
             self._notify(None, s)
+        return s, created
+
+    def join_session(self, record: SessionRecord, host: str,
+                     process_index: int) -> tuple[SessionRecord, bool]:
+        with self._tx() as db:
+            s = self._load(db, record.run, record.session)
+            before = s.state if s else None
+            created = s is None
+            if s is None:
+                s = copy.deepcopy(record)
+            changed = s.join(host, process_index, record.process_count, record.process_indices)
+            if created or changed:
+                self._save(db, s)
+        if created:
+            self._notify(before, s)
         return s, created
 
     def transition(

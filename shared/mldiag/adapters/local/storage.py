@@ -4,6 +4,11 @@ Writes through the port are atomic (temp file + rename) and emit an object-final
 Files dropped in from outside are turned into the same events by `DirectoryWatcher`, once
 their size and mtime have held still for the stability window, so a file still being copied
 is never analysed half-written.
+
+A finalize event goes out before the file is hashed: hashing 2 GB takes seconds, and four
+hosts dropped at once must register at once. Each profile is hashed afterwards on one
+background thread (`hash_later`), and the hash is kept by (name, generation), so the
+same-bytes check of a later rewrite (`content_hash`) finds it without reading the old bytes.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import queue
 import shutil
 import threading
 import time
@@ -25,6 +31,8 @@ from mldiag.model import XPLANE_SUFFIXES
 from mldiag.ports import ObjectInfo
 
 FinalizeFn = Callable[[ObjectInfo], None]
+# Generations of one object whose hashes are kept (see LocalDirStorage._hashes).
+HASHES_KEPT = 2
 
 
 class OutsideBucket(ProfileUnreadable):
@@ -59,6 +67,11 @@ class LocalDirStorage:
         # Generations this process wrote or already reported, so the watcher skips them.
         self.reported: dict[str, str] = {}
         self._lock = threading.Lock()
+        # name -> {generation: content hash} of the last HASHES_KEPT generations hashed: the
+        # registered one's stays known while its rewrite is being hashed.
+        self._hashes: dict[str, dict[str, str]] = {}
+        self._to_hash: queue.SimpleQueue[ObjectInfo] = queue.SimpleQueue()
+        self._hasher: threading.Thread | None = None
 
     def _path(self, name: str) -> Path:
         if not name or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
@@ -137,9 +150,18 @@ class LocalDirStorage:
         self.emit(info)
         return info
 
+    def known_hash(self, info: ObjectInfo) -> str:
+        """The content hash of `info`'s generation if it was hashed already, else ""."""
+        with self._lock:
+            return self._hashes.get(info.name, {}).get(info.generation, "")
+
     def content_hash(self, info: ObjectInfo) -> str:
         """`md5:<base64>` of the object's bytes, as GCS reports it; "" when the object changed
-        from `info`'s generation meanwhile (then its next event brings the right one)."""
+        from `info`'s generation meanwhile (then its next event brings the right one). A
+        generation hashed before (`hash_later`) is not read again."""
+        known = self.known_hash(info)
+        if known:
+            return known
         digest = hashlib.md5(usedforsecurity=False)
         try:
             path = self._path(info.name)
@@ -150,7 +172,31 @@ class LocalDirStorage:
                 return ""
         except (OSError, ProfileUnreadable):  # gone, unreadable, or out of the bucket
             return ""
-        return "md5:" + base64.b64encode(digest.digest()).decode()
+        found = "md5:" + base64.b64encode(digest.digest()).decode()
+        with self._lock:
+            kept = self._hashes.setdefault(info.name, {})
+            kept[info.generation] = found
+            for old in list(kept)[:-HASHES_KEPT]:
+                del kept[old]
+        return found
+
+    def hash_later(self, info: ObjectInfo) -> None:
+        """Hash `info`'s generation on the background hasher (one thread, in arrival order),
+        so that a later rewrite of the same bytes is known as such."""
+        with self._lock:
+            if self._hasher is None or not self._hasher.is_alive():
+                self._hasher = threading.Thread(target=self._hash_queued,
+                                                name="mldiag-hasher", daemon=True)
+                self._hasher.start()
+        self._to_hash.put(info)
+
+    def _hash_queued(self) -> None:
+        while True:
+            info = self._to_hash.get()
+            current = self.reported.get(info.name)
+            if current is not None and current != info.generation:
+                continue  # rewritten meanwhile: that generation's bytes are gone
+            self.content_hash(info)
 
     def emit(self, info: ObjectInfo) -> None:
         """Report a finalized object once per generation."""
@@ -163,7 +209,12 @@ class LocalDirStorage:
 
     def list(self, prefix: str = "") -> list[ObjectInfo]:
         out = []
-        for dirpath, _, files in os.walk(self.root):
+        # Walk only the directory that holds the prefix (the sweeper lists one session's).
+        try:
+            top = self._path(prefix.rsplit("/", 1)[0]) if "/" in prefix else self.root
+        except (ValueError, ProfileUnreadable):
+            return []
+        for dirpath, _, files in os.walk(top):
             for f in files:
                 path = Path(dirpath) / f
                 name = path.relative_to(self.root).as_posix()

@@ -14,7 +14,10 @@ of jobs runs in its own worker process (a separate interpreter, kept warm betwee
 - a job whose own estimate exceeds the budget is not started (skipped, with the reason), and
   jobs run side by side only while their estimates fit the budget together;
 - workers run with a faster malloc where one is installed (`worker_allocator`): xprof's
-  converters make millions of small allocations, and glibc's malloc is a quarter of their time.
+  converters make millions of small allocations, and glibc's malloc is a quarter of their time;
+- the caller may say when the work has become moot (`stop_when`: a stage whose session
+  version was superseded): the jobs stop at the next poll, their workers killed, and
+  `JobsStopped` says why.
 
 The parent only schedules; it never runs tool code. Results are plain JSON-like values.
 """
@@ -29,16 +32,42 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any, Protocol
 
+from mldiag.errors import MldiagError
+
 DATA, NO_DATA, ERROR = "DATA", "NO_DATA", "ERROR"
 # Each job's deadline unless told otherwise (MLDIAG_TOOL_TIMEOUT_S).
 DEFAULT_TOOL_TIMEOUT_S = 300.0
 _POLL_S = 0.05
+# Set by a caller whose work may become moot: returns why to stop, or None (`stop_when`).
+_STOP_CHECK: ContextVar[Callable[[], str | None] | None] = ContextVar("mldiag_jobs_stop",
+                                                                      default=None)
+
+
+class JobsStopped(MldiagError):
+    """`run_jobs` stopped because its caller's stop check said so (its work became moot).
+
+    Permanent for that work: it is not to be retried.
+    """
+
+
+@contextmanager
+def stop_when(check: Callable[[], str | None]) -> Iterator[None]:
+    """Within this block (this thread's context), `run_jobs` calls `check()` between polls
+    and, when it returns a reason, kills its workers and raises JobsStopped with it. The
+    check should be cheap: it runs every poll."""
+    token = _STOP_CHECK.set(check)
+    try:
+        yield
+    finally:
+        _STOP_CHECK.reset(token)
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
@@ -322,10 +351,12 @@ def run_jobs(
     A job starts when the jobs it is `after` are done (whatever their status) and its memory
     estimate fits the budget beside the running ones; `inputs_for(job, outcomes)` gives its
     inputs.
-    Always returns, with every job accounted for: done, failed, timed out, killed or skipped.
+    Always returns, with every job accounted for: done, failed, timed out, killed or skipped;
+    unless the caller's stop check (`stop_when`) stops it, which raises JobsStopped.
     """
     outcomes: dict[str, Outcome] = dict(done or {})
     shared = remote.names if remote is not None else frozenset()
+    stop_check = _STOP_CHECK.get()
 
     def mine(job: Job) -> bool:
         return job.name not in shared or (remote is not None and remote.take(job.name))
@@ -371,6 +402,9 @@ def run_jobs(
             workers[group] = spawn(group, pending)
     try:
         while workers:
+            why = stop_check() if stop_check is not None else None
+            if why:
+                raise JobsStopped(why)
             if remote is not None:
                 for o in remote.poll():
                     if o.name not in outcomes:
