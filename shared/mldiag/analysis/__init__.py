@@ -25,6 +25,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "FollowUpRefused": ("judgement.followups", "FollowUpRefused"),
     "FollowUps": ("judgement.followups", "FollowUps"),
     "INSUFFICIENT_DATA": ("judgement.verdict", "INSUFFICIENT_DATA"),
+    "JobsStopped": ("collection.workers", "JobsStopped"),
     "MAX_FOLLOW_UPS": ("judgement.followups", "MAX_FOLLOW_UPS"),
     "NEEDS_ATTENTION": ("judgement.triage", "NEEDS_ATTENTION"),
     "OPTIMAL": ("judgement.triage", "OPTIMAL"),
@@ -60,6 +61,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "read_session": ("judgement.reading", "read_session"),
     "render_diff_html": ("report.diff", "render_diff_html"),
     "render_summary_html": ("report.summary", "render_summary_html"),
+    "stop_when": ("collection.workers", "stop_when"),
     "style_hash": ("report.page", "style_hash"),
     "task_windows": ("collection.hosts.window_tasks", "task_windows"),
     "triage": ("judgement.triage", "triage"),
@@ -96,8 +98,10 @@ if TYPE_CHECKING:
     from mldiag.analysis.collection.profile_input import find_sessions as find_sessions
     from mldiag.analysis.collection.profile_input import validate_xplane as validate_xplane
     from mldiag.analysis.collection.registry import TOOLS as TOOLS
+    from mldiag.analysis.collection.workers import JobsStopped as JobsStopped
     from mldiag.analysis.collection.workers import default_budget_bytes as default_budget_bytes
     from mldiag.analysis.collection.workers import parse_bytes as parse_bytes
+    from mldiag.analysis.collection.workers import stop_when as stop_when
     from mldiag.analysis.collection.xspace.scan import XSpaceScan as XSpaceScan
     from mldiag.analysis.diff.compare import build_diff as build_diff
     from mldiag.analysis.diff.compare import kpi as kpi

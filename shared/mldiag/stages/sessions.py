@@ -11,8 +11,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
 
-from mldiag.analysis import ProfileSession
-from mldiag.analysis.collection.workers import JobsStopped, stop_when
+from mldiag.analysis import JobsStopped, ProfileSession, stop_when
 from mldiag.errors import MldiagError, PoisonMessage
 from mldiag.messages import SessionMessage
 from mldiag.model import SessionRecord
