@@ -76,6 +76,21 @@ resource "google_storage_bucket" "profiles" {
     }
   }
 
+  # Superseded objects: the pipeline marks them with a customTime when a newer version of
+  # their session is reported (mldiag.retention.mark_superseded), and nothing else sets one.
+  dynamic "lifecycle_rule" {
+    for_each = var.superseded_retention_days > 0 ? [var.superseded_retention_days] : []
+    content {
+      condition {
+        days_since_custom_time = lifecycle_rule.value
+        with_state             = "LIVE"
+      }
+      action {
+        type = "Delete"
+      }
+    }
+  }
+
   # The raw profiles (<run>/plugins/profile/<session>/<host>.xplane.pb, at any prefix), kept
   # apart from the reports beside them, which are small. Once they go, a session's report
   # stays and its viewer can no longer be rebuilt.

@@ -48,6 +48,16 @@ variable "viewer_cache_retention_days" {
   }
 }
 
+variable "superseded_retention_days" {
+  description = "Delete superseded objects (a session's older analysis versions, and its collect windows once combined) this many days after a newer version is reported (0: keep them)."
+  type        = number
+  default     = 7
+  validation {
+    condition     = var.superseded_retention_days >= 0
+    error_message = "superseded_retention_days is a number of days, 0 to keep them."
+  }
+}
+
 variable "raw_profile_retention_days" {
   description = "Delete the raw profiles (*.xplane.pb, *.xplane.riegeli) this many days after upload, keeping the reports (0: until profile_retention_days). A session's viewer cannot be rebuilt without them."
   type        = number

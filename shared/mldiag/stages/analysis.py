@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from mldiag import limits, regression
+from mldiag import limits, regression, retention
 from mldiag.analysis import (
     OPTIMAL,
     ProfileSession,
@@ -473,6 +473,8 @@ def render_report(msg: RenderReport, services: Services) -> None:
         html_name = _write_artifact(services, s, "summary.html",
                                     render_summary_html(analysis, snapshot).encode(),
                                     "text/html; charset=utf-8")
+        # Before the report: a redelivery marks what a failure left unmarked (marks hold).
+        retention.mark_superseded(services.storage, analysis_dir(s), s, services.clock())
         reported = services.state.transition(
             msg.run, msg.session, REPORTED, expect=[ANALYZING, INVESTIGATING],
             version=msg.version, now=services.clock(), verdict=analysis["status"],
