@@ -122,6 +122,9 @@ VIEW_HOSTS = ".view.json"
 GZIP_MIN_BYTES = 1024
 # How often a console asks again for the rebuild of one expired cache.
 REBUILD_ASK_S = 600.0
+# How long a console waits for a rebuild it asked for before opening the session as one
+# never prebuilt (the prebuild of the largest sessions, in the collect job, takes up to an hour).
+REBUILD_GIVE_UP_S = 2 * 3600.0
 
 
 class ViewerError(MldiagError):
@@ -518,6 +521,7 @@ class Viewers:
         self.clock = clock
         # When each expired cache's rebuild was last asked for (by cache key).
         self._asked: dict[str, float] = {}
+        self._first_asked: dict[str, float] = {}
         # Caches found gone in part while read, until rebuilt whole.
         self._lost: set[str] = set()
         self._lock = threading.Lock()
@@ -588,6 +592,11 @@ class Viewers:
                 self._lost.discard(key)
             return False
         if not expired(session, self.storage, self.clock()):
+            return False
+        first = self._first_asked.setdefault(key, self.clock())
+        if self.clock() - first > REBUILD_GIVE_UP_S:
+            # The pipeline never rebuilt it (its prebuild failing, or off): opened as a
+            # session never prebuilt, converted here or refused with the reason.
             return False
         self._ask(session)
         return True

@@ -22,6 +22,7 @@ import gzip
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import zlib
 from collections.abc import Mapping
@@ -238,6 +239,7 @@ def lacks_files(storage: Storage, prefix: str) -> bool:
 def rebuild_message(session: SessionRecord, now: float) -> PrebuildViewer:
     """The pipeline's order to rebuild `session`'s expired cache, found gone at `now` (a
     console asks once every `viewer.REBUILD_ASK_S` at most; a rebuild finding the cache whole
-    again does nothing)."""
+    again does nothing). Each order is its own (its claim's key): two within a second, the
+    second after the first rebuilt, must not be taken for one redelivered."""
     return PrebuildViewer(run=session.run, session=session.session, version=session.version,
-                          rebuild=str(int(now)))
+                          rebuild=f"{now:.0f}-{secrets.token_hex(4)}")

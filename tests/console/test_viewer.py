@@ -809,6 +809,31 @@ def test_an_expired_cache_is_rebuilt_on_demand_and_the_page_says_so_meanwhile(
         assert calls == [], expire  # served from the rebuilt cache
 
 
+def test_a_rebuild_the_pipeline_never_does_falls_back_to_a_conversion_here(
+        site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for every REBUILD_ASK_S, given up after REBUILD_GIVE_UP_S: then the session
+    opens as one never prebuilt (converted here, within the console's budget)."""
+    s = _unbuilt(site, "never-rebuilt")
+    s.state = "REPORTED"
+    asked: list[str] = []
+    now = [s.timings.get("REPORTED", s.updated_at) + viewer_cache.EXPIRED_AFTER_S + 1]
+    viewers = Viewers(site.runtime.storage, tmp_path / "cache",
+                      rebuild=lambda x: asked.append(x.session), clock=lambda: now[0])
+    for _ in range(2):
+        with pytest.raises(ViewerError, match="rebuilding the viewer cache") as e:
+            viewers.workspace(s)
+        assert e.value.status == 503
+    assert asked == ["s1"]  # once per REBUILD_ASK_S
+    now[0] += viewer_module.REBUILD_ASK_S + 1
+    with pytest.raises(ViewerError, match="rebuilding"):
+        viewers.workspace(s)
+    assert asked == ["s1", "s1"]
+    now[0] += viewer_module.REBUILD_GIVE_UP_S
+    ws = viewers.workspace(s)
+    assert ws.answer("run_tools", {"run": "s1"}).body
+    assert asked == ["s1", "s1"]
+
+
 def test_a_cache_object_that_is_not_gzip_or_unzips_too_far_is_refused(tmp_path: Path) -> None:
     from mldiag.adapters.local.storage import LocalDirStorage
 

@@ -847,6 +847,10 @@ def test_the_bucket_s_lifecycle_selects_the_viewer_caches_and_the_raw_profiles_a
     assert {p for c in by_prefix for p in c["matches_prefix"]} == {"${local.viewer_cache_root}/"}
     assert any(c.get("age") == "${lifecycle_rule.value}" for c in by_prefix)
     assert [c for c in conditions if c.get("matches_suffix") == "${local.profile_suffixes}"]
+    # Superseded objects: by the customTime the pipeline sets (Storage.supersede), alone.
+    custom = [c for c in conditions if "days_since_custom_time" in c]
+    assert len(custom) == 1 and set(custom[0]) - {"__is_block__"} == {
+        "days_since_custom_time", "with_state"}
     session = SessionRecord(run="r", session="s", state="REPORTED", hosts={
         "h": HostRecord("team/r/plugins/profile/s/h.xplane.pb", "7", 10, 0.0)})
     prefix = viewer_cache.cache_prefix(session)
