@@ -116,35 +116,40 @@ def fetch(storage: Storage, prefix: str, rel: str, dest: Path, *,
           max_bytes: int = MAX_HOST_BYTES) -> None:
     """Fetch the cache's `rel` to `dest`, an xplane unzipped. The object is untrusted: one
     that unzips past `max_bytes` (no host is larger) or is not gzip is refused, and nothing is
-    left at `dest`. CacheExpired when the object is gone."""
+    left at `dest`. CacheExpired when the object is gone.
+
+    `dest` is replaced, never written into: a window not fetched yet is a hard link to its
+    host's stub, shared by the host's other windows."""
     name = object_name(prefix, rel)
-    if not rel.endswith(XPLANE):
+    part = dest.with_name(f".{dest.name}.{os.getpid()}.part")
+    try:
         try:
-            storage.fetch_to(name, dest)
+            storage.fetch_to(name, part)  # another OSError (the bucket unreachable) is not ours
         except FileNotFoundError as e:
             raise CacheExpired(f"the viewer cache lacks {rel}") from e
-        return
-    packed = dest.with_name(f".{dest.name}{GZ}.{os.getpid()}")
-    try:
-        storage.fetch_to(name, packed)  # another OSError (the bucket unreachable) is not ours
-    except BaseException as e:
-        packed.unlink(missing_ok=True)
-        if isinstance(e, FileNotFoundError):
-            raise CacheExpired(f"the viewer cache lacks {rel}") from e
-        raise
+        if rel.endswith(XPLANE):
+            _unzip(part, dest, rel, max_bytes)
+        else:
+            part.replace(dest)
+    finally:
+        part.unlink(missing_ok=True)
+
+
+def _unzip(packed: Path, dest: Path, rel: str, max_bytes: int) -> None:
+    out = dest.with_name(f".{dest.name}.{os.getpid()}.unzipped")
     try:
         written = 0
-        with gzip.open(packed, "rb") as src, dest.open("wb") as dst:
+        with gzip.open(packed, "rb") as src, out.open("wb") as dst:
             while chunk := src.read(1024**2):
                 written += len(chunk)
                 if written > max_bytes:
                     raise ValueError(f"{rel} unzips past {size_text(max_bytes)}")
                 dst.write(chunk)
+        out.replace(dest)
     except (OSError, EOFError, ValueError, zlib.error) as e:
-        dest.unlink(missing_ok=True)
         raise CacheExpired(f"the viewer cache's {rel} cannot be read: {e}") from e
     finally:
-        packed.unlink(missing_ok=True)
+        out.unlink(missing_ok=True)
 
 
 # Why a session's caches were not prebuilt (JSON), beside where the manifest would be.

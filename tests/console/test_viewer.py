@@ -7,6 +7,7 @@ import base64
 import copy
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -853,3 +854,17 @@ def test_a_cache_object_that_is_not_gzip_or_unzips_too_far_is_refused(tmp_path: 
         viewer_cache.fetch(storage, "p", rel, tmp_path / "junk")
     with pytest.raises(viewer_cache.CacheExpired, match="lacks"):
         viewer_cache.fetch(storage, "p", "plugins/profile/s/gone.SSTABLE", tmp_path / "gone")
+    # A window not fetched yet is a hard link to its host's stub, which its other windows
+    # share: fetching it replaces the link, and the stub stays the stub.
+    viewer_cache.put(storage, "p", rel, src)
+    stub, window, other = tmp_path / "stub", tmp_path / "w0", tmp_path / "w1"
+    stub.write_bytes(b"stub")
+    os.link(stub, window)
+    os.link(stub, other)
+    viewer_cache.fetch(storage, "p", rel, window)
+    assert window.read_bytes() == src.read_bytes()
+    assert stub.read_bytes() == other.read_bytes() == b"stub"
+    storage.write_bytes(f"p/{rel}.gz", b"not gzip")
+    with pytest.raises(viewer_cache.CacheExpired):
+        viewer_cache.fetch(storage, "p", rel, other)
+    assert stub.read_bytes() == other.read_bytes() == b"stub"
