@@ -296,8 +296,8 @@ def _prebuild(work: Path, bucket: Path, session: Any, budget: int, tasks: int,
         # memory).
         "peak_files_mb": max(round(f / 2**20) for f in peak_files),
         "peak_files_mb_per_task": [round(f / 2**20) for f in peak_files],
-        "bucket_cache_mb": round(_du(bucket / RUN / "plugins" / "profile" / SESSION / "analysis"
-                                     / "xprof_cache") / 2**20)}
+        "bucket_cache_mb": round(_du(bucket / "xprof-cache" / RUN / "plugins" / "profile"
+                                     / SESSION) / 2**20)}
     if all(child.exitcode == 0 for child in children):
         reports = sorted((out.get() for _ in children), key=lambda r: r["task"])
         # The largest of the tasks' processes (each its own VmHWM).

@@ -8,7 +8,8 @@ On the same files (the TPU fixture and a ~100 MB profile), in one run, both side
   console:  a fresh `mldiag console` process each time, with an empty workspace directory
             (MLDIAG_VIEWER_CACHE_DIR), as a new console instance has. Its home was set up first
             by `mldiag up`, which analysed the session and, once it was REPORTED, prebuilt its
-            viewer caches in the bucket (`analysis/xprof_cache/<key>/manifest.json`).
+            viewer caches in the bucket
+            (`xprof-cache/<session dir>/analysis/<key>/manifest.json`).
 Measured:
   first open: the requests the official frontend makes, in its order: runs, run_tools,
       hosts?tag=overview_page, data?tag=overview_page (the overview is shown), then
@@ -103,6 +104,13 @@ def prebuilt_trace_query(p: Profile, host: str = "") -> dict[str, str]:
 
 
 # Processes and requests
+
+
+def _cache_dir(session_dir: Path) -> Path:
+    """Where a session's viewer caches are in a local bucket (`viewer_cache.cache_prefix`):
+    under the bucket's xprof-cache/, at the session directory's path, then analysis/."""
+    bucket = next(p for p in session_dir.parents if p.name == "bucket")
+    return bucket / "xprof-cache" / session_dir.relative_to(bucket) / "analysis"
 
 
 def free_port() -> int:
@@ -329,7 +337,7 @@ def analyse(home: Path, profiles: list[Profile], *, prebuild: bool) -> dict[str,
                             raise SystemExit(f"{p.session} FAILED: {state['reason']}")
                         if state["state"] == "REPORTED":
                             reported = time.perf_counter()
-                manifests = sorted(session_dir.glob("analysis/xprof_cache/*/manifest.json"))
+                manifests = sorted(_cache_dir(session_dir).glob("*/manifest.json"))
                 if manifests and not built:
                     built = time.perf_counter()
                 time.sleep(0.1)
@@ -346,7 +354,7 @@ def analyse(home: Path, profiles: list[Profile], *, prebuild: bool) -> dict[str,
                            view=manifest.get("view"))
             else:
                 time.sleep(1.0)
-                row["manifest_present"] = any(session_dir.glob("analysis/xprof_cache/*/*.json"))
+                row["manifest_present"] = any(_cache_dir(session_dir).glob("*/*.json"))
             out[p.session] = row
             print(f"   {home.name}/{p.session}: {json.dumps(row)}", flush=True)
         out["up_peak_rss_mb"] = round(status_kb(proc.pid, "VmHWM") / 1024)

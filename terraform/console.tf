@@ -143,6 +143,15 @@ resource "google_pubsub_topic_iam_member" "console_publishes_captures" {
   member = google_service_account.console[0].member
 }
 
+# An expired viewer cache is rebuilt on demand: the console asks prebuild_viewer for it
+# (mldiag.viewer_cache.rebuild_message).
+resource "google_pubsub_topic_iam_member" "console_publishes_rebuilds" {
+  count  = local.console ? 1 : 0
+  topic  = google_pubsub_topic.topic["viewer-requests"].id
+  role   = "roles/pubsub.publisher"
+  member = google_service_account.console[0].member
+}
+
 resource "google_secret_manager_secret_iam_member" "console_reads_key" {
   count     = local.console ? 1 : 0
   secret_id = google_secret_manager_secret.share_link_key.id

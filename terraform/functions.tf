@@ -62,7 +62,7 @@ locals {
     # Builds the XProf viewer's caches (trace viewer, overview) of a REPORTED session, so the
     # first open in the console is warm: the session's xplanes in /tmp (memory) and xprof's
     # conversions, like collect. It reads the bucket and writes only under the sessions'
-    # analysis/xprof_cache/ (viewer_cache: local.viewer_cache_condition).
+    # xprof-cache/ (viewer_cache: local.viewer_cache_condition).
     prebuild_viewer = {
       memory       = "8Gi", cpu = "2", timeout = 540, max_instances = 10
       storage      = ["roles/storage.objectViewer"]
@@ -159,17 +159,16 @@ locals {
   }
 
   # objectUser on the XProf viewer's caches only (mldiag.viewer_cache.cache_prefix:
-  # <session dir>/analysis/xprof_cache/<key>/...), for prebuild_viewer and the console. The
-  # session directory is any depth under the bucket (an optional prefix, then the run), so the
-  # condition looks for the analysis/xprof_cache/ segment after plugins/profile/<session>/ and
-  # refuses xplane names there: a cache object can never pass for a profile (on_profile_object).
-  # Listing is checked on the bucket, not on an object: it comes with objectViewer.
+  # xprof-cache/<session dir>/analysis/<key>/...), for prebuild_viewer and the console. Their
+  # own top-level prefix is what the bucket's lifecycle expires (storage.tf); xplane names are
+  # refused there (the cache's xplanes are stored gzipped): a cache object can never pass for
+  # a profile (on_profile_object). Listing is checked on the bucket, not on an object: it
+  # comes with objectViewer.
   viewer_cache_condition = {
     title       = "xprof-viewer-cache"
-    description = "Objects under <session>/analysis/xprof_cache/ of the profile bucket, except xplanes."
+    description = "Objects under xprof-cache/ of the profile bucket, except xplanes."
     expression = join(" && ", [
-      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.profiles.name}/objects/\")",
-      "resource.name.extract(\"/plugins/profile/{session}/analysis/xprof_cache/\") != \"\"",
+      "resource.name.startsWith(\"projects/_/buckets/${google_storage_bucket.profiles.name}/objects/xprof-cache/\")",
       "!resource.name.endsWith(\".xplane.pb\")",
       "!resource.name.endsWith(\".xplane.riegeli\")",
     ])

@@ -8,10 +8,15 @@ data "google_project" "this" {
 }
 
 locals {
-  bucket_name     = coalesce(var.bucket_name, "${var.project}-mldiag-profiles")
-  firestore_loc   = coalesce(var.firestore_location, var.region)
-  vertex_location = coalesce(var.vertex_location, var.region)
-  dist_dir        = coalesce(var.functions_dist_dir, "${path.module}/../dist/functions")
+  bucket_name = coalesce(var.bucket_name, "${var.project}-mldiag-profiles")
+  # Where the XProf viewer's caches live in the bucket (mldiag.viewer_cache.CACHE_ROOT).
+  viewer_cache_root = "xprof-cache"
+  # What a profile object's name ends with (mldiag.model.XPLANE_SUFFIXES); the cache's own
+  # xplanes end in .gz.
+  profile_suffixes = [".xplane.pb", ".xplane.riegeli"]
+  firestore_loc    = coalesce(var.firestore_location, var.region)
+  vertex_location  = coalesce(var.vertex_location, var.region)
+  dist_dir         = coalesce(var.functions_dist_dir, "${path.module}/../dist/functions")
   # The service agents, created up front (google_project_service_identity below) so that no
   # grant to one races its creation on a fresh project. Some services return no email for
   # their agent: then it is the documented service-PROJECT_NUMBER@gcp-sa-... address.

@@ -1,5 +1,5 @@
 # The profile bucket: the standard XProf logdir layout (<run>/plugins/profile/<session>/) with
-# the xplanes and, under analysis/, the reports. Every finalized object is an event for
+# the xplanes and, under analysis/, the reports; the viewer's caches under xprof-cache/. Every finalized object is an event for
 # on_profile_object (functions.tf).
 resource "google_storage_bucket" "profiles" {
   name     = local.bucket_name
@@ -44,6 +44,66 @@ resource "google_storage_bucket" "profiles" {
       action {
         type          = "SetStorageClass"
         storage_class = "NEARLINE"
+      }
+    }
+  }
+
+  # The XProf viewer's caches (xprof-cache/, about 1.5 bytes per profile byte) expire; the
+  # console has them rebuilt on the next open (mldiag.viewer_cache.expired). A deleted cache
+  # object is never worth recovering: its noncurrent version goes the next day.
+  dynamic "lifecycle_rule" {
+    for_each = var.viewer_cache_retention_days > 0 ? [var.viewer_cache_retention_days] : []
+    content {
+      condition {
+        age            = lifecycle_rule.value
+        matches_prefix = ["${local.viewer_cache_root}/"]
+        with_state     = "LIVE"
+      }
+      action {
+        type = "Delete"
+      }
+    }
+  }
+
+  lifecycle_rule {
+    condition {
+      days_since_noncurrent_time = 1
+      matches_prefix             = ["${local.viewer_cache_root}/"]
+      with_state                 = "ARCHIVED"
+    }
+    action {
+      type = "Delete"
+    }
+  }
+
+  # Superseded objects: the pipeline marks them with a customTime when a newer version of
+  # their session is reported (mldiag.retention.mark_superseded), and nothing else sets one.
+  dynamic "lifecycle_rule" {
+    for_each = var.superseded_retention_days > 0 ? [var.superseded_retention_days] : []
+    content {
+      condition {
+        days_since_custom_time = lifecycle_rule.value
+        with_state             = "LIVE"
+      }
+      action {
+        type = "Delete"
+      }
+    }
+  }
+
+  # The raw profiles (<run>/plugins/profile/<session>/<host>.xplane.pb, at any prefix), kept
+  # apart from the reports beside them, which are small. Once they go, a session's report
+  # stays and its viewer can no longer be rebuilt.
+  dynamic "lifecycle_rule" {
+    for_each = var.raw_profile_retention_days > 0 ? [var.raw_profile_retention_days] : []
+    content {
+      condition {
+        age            = lifecycle_rule.value
+        matches_suffix = local.profile_suffixes
+        with_state     = "LIVE"
+      }
+      action {
+        type = "Delete"
       }
     }
   }

@@ -38,6 +38,36 @@ variable "profile_retention_days" {
   default     = 365
 }
 
+variable "viewer_cache_retention_days" {
+  description = "Delete the XProf viewer's caches (xprof-cache/) this many days after they were built (0: keep them). An expired cache is rebuilt when the session is next opened."
+  type        = number
+  default     = 14
+  validation {
+    condition     = var.viewer_cache_retention_days >= 0
+    error_message = "viewer_cache_retention_days is a number of days, 0 to keep the caches."
+  }
+}
+
+variable "superseded_retention_days" {
+  description = "Delete superseded objects (a session's older analysis versions, and its collect windows once combined) this many days after a newer version is reported (0: keep them)."
+  type        = number
+  default     = 7
+  validation {
+    condition     = var.superseded_retention_days >= 0
+    error_message = "superseded_retention_days is a number of days, 0 to keep them."
+  }
+}
+
+variable "raw_profile_retention_days" {
+  description = "Delete the raw profiles (*.xplane.pb, *.xplane.riegeli) this many days after upload, keeping the reports (0: until profile_retention_days). A session's viewer cannot be rebuilt without them."
+  type        = number
+  default     = 0
+  validation {
+    condition     = var.raw_profile_retention_days >= 0
+    error_message = "raw_profile_retention_days is a number of days, 0 to keep the profiles."
+  }
+}
+
 variable "noncurrent_version_retention_days" {
   description = "Delete overwritten or deleted object versions this many days after they became noncurrent."
   type        = number

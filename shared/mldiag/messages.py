@@ -81,9 +81,13 @@ class RenderReport(SessionMessage):
 
 @dataclass(frozen=True)
 class PrebuildViewer(SessionMessage):
-    """Build the XProf viewer's caches of a REPORTED session, so its first open is warm."""
+    """Build the XProf viewer's caches of a REPORTED session, so its first open is warm.
+
+    `rebuild`: set by the console when the caches expired (the bucket's lifecycle deleted
+    them), to when it found them gone (its claim is the rebuild's own)."""
 
     kind: ClassVar[str] = "PrebuildViewer"
+    rebuild: str = ""
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,13 @@ class Storage(Protocol):
         """A location users can open: `file:///...` locally, `gs://bucket/...` on GCP."""
         ...
 
+    def supersede(self, name: str, at: float) -> None:
+        """Mark an object superseded at `at` (nothing reads it any more): the bucket's
+        lifecycle deletes it `superseded_retention_days` later (on GCS its customTime, which
+        nothing else sets; locally `mldiag gc`). A mark is never moved later. Nothing
+        happens when the object is gone."""
+        ...
+
     def local_files(self, names: Sequence[str], *,
                     generations: Mapping[str, str] | None = None,
                     max_bytes: int | None = None) -> AbstractContextManager[Path]:

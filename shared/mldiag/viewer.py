@@ -41,20 +41,25 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from mldiag import viewer_cache
 from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.ports import Storage
 from mldiag.viewer_cache import (
     MANIFEST,
+    REBUILDING,
+    CacheExpired,
     arrived_hosts,
     cache_key,
     cache_prefix,
+    expired,
+    lacks_files,
     over_budget,
     unviewable,
     window_host,
@@ -101,6 +106,8 @@ _DEVICE_TYPE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 # prebuild holds the answers that common window sizes ask first.
 TRACE_RESOLUTIONS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 PREBUILT_RESOLUTIONS = (4096, 8192)
+# What xprof's plugin asks its converter for when a trace query names no resolution.
+XPROF_DEFAULT_RESOLUTION = "8000"
 # Whole answers kept per workspace beyond the prebuilt ones: the least recently used go first.
 MAX_RESPONSES = 256
 MAX_RESPONSE_BYTES = 512 * 1024 * 1024
@@ -113,6 +120,11 @@ VIEW_HOSTS = ".view.json"
 
 
 GZIP_MIN_BYTES = 1024
+# How often a console asks again for the rebuild of one expired cache.
+REBUILD_ASK_S = 600.0
+# How long a console waits for a rebuild it asked for before opening the session as one
+# never prebuilt (the prebuild of the largest sessions, in the collect job, takes up to an hour).
+REBUILD_GIVE_UP_S = 2 * 3600.0
 
 
 class ViewerError(MldiagError):
@@ -202,15 +214,16 @@ class Workspace:
     # Building
 
     def materialise(self, session: SessionRecord, storage: Storage, *,
-                    skip: Collection[str] = ()) -> None:
+                    skip: Collection[str] = (), prebuilt: bool = True) -> None:
         """Fetch the hosts' xplanes, and the prebuilt caches when the bucket has them (with
         the windows of the hosts viewed window by window instead of those hosts). `skip`:
-        hosts not to fetch (the prebuild cuts them into windows itself)."""
+        hosts not to fetch (the prebuild cuts them into windows itself); `prebuilt`: whether
+        to read the prebuilt caches (not the prebuild's: it rebuilds one expired in part)."""
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.responses.mkdir(exist_ok=True)
         prefix = cache_prefix(session)
         manifest: dict[str, Any] | None = None
-        if storage.stat(f"{prefix}/{MANIFEST}") is not None:
+        if prebuilt and storage.stat(f"{prefix}/{MANIFEST}") is not None:
             manifest = json.loads(storage.read_bytes(f"{prefix}/{MANIFEST}"))
         windowed = set((manifest or {}).get("view", {}).get("windows", {})) | set(skip)
         for host, name in arrived_hosts(session).items():
@@ -255,11 +268,8 @@ class Workspace:
         storage, prefix = self.source
         dest = self.root / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            storage.fetch_to(f"{prefix}/{rel}", dest)
-        except FileNotFoundError:
-            log.warning("viewer cache %s lacks %s", prefix, rel)
-            return
+        # CacheExpired when it is gone: the cache is then rebuilt (`Viewers.workspace`).
+        viewer_cache.fetch(storage, prefix, rel, dest)
         body = rel.startswith("responses/") and not rel.endswith(".json")
         if dest.stat().st_nlink > 1 and not rel.endswith((".SSTABLE", ".xplane.pb")) and (
                 not body):
@@ -345,6 +355,10 @@ class Workspace:
             raise ViewerError("device_type must be a device type name", 400)
         if "resolution" in out:
             out["resolution"] = _trace_resolution(out["resolution"])
+        elif out.get("tag") in ("trace_viewer", "trace_viewer@"):
+            # xprof's own default, rounded like any: one answer, not two nearly equal ones
+            # (8,000 and 8,192 events, 8 MB each for a 92 MB host).
+            out["resolution"] = _trace_resolution(XPROF_DEFAULT_RESOLUTION)
         if out.get("hosts") and out.get("hosts") == out.get("host"):
             del out["hosts"]  # one host, named twice (the frontend's first trace request)
         out["run"] = self.run
@@ -491,14 +505,25 @@ class Viewers:
     """The console's workspaces, one per session version, least recently used evicted."""
 
     def __init__(self, storage: Storage, root: Path, *, keep: int = 8,
-                 memory_budget: int | None = None) -> None:
+                 memory_budget: int | None = None,
+                 rebuild: Callable[[SessionRecord], None] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         """`memory_budget`: what one conversion may take here; a session whose host viewed
         whole needs more gets a 503 saying so for what is not cached, instead of a conversion
-        that would take the console down (None: no limit)."""
+        that would take the console down (None: no limit). `rebuild(session)`: asks the
+        pipeline to rebuild an expired cache (`viewer_cache.expired`); meanwhile its session
+        gets a 503 saying so (None: an expired cache is converted here, as if never built)."""
         self.storage = storage
         self.root = root
         self.keep = keep
         self.memory_budget = memory_budget
+        self.rebuild = rebuild
+        self.clock = clock
+        # When each expired cache's rebuild was last asked for (by cache key).
+        self._asked: dict[str, float] = {}
+        self._first_asked: dict[str, float] = {}
+        # Caches found gone in part while read, until rebuilt whole.
+        self._lost: set[str] = set()
         self._lock = threading.Lock()
         self._open: OrderedDict[str, Workspace] = OrderedDict()
         self._opening: dict[str, threading.Lock] = {}
@@ -524,7 +549,11 @@ class Viewers:
             root = self.root / key
             with _file_lock(self.root / f"{key}.lock"):
                 done = root / ".ready"
-                if not done.is_file():
+                if not done.is_file() or key in self._lost:
+                    if self.rebuilding(session):
+                        with self._lock:
+                            self._opening.pop(key, None)
+                        raise ViewerError(REBUILDING, 503)
                     why = unviewable(session, self.storage, self.memory_budget)
                     if why is not None:
                         with self._lock:
@@ -532,7 +561,12 @@ class Viewers:
                         raise ViewerError(f"not opened: {why}", 503)
                     shutil.rmtree(root, ignore_errors=True)
                     ws = Workspace(root, session)
-                    ws.materialise(session, self.storage)
+                    try:
+                        ws.materialise(session, self.storage)
+                    except CacheExpired as e:
+                        with self._lock:
+                            self._opening.pop(key, None)
+                        raise self.lost(session, e) from e
                     done.write_text(str(time.time()))
                 else:
                     ws = Workspace(root, session)
@@ -543,6 +577,53 @@ class Viewers:
                 self._opening.pop(key, None)
                 self._evict()
             return ws
+
+    def rebuilding(self, session: SessionRecord) -> bool:
+        """Whether `session`'s cache expired and is being rebuilt (asked for here, at most
+        once every REBUILD_ASK_S per cache)."""
+        if self.rebuild is None:
+            return False
+        key = cache_key(session)
+        if key in self._lost:  # found gone in part: until its rebuild is whole again
+            if lacks_files(self.storage, cache_prefix(session)):
+                self._ask(session)
+                return True
+            with self._lock:
+                self._lost.discard(key)
+            return False
+        if not expired(session, self.storage, self.clock()):
+            return False
+        first = self._first_asked.setdefault(key, self.clock())
+        if self.clock() - first > REBUILD_GIVE_UP_S:
+            # The pipeline never rebuilt it (its prebuild failing, or off): opened as a
+            # session never prebuilt, converted here or refused with the reason.
+            return False
+        self._ask(session)
+        return True
+
+    def lost(self, session: SessionRecord, why: CacheExpired) -> ViewerError:
+        """A cache found gone while it was read (a file its manifest lists): its workspace
+        is dropped, its rebuild asked for, and the error to answer with."""
+        key = cache_key(session)
+        with self._lock:
+            ws = self._open.pop(key, None)
+            if self.rebuild is not None:
+                self._lost.add(key)
+        shutil.rmtree(ws.root if ws is not None else self.root / key, ignore_errors=True)
+        log.warning("viewer cache of %s/%s: %s", session.run, session.session, why)
+        if self.rebuild is None:
+            return ViewerError(f"not opened: {why}", 503)
+        self._ask(session)
+        return ViewerError(REBUILDING, 503)
+
+    def _ask(self, session: SessionRecord) -> None:
+        key, now = cache_key(session), self.clock()
+        with self._lock:
+            if now - self._asked.get(key, float("-inf")) < REBUILD_ASK_S:
+                return
+            self._asked[key] = now
+        assert self.rebuild is not None
+        self.rebuild(session)
 
     def _evict(self) -> None:
         while len(self._open) > self.keep:

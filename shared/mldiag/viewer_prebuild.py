@@ -3,7 +3,7 @@
 
 What a first open asks for is answered once, here (`default_queries`), and every file the
 plugin wrote (trace-viewer SSTABLEs, op_stats, HLO protos) and every whole answer is put
-under `analysis/xprof_cache/<key>/` with a manifest, written last.
+under the cache's prefix (`viewer_cache.cache_prefix`) with a manifest, written last.
 
 **Large hosts, window by window.** xprof's viewer conversions read a whole host in memory,
 about 17.5 bytes per byte (`viewer_cache.PREBUILD_RSS_PER_BYTE`): a 2 GB host needs about 35 GiB,
@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
 
+from mldiag import viewer_cache
 from mldiag.errors import MldiagError
 from mldiag.limits import size_text
 from mldiag.model import SessionRecord
@@ -166,9 +167,10 @@ def default_queries(ws: Workspace) -> list[tuple[str, dict[str, str]]]:
 
 def trace_queries(run: str, host: str) -> list[tuple[str, dict[str, str]]]:
     """The trace viewer's first requests for `host`, as the frontend makes them."""
-    return [("data", {"run": run, "tag": "trace_viewer@", "host": host}), *(
-        ("data", {"run": run, "tag": "trace_viewer@", "host": host,
-                  "resolution": str(resolution)}) for resolution in PREBUILT_RESOLUTIONS)]
+    # A query without a resolution is xprof's default, which `Workspace.sanitise` rounds to
+    # the last of these: it shares their answer.
+    return [("data", {"run": run, "tag": "trace_viewer@", "host": host,
+                      "resolution": str(resolution)}) for resolution in PREBUILT_RESOLUTIONS]
 
 
 def _first_listed(ws: Workspace, tag: str) -> str:
@@ -211,12 +213,12 @@ def _cut(ws: Workspace, session: SessionRecord, storage: Storage, windows: dict[
         whole.unlink()
         for path in out:
             rel = (ws.run_dir / path.name).relative_to(ws.root).as_posix()
-            storage.put_file(f"{prefix}/{rel}", path)
+            viewer_cache.put(storage, prefix, rel, path)
             put.append(rel)
             path.unlink()
             os.link(stub, ws.run_dir / path.name)
         # The console's stand-in for the windows it has not fetched (`Workspace._stand_in`).
-        storage.put_file(f"{prefix}/{stub_name(host)}", stub)
+        viewer_cache.put(storage, prefix, stub_name(host), stub)
         put.append(stub_name(host))
         done[host] = len(cuts) + 1
     return done, put
@@ -255,7 +257,7 @@ class _WindowInPlace:
         self.current = window
         path = self.ws.run_dir / f"{window}.xplane.pb"
         path.unlink(missing_ok=True)
-        self.storage.fetch_to(f"{self.prefix}/{self._rel(path)}", path)
+        viewer_cache.fetch(self.storage, self.prefix, self._rel(path), path)
 
     def done(self) -> None:
         """Put the current window's trace tables in the bucket and its stub back."""
@@ -266,7 +268,7 @@ class _WindowInPlace:
                  *(self.ws.root / rel for rel in self.answers.get(window, ()))]
         for path in built:
             if path.is_file():
-                self.storage.put_file(f"{self.prefix}/{self._rel(path)}", path)
+                viewer_cache.put(self.storage, self.prefix, self._rel(path), path)
                 self.put.append(self._rel(path))
                 path.unlink()
         path = self.ws.run_dir / f"{window}.xplane.pb"
@@ -372,12 +374,12 @@ def _read_part(storage: Storage, prefix: str, host: str) -> dict[str, Any] | Non
 
 def _walk(ws: Workspace, session: SessionRecord, storage: Storage, order: list[str],
           windows: Mapping[str, int], scratch: Path, prefix: str, view: dict[str, Any],
-          take: Take) -> dict[str, dict[str, Any]]:
-    """Build each host of `order` that has no part yet and that this task takes; returns
-    the parts built here."""
+          take: Take, fresh: bool = False) -> dict[str, dict[str, Any]]:
+    """Build each host of `order` that has no part yet (`fresh`: whatever parts there are,
+    left by an expired cache) and that this task takes; returns the parts built here."""
     parts: dict[str, dict[str, Any]] = {}
     for host in order:
-        if storage.stat(f"{prefix}/{part_name(host)}") is not None:
+        if not fresh and storage.stat(f"{prefix}/{part_name(host)}") is not None:
             continue
         with take(host) as mine:
             if mine:
@@ -405,7 +407,7 @@ def build_share(session: SessionRecord, storage: Storage, *, task: int, tasks: i
     with tempfile.TemporaryDirectory(prefix="mldiag-viewer-", dir=tmp_dir) as tmp:
         ws = Workspace(Path(tmp) / "ws", session)
         ws.trim = False
-        ws.materialise(session, storage, skip=set(arrived_hosts(session)))
+        ws.materialise(session, storage, skip=set(arrived_hosts(session)), prebuilt=False)
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
         (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
@@ -416,12 +418,12 @@ def build_share(session: SessionRecord, storage: Storage, *, task: int, tasks: i
 def _gather(ws: Workspace, session: SessionRecord, storage: Storage,
             windows: Mapping[str, int], scratch: Path, prefix: str, view: dict[str, Any],
             take: Take, started: float, deadline_s: float, poll_s: float,
-            tasks: int) -> dict[str, dict[str, Any]]:
+            tasks: int, fresh: bool = False) -> dict[str, dict[str, Any]]:
     """Task 0's windowed hosts: its share and any host nobody holds, built here; the
     others' parts as their tasks write them (a host whose claim lapses is taken over).
     Each host built elsewhere has its stub fetched to stand in for its windows."""
     parts = _walk(ws, session, storage, _order(windows, 0, tasks), windows, scratch, prefix,
-                  view, take)
+                  view, take, fresh)
     # Past the deadline the task would be killed: the job's retry then finds the parts.
     wait_until = started + (deadline_s or 2 * prebuild_seconds(session, windows, tasks) + 600)
     while missing := [h for h in sorted(windows) if h not in parts]:
@@ -432,7 +434,7 @@ def _gather(ws: Workspace, session: SessionRecord, storage: Storage,
                                    view, take))
                 continue
             stub = _stub(scratch, host)
-            storage.fetch_to(f"{prefix}/{stub_name(host)}", stub)
+            viewer_cache.fetch(storage, prefix, stub_name(host), stub)
             for k in range(int(part["windows"])):
                 path = ws.run_dir / f"{window_host(host, k)}.xplane.pb"
                 path.unlink(missing_ok=True)
@@ -453,7 +455,8 @@ def _gather(ws: Workspace, session: SessionRecord, storage: Storage,
 def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = None,
              budget_bytes: int | None = None, op_stats_name: str | None = None,
              window_bytes: int | None = None, deadline_s: float = 0.0, tasks: int = 1,
-             take: Take | None = None, poll_s: float = 2.0) -> dict[str, Any]:
+             take: Take | None = None, poll_s: float = 2.0,
+             fresh: bool = False) -> dict[str, Any]:
     """Build a session's viewer caches and store them in the bucket; returns the manifest.
 
     Hosts whose conversions would not fit `budget_bytes` are viewed window by window (see
@@ -461,7 +464,8 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
     from `op_stats_name`. Raises NotPrebuilt when that cannot be done, or would not be done
     within `deadline_s` (0: no deadline). With `tasks` > 1 this is task 0 of a collect job
     whose other tasks run `build_share`, and `take` claims a host (see the module's notes).
-    The manifest is written last, so a reader never sees half a cache."""
+    The manifest is written last, so a reader never sees half a cache. `fresh` (a rebuild
+    of an expired cache, one task) builds every host again, whatever parts are left."""
     prefix = cache_prefix(session)
     started = time.monotonic()
     windows = _plan(session, budget_bytes, window_bytes, deadline_s, tasks)
@@ -473,13 +477,14 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
         # Every answer built goes to the bucket: none is trimmed to a console's share (the
         # traces of 45 windows are over it, and the overview built first went).
         ws.trim = False
-        ws.materialise(session, storage, skip=set(windows))
+        ws.materialise(session, storage, skip=set(windows), prebuilt=False)
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
         (ws.run_dir / CACHE_VERSION_FILE).write_text(xprof_version())
         view: dict[str, Any] = {"windows": {}, "stubs": {}}
         parts = _gather(ws, session, storage, windows, scratch, prefix, view, take or _free,
-                        started, deadline_s, poll_s, max(1, tasks)) if windows else {}
+                        started, deadline_s, poll_s, max(1, tasks),
+                        fresh) if windows else {}
         put = sorted(rel for part in parts.values() for rel in part["put"])
         built = [b for h in sorted(parts) for b in parts[h]["built"]]
         answers = {w: files for part in parts.values() for w, files in part["answers"].items()}
@@ -508,7 +513,7 @@ def prebuild(session: SessionRecord, storage: Storage, *, tmp_dir: str | None = 
                 continue  # a host viewed whole: the console reads it from the session
             if rel in put:
                 continue  # a window's stub: the window itself is in the bucket
-            storage.put_file(f"{prefix}/{rel}", path)
+            viewer_cache.put(storage, prefix, rel, path)
             files.append(rel)
         manifest: dict[str, Any] = {
             "key": ws.key, "xprof": xprof_version(), "files": sorted(set(files)),

@@ -30,13 +30,14 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
 
 def _manifest(console: Console, timeout: float = 180.0) -> dict[str, Any]:
     """The session's viewer manifest, once the prebuild (after REPORTED) has written it."""
-    session = console.home / "bucket" / TPU.run / "plugins" / "profile" / TPU.session
+    cache = (console.home / "bucket" / "xprof-cache" / TPU.run / "plugins" / "profile"
+             / TPU.session / "analysis")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = sorted(session.glob("analysis/xprof_cache/*/manifest.json"))
+        found = sorted(cache.glob("*/manifest.json"))
         if found:
             return dict(json.loads(found[0].read_text()))
-        skipped = sorted(session.glob("analysis/xprof_cache/*/skipped.json"))
+        skipped = sorted(cache.glob("*/skipped.json"))
         assert not skipped, skipped[0].read_text()
         time.sleep(0.2)
     pytest.fail("the session's viewer caches were not prebuilt:\n" + "\n".join(console.output))

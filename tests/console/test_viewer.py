@@ -7,6 +7,7 @@ import base64
 import copy
 import hashlib
 import json
+import os
 import re
 import threading
 import time
@@ -18,10 +19,11 @@ import pytest
 
 from mldiag import viewer as viewer_module
 from mldiag import viewer_cache
-from mldiag.model import SessionRecord
+from mldiag.model import XPLANE_SUFFIXES, SessionRecord, parse_object_name
 from mldiag.viewer import ViewerError, Viewers, Workspace
 from mldiag.viewer_cache import MANIFEST, cache_key, cache_prefix
 from tests.console.conftest import HOST, Site
+from tests.helpers.wait import wait_until
 
 XP = "/runs/tpu/sessions/s1/xprof/data/plugin/profile"
 
@@ -439,7 +441,11 @@ def test_a_host_too_large_for_the_prebuild_is_viewed_window_by_window(
     # wrote published its finalize event as it was written, and the bucket's watcher skips
     # it from then on; once the bus has taken every event, none has made a session.
     cached = storage.list(cache_prefix(big))
-    assert [o for o in cached if o.name.endswith(".xplane.pb")]
+    # The windows and stubs are stored gzipped, under the cache's own prefix: named like no
+    # profile, and under a session's analysis/ besides.
+    assert [o for o in cached if o.name.endswith(".xplane.pb.gz")]
+    assert not [o for o in cached if o.name.endswith(XPLANE_SUFFIXES)]
+    assert all(parse_object_name(o.name.removesuffix(".gz")) is None for o in cached)
     assert all(storage.reported.get(o.name) == o.generation for o in cached)
     assert site.runtime.wait_idle(30)
     assert {(s.run, s.session) for s in site.runtime.state.list_sessions()} == sessions
@@ -752,14 +758,113 @@ def test_a_window_that_cannot_be_fetched_back_leaves_the_others_prebuilt(site: S
 
         def fetch_to(self, name: str, path: Path) -> None:
             fetched.append(name)
-            if name.endswith(f"{HOST}.window00.xplane.pb"):
+            if name.endswith(f"{HOST}.window00.xplane.pb.gz"):
                 raise OSError("the bucket is unreachable")
             storage.fetch_to(name, path)
 
     manifest = prebuild(big, Flaky(), budget_bytes=310 * 1024**2,  # type: ignore[arg-type]
                         op_stats_name=op_stats_name(big), window_bytes=300_000)
-    assert any(n.endswith(f"{HOST}.window00.xplane.pb") for n in fetched)
+    assert any(n.endswith(f"{HOST}.window00.xplane.pb.gz") for n in fetched)
     built = [b for b in manifest["built"] if "trace_viewer" in b]
     assert not any(f"host={HOST}.window00" in b for b in built)
     assert any(f"host={HOST}.window01" in b for b in built)
     assert "data?host=ALL_HOSTS&run=s1&tag=overview_page" in manifest["built"]
+
+
+def test_an_expired_cache_is_rebuilt_on_demand_and_the_page_says_so_meanwhile(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bucket's lifecycle deletes a cache (terraform `viewer_cache_retention_days`): the
+    next open asks the pipeline to rebuild it, the page says so until it is there, then the
+    viewer opens on it. A cache expired in part (a file its manifest lists is gone) too."""
+    import shutil as sh
+
+    viewer = site.auth("viewer")
+    s = site.runtime.state.get_session("tpu", "s1")
+    assert s is not None
+    root = site.home / "bucket" / cache_prefix(s)
+    monkeypatch.setattr(viewer_cache, "EXPIRED_AFTER_S", 0.0)
+    monkeypatch.setattr(viewer_module, "REBUILD_ASK_S", 0.0)
+    for expire in ("whole", "in part"):
+        if expire == "whole":
+            sh.rmtree(root)
+        else:
+            next(root.rglob("*.SSTABLE")).unlink()
+        # No workspace of this cache left open in the console (as after a restart).
+        site.console.viewers.lost(s, viewer_cache.CacheExpired(expire))
+        data = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}",
+                               headers=viewer)
+        page = site.client.get(f"{XP}/", headers=viewer)
+        assert page.status_code == 503 and data.status_code == 503, expire
+        assert "Rebuilding the viewer cache (expired)…" in page.text, expire
+        assert page.headers["refresh"] == "15"
+        assert "rebuilding the viewer cache (expired)" in data.json()["detail"]
+        wait_until(lambda: not viewer_cache.lacks_files(site.runtime.storage, cache_prefix(s)),
+                   timeout=120, what=f"the cache expired {expire} rebuilt")
+        assert site.runtime.wait_idle(30)
+        assert site.client.get(f"{XP}/", headers=viewer).status_code == 200
+        ws = site.console.viewers.workspace(s)
+        calls = _count_conversions(ws)
+        ok = site.client.get(f"{XP}/data?run=s1&tag=overview_page&host={HOST}",
+                             headers=viewer)
+        assert ok.status_code == 200 and "selfTimePercent" in ok.text
+        assert calls == [], expire  # served from the rebuilt cache
+
+
+def test_a_rebuild_the_pipeline_never_does_falls_back_to_a_conversion_here(
+        site: Site, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Asked for every REBUILD_ASK_S, given up after REBUILD_GIVE_UP_S: then the session
+    opens as one never prebuilt (converted here, within the console's budget)."""
+    s = _unbuilt(site, "never-rebuilt")
+    s.state = "REPORTED"
+    asked: list[str] = []
+    now = [s.timings.get("REPORTED", s.updated_at) + viewer_cache.EXPIRED_AFTER_S + 1]
+    viewers = Viewers(site.runtime.storage, tmp_path / "cache",
+                      rebuild=lambda x: asked.append(x.session), clock=lambda: now[0])
+    for _ in range(2):
+        with pytest.raises(ViewerError, match="rebuilding the viewer cache") as e:
+            viewers.workspace(s)
+        assert e.value.status == 503
+    assert asked == ["s1"]  # once per REBUILD_ASK_S
+    now[0] += viewer_module.REBUILD_ASK_S + 1
+    with pytest.raises(ViewerError, match="rebuilding"):
+        viewers.workspace(s)
+    assert asked == ["s1", "s1"]
+    now[0] += viewer_module.REBUILD_GIVE_UP_S
+    ws = viewers.workspace(s)
+    assert ws.answer("run_tools", {"run": "s1"}).body
+    assert asked == ["s1", "s1"]
+
+
+def test_a_cache_object_that_is_not_gzip_or_unzips_too_far_is_refused(tmp_path: Path) -> None:
+    from mldiag.adapters.local.storage import LocalDirStorage
+
+    storage = LocalDirStorage(tmp_path / "bucket")
+    rel = "plugins/profile/s/h.window00.xplane.pb"
+    src = tmp_path / "w.xplane.pb"
+    src.write_bytes(b"\0" * 4096)
+    viewer_cache.put(storage, "p", rel, src)
+    assert storage.stat(f"p/{rel}.gz") is not None and storage.stat(f"p/{rel}") is None
+    viewer_cache.fetch(storage, "p", rel, tmp_path / "back")
+    assert (tmp_path / "back").read_bytes() == src.read_bytes()
+    with pytest.raises(viewer_cache.CacheExpired, match="unzips past"):
+        viewer_cache.fetch(storage, "p", rel, tmp_path / "bomb", max_bytes=1024)
+    assert not (tmp_path / "bomb").exists()
+    storage.write_bytes(f"p/{rel}.gz", b"not gzip")
+    with pytest.raises(viewer_cache.CacheExpired, match="cannot be read"):
+        viewer_cache.fetch(storage, "p", rel, tmp_path / "junk")
+    with pytest.raises(viewer_cache.CacheExpired, match="lacks"):
+        viewer_cache.fetch(storage, "p", "plugins/profile/s/gone.SSTABLE", tmp_path / "gone")
+    # A window not fetched yet is a hard link to its host's stub, which its other windows
+    # share: fetching it replaces the link, and the stub stays the stub.
+    viewer_cache.put(storage, "p", rel, src)
+    stub, window, other = tmp_path / "stub", tmp_path / "w0", tmp_path / "w1"
+    stub.write_bytes(b"stub")
+    os.link(stub, window)
+    os.link(stub, other)
+    viewer_cache.fetch(storage, "p", rel, window)
+    assert window.read_bytes() == src.read_bytes()
+    assert stub.read_bytes() == other.read_bytes() == b"stub"
+    storage.write_bytes(f"p/{rel}.gz", b"not gzip")
+    with pytest.raises(viewer_cache.CacheExpired):
+        viewer_cache.fetch(storage, "p", rel, other)
+    assert stub.read_bytes() == other.read_bytes() == b"stub"

@@ -177,3 +177,26 @@ def test_local_files_reads_the_registered_generation_and_checks_size_first(
     with pytest.raises(ProfileUnreadable, match="over the per-host cap"):
         with s.local_files([name], generations={name: second.generation}, max_bytes=8):
             pass
+
+
+def _mark(storage: Subject, name: str) -> float | None:
+    """When `name` was marked superseded, as the adapter's backing store keeps it."""
+    adapter = storage.adapter
+    if isinstance(adapter, LocalDirStorage):
+        return adapter.superseded().get(name)
+    blob = adapter.client.bucket(adapter.bucket).get_blob(name)
+    return None if blob is None or blob.custom_time is None else blob.custom_time.timestamp()
+
+
+def test_a_superseded_mark_is_kept_and_never_moved_later(storage: Subject) -> None:
+    s = storage.adapter
+    s.write_bytes("r/plugins/profile/s/analysis/v1/a.json", b"{}")
+    s.write_bytes("r/plugins/profile/s/analysis/v2/a.json", b"{}")
+    s.supersede("r/plugins/profile/s/analysis/v1/a.json", 1_800_000_000.0)
+    s.supersede("r/plugins/profile/s/analysis/v1/a.json", 1_900_000_000.0)
+    assert _mark(storage, "r/plugins/profile/s/analysis/v1/a.json") == 1_800_000_000.0
+    assert _mark(storage, "r/plugins/profile/s/analysis/v2/a.json") is None
+    s.supersede("r/plugins/profile/s/analysis/v3/gone.json", 1_800_000_000.0)  # no error
+    assert s.read_bytes("r/plugins/profile/s/analysis/v1/a.json") == b"{}"
+    assert [o.name for o in s.list("r/")] == ["r/plugins/profile/s/analysis/v1/a.json",
+                                              "r/plugins/profile/s/analysis/v2/a.json"]

@@ -524,7 +524,7 @@ def test_console_holds_only_what_it_touches(tf: Terraform) -> None:
         "google_project_iam_member": ["roles/datastore.user"],
         "google_storage_bucket_iam_member": ["roles/storage.objectUser",
                                              "roles/storage.objectViewer"],
-        "google_pubsub_topic_iam_member": ["roles/pubsub.publisher"],
+        "google_pubsub_topic_iam_member": ["roles/pubsub.publisher", "roles/pubsub.publisher"],
         "google_secret_manager_secret_iam_member": ["roles/secretmanager.secretAccessor"],
     }
     # No project-wide storage role at all, and Firestore on mldiag's database only.
@@ -538,9 +538,10 @@ def test_console_holds_only_what_it_touches(tf: Terraform) -> None:
                 "${local.viewer_cache_condition.expression}")
         else:
             assert "condition" not in grant
-    # Publishes captures, nothing else.
-    assert one(grants["google_pubsub_topic_iam_member"])["topic"] == (
-        '${google_pubsub_topic.topic["capture-requests"].id}')
+    # Publishes captures and the rebuilds of expired viewer caches, nothing else.
+    assert sorted(g["topic"] for g in grants["google_pubsub_topic_iam_member"]) == [
+        '${google_pubsub_topic.topic["capture-requests"].id}',
+        '${google_pubsub_topic.topic["viewer-requests"].id}']
     assert one(grants["google_secret_manager_secret_iam_member"])["secret_id"] == (
         "${google_secret_manager_secret.share_link_key.id}")
 
@@ -819,3 +820,45 @@ def test_prebuild_viewer_may_hand_a_large_session_to_the_collect_job(tf: Terrafo
     assert "prebuild_viewer" in runs["member"]
     assert "MLDIAG_VIEWER_MEMORY_BUDGET" in str(tf.resource("google_cloud_run_v2_job", "collect"))
     assert tf.variables["collect_job_viewer_memory_budget"]["default"] == "14Gi"
+
+
+def test_the_bucket_s_lifecycle_selects_the_viewer_caches_and_the_raw_profiles_apart() -> None:
+    """Each retention selects its objects by what GCS conditions can: the caches by their
+    prefix (never a profile or a report), the raw profiles by their suffix (never a cache
+    object: the cache's xplanes are gzipped)."""
+    from mldiag import viewer_cache
+    from mldiag.model import XPLANE_SUFFIXES, HostRecord, SessionRecord
+
+    def text(v: Any) -> Any:
+        return [text(x) for x in v] if isinstance(v, list) else (
+            v.strip('"') if isinstance(v, str) else v)
+
+    storage = hcl2.loads((TERRAFORM / "storage.tf").read_text())
+    main = hcl2.loads((TERRAFORM / "main.tf").read_text())
+    bucket = next(r['"google_storage_bucket"']['"profiles"'] for r in storage["resource"]
+                  if '"profiles"' in r.get('"google_storage_bucket"', {}))
+    rules = [d['"lifecycle_rule"']["content"][0] for d in bucket["dynamic"]
+             if '"lifecycle_rule"' in d] + bucket["lifecycle_rule"]
+    conditions = [{k: text(v) for k, v in r["condition"][0].items()} for r in rules]
+    local = main["locals"][0]
+    assert text(local["viewer_cache_root"]) == viewer_cache.CACHE_ROOT
+    assert tuple(text(local["profile_suffixes"])) == XPLANE_SUFFIXES
+    by_prefix = [c for c in conditions if c.get("matches_prefix")]
+    assert {p for c in by_prefix for p in c["matches_prefix"]} == {"${local.viewer_cache_root}/"}
+    assert any(c.get("age") == "${lifecycle_rule.value}" for c in by_prefix)
+    assert [c for c in conditions if c.get("matches_suffix") == "${local.profile_suffixes}"]
+    # Superseded objects: by the customTime the pipeline sets (Storage.supersede), alone.
+    custom = [c for c in conditions if "days_since_custom_time" in c]
+    assert len(custom) == 1 and set(custom[0]) - {"__is_block__"} == {
+        "days_since_custom_time", "with_state"}
+    session = SessionRecord(run="r", session="s", state="REPORTED", hosts={
+        "h": HostRecord("team/r/plugins/profile/s/h.xplane.pb", "7", 10, 0.0)})
+    prefix = viewer_cache.cache_prefix(session)
+    assert prefix.startswith(f"{viewer_cache.CACHE_ROOT}/")
+    for rel in ("manifest.json", "plugins/profile/s/h.window00.xplane.pb",
+                "stubs/h.xplane.pb", "plugins/profile/s/h.window00.SSTABLE"):
+        name = viewer_cache.object_name(prefix, rel)
+        assert not name.endswith(XPLANE_SUFFIXES), name
+    for kept in ("team/r/plugins/profile/s/h.xplane.pb", "team/r/plugins/profile/s/analysis/"
+                 "summary.html"):
+        assert not kept.startswith(f"{viewer_cache.CACHE_ROOT}/")

@@ -66,7 +66,7 @@ def test_the_published_messages_drive_the_session_to_its_report(pipeline: Pipeli
     assert stage_runs == [("collect", 200), ("investigate", 200), ("render_report", 200),
                           ("prebuild_viewer", 200)]
     # After the report, the XProf viewer's caches of this version were built into the bucket.
-    manifests = list((pipeline.bucket / ANALYSIS / "xprof_cache").glob("*/manifest.json"))
+    manifests = list((pipeline.bucket / "xprof-cache" / ANALYSIS).glob("*/manifest.json"))
     assert len(manifests) == 1
     built = json.loads(manifests[0].read_text())["built"]
     assert any("trace_viewer" in b for b in built) and any("overview_page" in b for b in built)

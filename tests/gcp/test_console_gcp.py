@@ -98,16 +98,17 @@ def gcp_console(emu: Emulators, keys: dict[str, Any], tmp_path_factory: pytest.T
     s = state.get_session(RUN, SESSION)
     assert s is not None and s.state == REPORTED
     publisher = emu.publisher()
-    topic = publisher.topic_path(emu.project, "console-capture-requests")
-    try:
-        publisher.create_topic(name=topic)
-    except Exception:  # noqa: BLE001 - it exists from an earlier run of this module
-        pass
+    for topic_id in ("capture-requests", "viewer-requests"):
+        topic = publisher.topic_path(emu.project, f"console-{topic_id}")
+        try:
+            publisher.create_topic(name=topic)
+        except Exception:  # noqa: BLE001 - it exists from an earlier run of this module
+            pass
     plane = ControlPlane(settings=settings, state=state, storage=storage,
                          bus=PubSubBus(emu.project, "console-", publisher=publisher))
     console = build_console(settings, plane=plane, access=access)
     yield {"client": TestClient(create_app(console)), "console": console, "session": s,
-           "storage": storage, "keys": keys}
+           "storage": storage, "keys": keys, "services": services, "client_gcs": client}
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +159,43 @@ def test_the_viewer_reads_the_session_and_its_prebuilt_caches_from_gcs(
     download = client.get(f"/runs/{RUN}/sessions/{SESSION}/hosts/{HOST}/xplane.pb",
                           headers=viewer)
     assert download.status_code == 200 and len(download.content) == s.hosts[HOST].size
+
+
+def test_an_expired_cache_in_gcs_is_rebuilt_through_pub_sub_on_the_next_open(
+        gcp_console: Any, emu: Emulators, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bucket's lifecycle deleted the session's cache: the console says it rebuilds it
+    and publishes the order on viewer-requests; prebuild_viewer, given that message from
+    Pub/Sub, rebuilds it in GCS; the console then opens the session from it."""
+    from mldiag import viewer_cache
+    from mldiag.messages import PrebuildViewer
+
+    client, s, storage = gcp_console["client"], gcp_console["session"], gcp_console["storage"]
+    gcp_console["console"].access.grant(Grant(principal="vi@example.com", role="viewer",
+                                              run=RUN))
+    viewer = {"X-Goog-IAP-JWT-Assertion": iap_jwt(gcp_console["keys"]["key"],
+                                                  "vi@example.com")}
+    subscriber = emu.subscriber()
+    subscription = subscriber.subscription_path(emu.project,
+                                                f"rebuilds-{int(time.time() * 1000)}")
+    subscriber.create_subscription(name=subscription, topic=emu.publisher().topic_path(
+        emu.project, "console-viewer-requests"))
+    prefix = cache_prefix(s)
+    bucket = gcp_console["client_gcs"].bucket(storage.bucket)
+    for blob in list(bucket.list_blobs(prefix=f"{prefix}/")):
+        blob.delete()
+    gcp_console["console"].viewers.lost(s, viewer_cache.CacheExpired("expired"))
+    monkeypatch.setattr(viewer_cache, "EXPIRED_AFTER_S", 0.0)
+    xp = f"/runs/{RUN}/sessions/{SESSION}/xprof/data/plugin/profile"
+    page = client.get(f"{xp}/", headers=viewer)
+    assert page.status_code == 503 and "Rebuilding the viewer cache (expired)" in page.text
+    pulled = subscriber.pull(subscription=subscription, max_messages=10, timeout=30)
+    orders = [parse(m.message.data.decode()) for m in pulled.received_messages]
+    assert len(orders) == 1 and isinstance(orders[0], PrebuildViewer) and orders[0].rebuild
+    stages.handle(orders[0], gcp_console["services"])
+    assert storage.stat(f"{prefix}/{MANIFEST}") is not None
+    assert client.get(f"{xp}/", headers=viewer).status_code == 200
+    r = client.get(f"{xp}/data?run={SESSION}&tag=trace_viewer@&host={HOST}", headers=viewer)
+    assert r.status_code == 200 and len(r.content) > 1000
 
 
 def test_share_links_in_firestore(gcp_console: Any) -> None:

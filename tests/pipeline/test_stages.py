@@ -432,6 +432,13 @@ def test_hosts_within_the_settle_window_form_one_session_and_later_ones_a_new_ve
     v1 = json.loads((analysis_dir(rt) / "v1/analysis.json").read_text())
     assert v1["session"]["version"] == 1
     assert [m["body"]["version"] for m in kinds(rt, "AnalyzeSession")] == [1, 2]
+    # Version 1 is kept, marked superseded for the lifecycle (`mldiag gc` locally); nothing
+    # of version 2, nor the latest copies, is.
+    marks = rt.storage.superseded()
+    names = [o.name for o in rt.storage.list("")]
+    v1_names = {n for n in names if "/analysis/v1/" in n}
+    assert v1_names and set(marks) == v1_names
+    assert [n for n in names if "/analysis/v2/" in n]
 
 
 class BlockingInvestigator(CountingInvestigator):

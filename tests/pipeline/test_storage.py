@@ -146,6 +146,10 @@ def test_profile_names_are_parsed_and_other_objects_ignored() -> None:
     # session's analysis/: never a new session (it was one, analysed and cached again).
     cached = "run/plugins/profile/s/analysis/xprof_cache/k1/plugins/profile/s/h.window00.xplane.pb"
     assert parse_object_name(cached) is None
+    # Its own prefix now (the lifecycle's), with analysis/ kept for this: even unzipped.
+    assert parse_object_name(
+        "xprof-cache/run/plugins/profile/s/analysis/k1/plugins/profile/s/h.window00.xplane.pb"
+    ) is None
     assert parse_object_name("pre/run/plugins/profile/s/analysis/x/plugins/profile/t/h.xplane.pb") \
         is None
     nested = parse_object_name("analysis/plugins/profile/s/h.xplane.pb")

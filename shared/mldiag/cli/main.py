@@ -20,6 +20,7 @@ from mldiag.cli import (
     dead_letters,
     demo,
     diff,
+    gc,
     machine_learning_run,
     metrics,
     monitored_events,
@@ -45,6 +46,7 @@ COMMANDS = {
     "dead-letters": dead_letters,
     "demo": demo,
     "diff": diff,
+    "gc": gc,
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,

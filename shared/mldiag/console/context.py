@@ -13,8 +13,10 @@ from mldiag.access import AccessStore, TokenRecord, hash_secret, new_id, new_sec
 from mldiag.adapters.local.private import private_dir
 from mldiag.bootstrap import ControlPlane, control_plane
 from mldiag.errors import MldiagError
+from mldiag.model import SessionRecord
 from mldiag.settings import Settings
 from mldiag.viewer import Viewers
+from mldiag.viewer_cache import rebuild_message
 
 LOCAL_ADMIN = "local-admin"
 LOGIN_CODE_S = 15 * 60.0
@@ -76,9 +78,15 @@ def build_console(settings: Settings | None = None, *, plane: ControlPlane | Non
 
     # A conversion over this would take the console down: refused with the reason instead.
     budget = settings.viewer_memory_budget_bytes or default_budget_bytes()
+    bus = plane.bus
+
+    def rebuild(session: SessionRecord) -> None:
+        bus.publish(rebuild_message(session, time.time()))
+
     return Console(settings=settings, plane=plane, access=access or open_access(settings),
                    viewers=Viewers(plane.storage, cache, keep=settings.viewer_keep,
-                                   memory_budget=budget),
+                                   memory_budget=budget,
+                                   rebuild=rebuild if settings.prebuild_viewer else None),
                    secret=_secret(settings))
 
 

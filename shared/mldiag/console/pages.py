@@ -76,8 +76,10 @@ def error_response(request: Request, status: int, detail: str,
     if status == 401:
         return render(request, "console/login.html", status=401, message=detail,
                       next=request.url.path)
-    return render(request, "console/error.html", status=status, detail=detail,
-                  title=_TITLES.get(status, "Error"))
+    response = render(request, "console/error.html", status=status, detail=detail,
+                      title=_TITLES.get(status, "Error"))
+    response.headers.update(headers or {})
+    return response
 
 
 def get_session(console: Console, run: str, session: str) -> SessionRecord:

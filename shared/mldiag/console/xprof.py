@@ -27,7 +27,7 @@ from mldiag.console.auth import console_of, require
 from mldiag.console.pages import error_response, get_session
 from mldiag.model import SessionRecord
 from mldiag.viewer import ViewerError
-from mldiag.viewer_cache import unviewable, xprof_version
+from mldiag.viewer_cache import REBUILDING, CacheExpired, unviewable, xprof_version
 
 router = APIRouter()
 PLUGIN = "/xprof/data/plugin/profile"
@@ -104,6 +104,9 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
     try:
         ws = console.viewers.workspace(s)
         out = ws.answer(route, dict(request.query_params))
+    except CacheExpired as e:  # a window fetched late was gone
+        lost = console.viewers.lost(s, e)
+        raise HTTPException(lost.status, str(lost)) from e
     except ViewerError as e:
         raise HTTPException(e.status, str(e)) from e
     headers = {"Cache-Control": "private, max-age=60", "Vary": "Accept-Encoding"}
@@ -133,6 +136,12 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
     # reloaded): its index, which routes itself; unless the session cannot be opened here,
     # which a page says (the frontend would only spin on its 503s).
     console = console_of(request)
+    if console.viewers.rebuilding(s):
+        # Reloaded until the rebuild's manifest is there (the pipeline's prebuild_viewer).
+        return error_response(request, 503, f"{REBUILDING[0].upper()}{REBUILDING[1:]} The "
+                              "XProf viewer opens here once it is built; this page reloads "
+                              "itself.", headers={"Refresh": "15", "Retry-After": "15"},
+                              page=True)
     if why := unviewable(s, console.plane.storage, console.viewers.memory_budget):
         return error_response(request, 503, f"The XProf viewer cannot open this session. "
                               f"{why[0].upper()}{why[1:]}.", page=True)

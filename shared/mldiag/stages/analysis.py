@@ -20,7 +20,7 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from mldiag import limits, regression
+from mldiag import limits, regression, retention
 from mldiag.analysis import (
     OPTIMAL,
     ProfileSession,
@@ -487,6 +487,8 @@ def render_report(msg: RenderReport, services: Services) -> None:
         html_name = _write_artifact(services, s, "summary.html",
                                     render_summary_html(analysis, snapshot).encode(),
                                     "text/html; charset=utf-8")
+        # Before the report: a redelivery marks what a failure left unmarked (marks hold).
+        retention.mark_superseded(services.storage, analysis_dir(s), s, services.clock())
         reported = services.state.transition(
             msg.run, msg.session, REPORTED, expect=[ANALYZING, INVESTIGATING],
             version=msg.version, now=services.clock(), verdict=analysis["status"],
@@ -546,10 +548,21 @@ def _viewer_to_build(msg: PrebuildViewer, services: Services) -> SessionRecord |
     from mldiag import viewer_cache
 
     prefix = viewer_cache.cache_prefix(s)
-    if any(services.storage.stat(f"{prefix}/{name}") is not None
-           for name in (viewer_cache.MANIFEST, viewer_cache.SKIPPED)):
+    if services.storage.stat(f"{prefix}/{viewer_cache.SKIPPED}") is not None:
         return None
+    if services.storage.stat(f"{prefix}/{viewer_cache.MANIFEST}") is not None and not (
+            msg.rebuild and viewer_cache.lacks_files(services.storage, prefix)):
+        return None
+    if msg.rebuild:
+        log.info("viewer caches of %s/%s v%d expired: rebuilt on demand", msg.run,
+                 msg.session, msg.version)
     return s
+
+
+def _viewer_claim(kind: str, msg: PrebuildViewer) -> str:
+    """A prebuild's claim; a rebuild's is its own (the first build's is completed)."""
+    key = f"{kind}:{msg.run}/{msg.session}/v{msg.version}"
+    return f"{key}/rebuild:{msg.rebuild}" if msg.rebuild else key
 
 
 def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
@@ -558,8 +571,8 @@ def prebuild_viewer_share(msg: PrebuildViewer, services: Services) -> None:
     (`viewer_prebuild.build_share`). Nothing to do when the session has none, or its caches
     are built or skipped already; a plan over the budget or the deadline is task 0's to say."""
     s = _viewer_to_build(msg, services)
-    if s is None:
-        return
+    if s is None or msg.rebuild:
+        return  # a rebuild is task 0's alone (its hosts' parts may have expired in part)
     from mldiag import viewer_prebuild
 
     settings = services.settings
@@ -596,7 +609,7 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
     budget = settings.viewer_memory_budget_bytes or default_budget_bytes()
     if need > budget and services.jobs is not None and not settings.in_job:
         # The collect job has the memory (its container's, without collection workers).
-        key = f"viewer-job:{msg.run}/{msg.session}/v{msg.version}"
+        key = _viewer_claim("viewer-job", msg)
         if services.state.claim(key, services.owner, settings.stuck_after_s, services.clock()):
             try:
                 execution = services.jobs.run(msg)
@@ -607,7 +620,7 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
                      "about %.1f GiB, over this instance's %.1f GiB", msg.run, msg.session,
                      msg.version, execution, need / 1024**3, budget / 1024**3)
         return
-    with claimed(services, f"viewer:{msg.run}/{msg.session}/v{msg.version}") as mine:
+    with claimed(services, _viewer_claim("viewer", msg)) as mine:
         if not mine:
             return
         from mldiag import viewer_prebuild
@@ -618,7 +631,9 @@ def prebuild_viewer(msg: PrebuildViewer, services: Services) -> None:
                                                 op_stats_name=op_stats_name(s),
                                                 window_bytes=settings.window_bytes or None,
                                                 deadline_s=settings.viewer_deadline_s,
-                                                **_viewer_tasks(services, s))
+                                                fresh=bool(msg.rebuild),
+                                                **({} if msg.rebuild
+                                                   else _viewer_tasks(services, s)))
         except viewer_prebuild.NotPrebuilt as e:
             # Said once, where the console looks: its first open then says why it cannot
             # convert what xprof would need more memory for.

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -187,6 +188,17 @@ class GcsStorage:
 
     def uri(self, name: str) -> str:
         return f"gs://{self.bucket}/{name}"
+
+    def supersede(self, name: str, at: float) -> None:
+        blob = self._bucket().get_blob(validate_object_name(name), timeout=self.timeout_s)
+        if blob is None or blob.custom_time is not None:
+            return  # gone, or marked already (GCS refuses to move a customTime back)
+        blob.custom_time = datetime.fromtimestamp(at, UTC)
+        try:
+            blob.patch(if_metageneration_match=blob.metageneration, retry=DEFAULT_RETRY,
+                       timeout=self.timeout_s)
+        except (gexc.NotFound, gexc.PreconditionFailed):
+            return  # deleted or marked meanwhile
 
     @contextmanager
     def local_files(self, names: Sequence[str], *,

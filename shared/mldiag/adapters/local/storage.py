@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import queue
 import shutil
@@ -154,6 +155,40 @@ class LocalDirStorage:
         """The content hash of `info`'s generation if it was hashed already, else ""."""
         with self._lock:
             return self._hashes.get(info.name, {}).get(info.generation, "")
+
+    # Where the objects' superseded marks are kept (a dot file: no object, never listed).
+    SUPERSEDED = ".superseded.json"
+
+    def supersede(self, name: str, at: float) -> None:
+        if not self._path(name).is_file():
+            return
+        with self._lock:
+            marks = self.superseded()
+            if name in marks:
+                return  # a mark is never moved later
+            marks[name] = at
+            tmp = self.root / f"{self.SUPERSEDED}.{os.getpid()}.{threading.get_ident()}.tmp"
+            write_private(tmp, json.dumps(marks).encode())
+            tmp.replace(self.root / self.SUPERSEDED)
+
+    def superseded(self) -> dict[str, float]:
+        """Object name -> when it was marked superseded (`supersede`), for `mldiag gc`."""
+        try:
+            marks = json.loads((self.root / self.SUPERSEDED).read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return {str(k): float(v) for k, v in marks.items()
+                if isinstance(v, (int, float))} if isinstance(marks, dict) else {}
+
+    def delete(self, name: str) -> None:
+        """Remove an object, and its superseded mark (`mldiag gc`); gone already is fine."""
+        self._path(name).unlink(missing_ok=True)
+        with self._lock:
+            marks = self.superseded()
+            if marks.pop(name, None) is not None:
+                tmp = self.root / f"{self.SUPERSEDED}.{os.getpid()}.{threading.get_ident()}.tmp"
+                write_private(tmp, json.dumps(marks).encode())
+                tmp.replace(self.root / self.SUPERSEDED)
 
     def content_hash(self, info: ObjectInfo) -> str:
         """`md5:<base64>` of the object's bytes, as GCS reports it; "" when the object changed
