@@ -38,6 +38,10 @@ class PodShape:
     seed: int = 7
     # False: no step annotations (a job that never marks its steps)
     annotated: bool = True
+    # every this many steps, every host computes this much longer (an evaluation step):
+    # steps, or rounds, of very different lengths
+    long_every: int = 0
+    long_ms: float = 0.0
 
 
 def _plane(space: Any, name: str, pid: int) -> tuple[Any, dict[str, int], dict[str, int]]:
@@ -72,7 +76,8 @@ def write_pod(session_dir: Path, shape: PodShape) -> list[Path]:
     timeline = []  # (step, start, arrivals[h], end_of_allreduce, end_of_step)
     for step in range(shape.steps):
         slow = rng.randrange(shape.hosts) if shape.jitter_ms else -1
-        arrivals = [t + shape.prep_ms + shape.compute_ms * shape.stretch.get(h, 1.0)
+        extra = shape.long_ms if shape.long_every and (step + 1) % shape.long_every == 0 else 0.0
+        arrivals = [t + shape.prep_ms + extra + shape.compute_ms * shape.stretch.get(h, 1.0)
                     + (shape.jitter_ms if h == slow else 0.0) + rng.uniform(0, 0.05)
                     for h in range(shape.hosts)]
         done = max(arrivals) + shape.transfer_ms

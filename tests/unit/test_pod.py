@@ -116,3 +116,14 @@ def test_the_fast_statistics_equal_the_plain_ones() -> None:
     for late, steps in ((12, 12), (10, 12), (3, 20), (0, 5), (700, 1000)):
         exact = sum(math.comb(steps, k) for k in range(late, steps + 1)) / 2**steps
         assert _sign_test(late, steps) == pytest.approx(exact, rel=1e-9, abs=1e-300)
+
+
+def test_rounds_of_different_lengths_keep_each_hosts_figures_within_its_round(
+        tmp_path: Path) -> None:
+    """Compute and host wait in a round are the capture's shares of that round's length: a
+    long step every few steps (an evaluation) makes a few rounds long, and no host's compute
+    may then exceed its round."""
+    pod = _pod(tmp_path, PodShape(annotated=False, steps=24, long_every=4, long_ms=200.0))
+    for row in pod["per_host"]:
+        assert row["compute_ms"] + row["host_wait_ms"] <= row["step_ms"] + 1e-6, row
+        assert row["compute_ms"] <= row["step_ms"], row

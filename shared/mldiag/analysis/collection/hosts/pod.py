@@ -307,7 +307,7 @@ def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
     """Hosts without annotated steps, compared round by round: round k ends with the k-th
     execution of the marker (the collective every host runs most), and each host's
     collectives are matched by op and execution count over the whole capture. A host's
-    compute and host wait per round are its capture's, spread evenly over its rounds."""
+    compute and host wait in a round are its capture's shares of the round's length."""
     tables, kept = [], []
     for h in hosts:
         ci = h.collective_instances
@@ -344,12 +344,11 @@ def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
     step_ms = np.diff(marks, axis=1) / 1e6
     busy_ms = np.zeros((n_hosts, rounds))
     coll_ms = np.zeros((n_hosts, rounds))
-    for j, (h, c) in enumerate(zip(hosts, counts, strict=True)):
-        all_rounds = max(c[marker] - 1, 1)
-        span = float(marks[j, -1] - marks[j, 0]) / rounds or 1.0
-        busy = h.busy_in_span_ns / max(h.active_span_ns, 1.0)
-        busy_ms[j] = busy * span / 1e6
-        coll_ms[j] = min(h.collective_busy_ns / all_rounds, busy * span) / 1e6
+    for j, h in enumerate(hosts):
+        # Each round gets the capture's shares of its own length: busy, and in collectives.
+        span = max(h.active_span_ns, 1.0)
+        busy_ms[j] = min(h.busy_in_span_ns / span, 1.0) * step_ms[j]
+        coll_ms[j] = np.minimum(min(h.collective_busy_ns / span, 1.0) * step_ms[j], busy_ms[j])
     keys = sorted(set.intersection(*(set(t) for t in tables)))
     pos_l, ops, starts, ends = [], [], [], []
     for op, k in keys:
