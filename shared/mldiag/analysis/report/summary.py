@@ -35,6 +35,7 @@ from mldiag.analysis.report.model import (
     fmt_pct,
     measured,
     mono,
+    ms_text,
     na,
     parts,
     table,
@@ -151,6 +152,11 @@ def _card_notes(analysis: Mapping[str, Any], cpu: bool) -> list[Card]:
             note += f" ({source})"
         idle_card = Card("Device idle", fmt_pct(idle), note if idle is not None else not_measured)
 
+    pod_note = _pod_idle_note(analysis)
+    if pod_note and idle is not None:
+        idle_card = Card(idle_card.label, idle_card.value, f"{idle_card.note}; {pod_note}",
+                         idle_card.bar)
+
     if not risk:
         risk_note = not_measured
     elif cap is None:
@@ -165,6 +171,22 @@ def _card_notes(analysis: Mapping[str, Any], cpu: bool) -> list[Card]:
         Card(mem_label, fmt_mem_gib(peak), mem_note, mem_bar),
         Card("OOM risk", Span(risk, f"risk-{risk}") if risk else na(not_measured), risk_note),
     ]
+
+
+def _pod_idle_note(analysis: Mapping[str, Any]) -> str:
+    """In a pod with a straggler, the idle card's figure is every host's together: say whose
+    wait it mostly is (analysis.json `hosts`)."""
+    hosts = as_map(analysis.get("hosts"))
+    stragglers = [as_map(s) for s in as_list(hosts.get("stragglers"))]
+    if not stragglers:
+        return ""
+    s = stragglers[0]
+    own = measured(as_map(s.get("own")).get("host_wait_ms"))
+    median = measured(as_map(s.get("median_host")).get("host_wait_ms"))
+    if own is None or median is None:
+        return ""
+    return (f"over {text(hosts.get('hosts'))} hosts: the straggler {text(s.get('host'))} "
+            f"waits {ms_text(own)} a step, the median host {ms_text(median)} (Hosts)")
 
 
 def _roofline_note(metrics: Mapping[str, Any], analysis: Mapping[str, Any]) -> str:
