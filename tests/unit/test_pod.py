@@ -127,3 +127,15 @@ def test_rounds_of_different_lengths_keep_each_hosts_figures_within_its_round(
     for row in pod["per_host"]:
         assert row["compute_ms"] + row["host_wait_ms"] <= row["step_ms"] + 1e-6, row
         assert row["compute_ms"] <= row["step_ms"], row
+
+
+def test_a_host_with_neither_steps_nor_collectives_is_named_and_left_out(
+        tmp_path: Path) -> None:
+    paths = write_pod(tmp_path / "s1", PodShape(hosts=3, annotated=False, stretch={1: 1.5}))
+    hosts = [analyze_host(p, p.name.split(".")[0]) for p in paths]
+    idle = analyze_host(paths[0], "host9")
+    idle.collective_instances = type(idle.collective_instances).empty()
+    pod = cross_host([*hosts, idle])
+    assert pod is not None and pod["hosts"] == 3
+    assert pod["failed_hosts"] == ["host9: no step annotations and no collective in its capture"]
+    assert [s["host"] for s in pod["stragglers"]] == ["host1"]

@@ -308,7 +308,7 @@ def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
     execution of the marker (the collective every host runs most), and each host's
     collectives are matched by op and execution count over the whole capture. A host's
     compute and host wait in a round are its capture's shares of the round's length."""
-    tables, kept = [], []
+    tables, kept, left = [], [], []
     for h in hosts:
         ci = h.collective_instances
         rows = {(op, int(k)): (float(a), float(b)) for op, k, a, b in zip(
@@ -317,6 +317,8 @@ def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
         if rows:  # a host that ran no collective (a coordinator) is not compared
             tables.append(rows)
             kept.append(h)
+        else:
+            left.append(f"{h.host}: no step annotations and no collective in its capture")
     hosts = kept
     if len(hosts) < 2:
         return None
@@ -336,7 +338,8 @@ def _by_rounds(hosts: Sequence[HostTimeline]) -> _Frame | None:
                  f"`{marker}`", n_hosts, max(rounds, 0), "round") | {
         "step_ranges": [{"host": h.host, "steps": c[marker] - 1, "first": 1,
                          "last": c[marker] - 1} for h, c in zip(hosts, counts, strict=True)],
-        "hosts_with_other_steps": [], "marker": marker}
+        "hosts_with_other_steps": [], "marker": marker,
+        **({"failed_hosts": left} if left else {})}
     if rounds < 1:
         return _Frame(head, list(hosts), [], *(np.zeros((n_hosts, 0)),) * 3,
                       np.zeros(0, np.int64), [], np.zeros((0, n_hosts)), np.zeros((0, n_hosts)))

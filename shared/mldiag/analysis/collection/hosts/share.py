@@ -151,7 +151,7 @@ def combine_host_parts(host_parts: Mapping[str, Mapping[str, Any]]) -> list[Outc
             summary["failed_hosts"] = bad
         if pod is not None:
             if bad:
-                pod["failed_hosts"] = bad
+                pod["failed_hosts"] = [*pod.get("failed_hosts", []), *bad]
             summary["pod"] = pod
         overlaps = [(h if len(hosts) > 1 else "", p["async_overlap"]["value"])
                     for h, p in parts.items()
