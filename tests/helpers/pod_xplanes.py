@@ -42,6 +42,9 @@ class PodShape:
     # steps, or rounds, of very different lengths
     long_every: int = 0
     long_ms: float = 0.0
+    # > 0: XLA:CPU hosts (no device planes) whose steps run on this many executor threads in
+    # turn (`tf_XLAExecute/k` lines of the host plane), as XLA:CPU's pool hands them out
+    cpu_threads: int = 0
 
 
 def _plane(space: Any, name: str, pid: int) -> tuple[Any, dict[str, int], dict[str, int]]:
@@ -100,7 +103,22 @@ def write_pod(session_dir: Path, shape: PodShape) -> list[Path]:
             e.duration_ps = int((end - start) * 1e9)
             s = e.stats.add()
             s.metadata_id, s.int64_value = num, step
-        for d in range(shape.devices):
+        if shape.cpu_threads:
+            threads = [host.lines.add() for _ in range(shape.cpu_threads)]
+            for k, t_line in enumerate(threads):
+                t_line.id, t_line.name, t_line.timestamp_ns = 10 + k, f"tf_XLAExecute/{k}", 0
+            fusion = _meta(host, events, "ynn_fusion")
+            reduce = _meta(host, events, "psum_invariant.7")
+            for step, start, arrivals, done, _ in timeline:
+                if step not in steps:
+                    continue
+                t_line = threads[step % shape.cpu_threads]
+                for mid, t0, t1 in ((fusion, start + shape.prep_ms, arrivals[h]),
+                                    (reduce, arrivals[h], done)):
+                    e = t_line.events.add()
+                    e.metadata_id, e.offset_ps = mid, int((t0 + off) * 1e9)
+                    e.duration_ps = int((t1 - t0) * 1e9)
+        for d in range(0 if shape.cpu_threads else shape.devices):
             dev, dev_events, _ = _plane(space, f"/device:TPU:{d}", 2 + d)
             ops = dev.lines.add()
             ops.id, ops.name, ops.timestamp_ns = 1, "XLA Ops", 0

@@ -139,3 +139,14 @@ def test_a_host_with_neither_steps_nor_collectives_is_named_and_left_out(
     assert pod is not None and pod["hosts"] == 3
     assert pod["failed_hosts"] == ["host9: no step annotations and no collective in its capture"]
     assert [s["host"] for s in pod["stragglers"]] == ["host1"]
+
+
+def test_xla_cpu_collectives_on_several_pool_threads_are_one_sequence(tmp_path: Path) -> None:
+    """XLA:CPU runs a step's ops on whichever pool thread is free: one host's all-reduces can
+    sit on two `tf_XLAExecute` lines. They are still that host's one sequence (CI once saw 6
+    of 11 rounds matched when each line was counted on its own)."""
+    pod = _pod(tmp_path, PodShape(annotated=False, steps=12, cpu_threads=2, stretch={1: 1.5}))
+    assert pod["unit"] == "round" and pod["common_steps"] == 11
+    assert [s["host"] for s in pod["stragglers"]] == ["host1"]
+    stepped = _pod(tmp_path / "s", PodShape(steps=12, cpu_threads=3, stretch={2: 1.5}))
+    assert stepped["common_steps"] == 12 and stepped["collectives_matched"] == 12

@@ -471,6 +471,12 @@ def analyze_scan(scan: XSpaceScan, host: str,
         result.collective_busy_ns = float(np.sum(c_e - c_s))
     else:
         result.collective_per_step_ns = np.zeros(len(result.steps))
+    if source == "xla_cpu" and len(coll_lines) > 1:
+        # XLA:CPU runs a program's ops on whichever pool thread is free: its lines are not
+        # executors, so the host's collectives are one sequence (a device plane's line is).
+        coll_lines = [(np.concatenate([a for a, _, _ in coll_lines]),
+                       np.concatenate([b for _, b, _ in coll_lines]),
+                       np.concatenate([i for _, _, i in coll_lines]))]
     result.collective_instances = _instances(coll_lines, {i: n for n, i in coll_names.items()},
                                              result.steps, result.step_numbers)
     return result
