@@ -230,3 +230,19 @@ def test_a_workloads_frame_named_like_an_sdk_function_is_the_workloads() -> None
     assert classify("$train.py:40 record") is None
     assert classify(RECORD) is not None
     assert classify("$sys setprofile") is not None  # the Python tracer's own hook
+
+
+def test_the_step_function_is_the_users_frame_though_warm_up_made_its_average_long() -> None:
+    """The eager step function is called once a step; a left-out warm-up step's long call
+    makes its average longer than a judged step, but it does not enclose the loop: the
+    host-loop fix still points at it, not at JAX's `util.py` (CI once said `util.py:183`)."""
+    from mldiag.analysis.judgement.rules.host_bound import _user_frames
+
+    events = {"aggregates": [
+        {"event": "$host_loop.py:22 step", "count": 8, "total_duration_ps": 8 * 14 * MS,
+         "avg_duration_ps": 14 * MS},
+        {"event": "$util.py:183 check_arraylike", "count": 640, "total_duration_ps": 20 * MS,
+         "avg_duration_ps": MS // 32},
+        {"event": "$train.py:5 main", "count": 1, "total_duration_ps": 120 * MS,
+         "avg_duration_ps": 120 * MS}]}
+    assert _user_frames(_context(events, None), step_ms=12.0)[0] == "host_loop.py:22 step"

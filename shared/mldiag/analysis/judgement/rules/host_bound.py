@@ -86,14 +86,18 @@ _JAX_INTERNAL = re.compile(r"jax/_src|pjit\.py|dispatch\.py|api\.py|_infer_param
 
 def _user_frames(ctx: Context, step_ms: float) -> list[str]:
     """The user's own Python frames among the host events, longest first: not JAX's, not the
-    runtime's, not instrumentation, and shorter than a step (a longer one encloses the loop)."""
+    runtime's, not instrumentation, and not enclosing the loop: shorter than a step, or called
+    at least once a step (the step function itself, whose calls in the left-out warm-up steps
+    can make its average longer than a judged step's)."""
     data = ctx.data("host_events")
     rows = data.get("aggregates", []) if isinstance(data, Mapping) else []
+    steps = int(ev.number(ev.get(ctx.snapshot, ev.TIMELINE, "steps_analyzed")) or 0)
     out = []
     for row in sorted(rows, key=lambda r: -float(r.get("total_duration_ps", 0))):
         name = str(row.get("event", ""))
         avg_ms = float(row.get("avg_duration_ps", 0)) / 1e9
-        if (".py:" in name and not _JAX_INTERNAL.search(name) and avg_ms <= step_ms
+        per_step = steps > 0 and int(row.get("count") or 0) >= steps
+        if (".py:" in name and not _JAX_INTERNAL.search(name) and (avg_ms <= step_ms or per_step)
                 and not is_instrumentation(ctx.snapshot, row)
                 and not _NOT_USER.search(name)):
             out.append(name.lstrip("$"))
