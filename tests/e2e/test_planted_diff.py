@@ -110,11 +110,13 @@ def test_a_change_that_recompiles_the_program_is_ranked_first_with_its_ms(
     doc, printed = diff_paths(before, after, tmp_path, capsys)
     kind, named = RECOMPILED[change]
     step = next(k for k in doc["kpis"] if k["name"] == "step time")
-    if change == "fusion" and not step["significant"]:
-        # Writing the intermediate out and back costs XLA:CPU a fraction of a millisecond,
-        # sometimes less than the run's own variation (seen: +0.16 ms in all, 0.09 of it host
-        # wait). Then the honest answer is "within run-to-run variation", by the stated test,
-        # and the fusion change is still found and paired, whatever its rank.
+    if change in ("fusion", "dtype") and not step["significant"]:
+        # Writing the intermediate out and back (fusion) or halving a dtype costs XLA:CPU a
+        # fraction of a millisecond, sometimes less than the run's own variation (seen:
+        # +0.16 ms in all, 0.09 of it host wait; a dtype pair whose -0.14 ms of host wait
+        # outranked it on a loaded CI machine). Then the honest answer is "within run-to-run
+        # variation", by the stated test, and the change is still found and paired, whatever
+        # its rank.
         assert "within run-to-run variation" in doc["headline"], doc["headline"]
         assert any(i["kind"] == kind for i in doc["explanation"]), doc["explanation"]
         return
