@@ -3,7 +3,7 @@
 Every host of a data-parallel (or any SPMD) job ends its steps in collectives, and a
 collective ends on every participant at the same instant: none can leave before the last
 arrives. So from each host's own timeline (`xspace.timeline.HostTimeline`: its steps, their
-numbers, and every collective execution inside them) this pass:
+numbers, and every collective execution inside them, `xspace.collectives`) this pass:
 
 - **aligns the steps** by step number (by order when the annotations carry none): the steps
   every host has are compared, the others named;
