@@ -1,7 +1,7 @@
 """Benchmark: a multi-host session through the pipeline's fan-out, drop to REPORTED.
 
     python bench/fanout.py SESSION_DIR [--json OUT] [--workdir DIR] [--memory-budget 8G]
-                           [--cli] [--cli-rss-limit 20G]
+                           [--job-tasks N] [--cli] [--cli-rss-limit 20G]
 
 SESSION_DIR holds one `<host>.xplane.pb` per host (bench/tpu_shape.py makes TPU-shaped ones:
 `python bench/tpu_shape.py 250 DIR --host tpu_host_0`, then copies under other host names).
@@ -11,6 +11,12 @@ per host, in the local process pool, then the combine step), as on Google Cloud 
 function instance per host. Measured: wall time from the drop to REPORTED, CPU seconds and
 peak resident memory of `mldiag up`'s whole process tree (sampled every 50 ms), and the
 session's own record of its collection (per-host jobs, skipped, degraded).
+
+`--job-tasks N` sends the session to the collect job instead (`MLDIAG_COLLECT_JOB=local`,
+every host over the collect function's limit): the local job runner starts N task processes
+(`python -m mldiag.job`, with Cloud Run's task index and count), task 0 collects and the others
+convert their share of the hosts' time windows, as the Cloud Run job's tasks do, here on one
+machine's cores instead of one machine each. Their processes are in the measured tree.
 
 `--cli` then runs the anchor in the same run: xprof's CLI tools one after another on the
 same session directory (every host), as a user of raw xprof would, each tool killed if its
@@ -56,6 +62,8 @@ def main() -> int:
                         help="the runtime's home (default: a temp dir, removed at exit)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--memory-budget", help="MLDIAG_MEMORY_BUDGET for the runtime")
+    parser.add_argument("--job-tasks", type=int, default=0,
+                        help="collect the session in the collect job, with this many tasks")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--cli", action="store_true", help="run the xprof CLI after it")
     parser.add_argument("--cli-rss-limit", default="20G",
@@ -71,6 +79,9 @@ def main() -> int:
     env.update(MLDIAG_HOME=str(home), JAX_PLATFORMS="cpu")
     if args.memory_budget:
         env["MLDIAG_MEMORY_BUDGET"] = args.memory_budget
+    if args.job_tasks:
+        env.update(MLDIAG_COLLECT_JOB="local", MLDIAG_COLLECT_JOB_TASKS=str(args.job_tasks),
+                   MLDIAG_FUNCTION_MAX_HOST_BYTES="1")
     up = subprocess.Popen([str(Path(sys.executable).with_name("mldiag")), "up", "--no-console",
                            "--settle", "2"], env=env, cwd=home, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
@@ -82,7 +93,7 @@ def main() -> int:
     dest.mkdir(parents=True)
     state = SqliteStateStore(home / "state.db")
     cpu0 = tree_cpu_s(up.pid)
-    row: dict[str, Any] = {"hosts": len(hosts),
+    row: dict[str, Any] = {"hosts": len(hosts), "job_tasks": args.job_tasks,
                            "mb_per_host": round(hosts[0].stat().st_size / 2**20, 1),
                            "total_mb": round(sum(h.stat().st_size for h in hosts) / 2**20, 1)}
     with PeakTreeRss(up.pid) as rss:
@@ -102,12 +113,14 @@ def main() -> int:
     row.update(wall_s=round(wall, 1), cpu_s=round(cpu, 1),
                peak_rss_tree_mb=round(rss.peak / 2**20), peak_rss_process_mb=round(
                    rss.peak_single / 2**20), state=s.state if s else None,
-               reason=s.reason if s else None, verdict=s.verdict if s else None)
+               reason=s.reason if s else None, verdict=s.verdict if s else None,
+               version=s.version if s else None)
     snapshot = dest / "analysis" / "health_snapshot.json"
     if snapshot.is_file():
         collection = json.loads(snapshot.read_text()).get("collection", {})
         row["collection"] = {k: collection.get(k) for k in (
-            "elapsed_ms", "fanned_out", "skipped", "degraded", "killed", "worker_peak_rss_bytes")}
+            "elapsed_ms", "fanned_out", "collect_job", "skipped", "degraded", "killed",
+            "worker_peak_rss_bytes")}
     if args.cli:
         row["xprof_cli"] = run_cli_measured(hosts[0], rss_limit=parse_bytes(args.cli_rss_limit))
     print(json.dumps(row, indent=1))

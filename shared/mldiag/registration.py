@@ -221,8 +221,9 @@ def _list_targets(body: Mapping[str, Any], caller: str, services: Registrar) -> 
     return {"targets": [t.to_dict() for t in services.state.list_targets(run)]}
 
 
-def _create_session(body: Mapping[str, Any], caller: str,
-                    services: Registrar) -> dict[str, Any]:
+def _workload_session(body: Mapping[str, Any], caller: str,
+                      services: Registrar) -> SessionRecord:
+    """The body's `session`, of a run the caller owns, with valid names."""
     data = body.get("session")
     if not isinstance(data, Mapping):
         raise RegistrationError("session must be a JSON object")
@@ -232,6 +233,12 @@ def _create_session(body: Mapping[str, Any], caller: str,
         raise RegistrationError(f"session: {e}") from e
     _owned(services, _name("run", record.run), caller)
     _name("session", record.session)
+    return record
+
+
+def _create_session(body: Mapping[str, Any], caller: str,
+                    services: Registrar) -> dict[str, Any]:
+    record = _workload_session(body, caller, services)
     # A workload announces its own programmatic captures; the pipeline does the rest.
     if record.kind != "programmatic" or record.state != CAPTURING or record.hosts:
         raise RegistrationError("a workload creates only programmatic sessions, CAPTURING, "
@@ -250,15 +257,7 @@ def _join_session(body: Mapping[str, Any], caller: str, services: Registrar) -> 
     """A process of a job captures into a programmatic session: created by the first process
     of the job that gets here, joined by every other, at any time (one that starts after
     the others finished joins the same session)."""
-    data = body.get("session")
-    if not isinstance(data, Mapping):
-        raise RegistrationError("session must be a JSON object")
-    try:
-        record = SessionRecord.from_dict(dict(data))
-    except (TypeError, ValueError, KeyError) as e:
-        raise RegistrationError(f"session: {e}") from e
-    _owned(services, _name("run", record.run), caller)
-    _name("session", record.session)
+    record = _workload_session(body, caller, services)
     host = _name("host", body.get("host"))
     index = _field(body, "process_index", int)
     if record.kind != "programmatic" or record.state != CAPTURING or record.hosts or (
