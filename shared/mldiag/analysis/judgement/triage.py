@@ -9,6 +9,7 @@ Each finding category's rule is a module of `rules/`; triage runs them all.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -190,7 +191,8 @@ def health_checks(reading: SessionReading, found: list[Hypothesis]
                          None if not det_tools else not material,
                          f"0 findings >= {DETECTOR_P1_PERCENT:g}% of "
                          + ("step" if metrics.get("step_time_ms") is not None else
-                            "device time (capture window)")))
+                            "device time (capture window)"),
+                         None if det_tools else detectors_failed(reading)))
     for c in checks:
         if c["passed"] is None:
             not_judged.append(f"{c['check']}: {c['why_unknown']}")
@@ -251,6 +253,28 @@ def opaque_call_notes(snapshot: Mapping[str, Any], metrics: Mapping[str, Any],
             f"{'step' if metrics.get('step_time_ms') is not None else 'window'}; this profile "
             "has no roofline (XLA:CPU) and the calls no FLOP count, so their efficiency is not "
             "judged"]
+
+
+_UNKNOWN_OPCODE = re.compile(r"Unknown opcode: ([\w.-]+)")
+
+
+def detectors_failed(reading: SessionReading) -> str | None:
+    """Why no HLO detector has data, when they failed (None when they did not run or found
+    nothing to read). xprof's HLO parser refuses an opcode it does not know: a profile from a
+    newer XLA (jax 0.12.1 emits `fma`) then has no HLO findings at all, and says so."""
+    failed = [r for name in rules.DETECTORS if (r := reading.tools.get(name)) is not None
+              and r.status == "ERROR"]
+    if not failed:
+        return None
+    errors = sorted({r.error or "no error text recorded" for r in failed})
+    xprof = str(reading.snapshot.get("xprof_version") or "installed")
+    if m := _UNKNOWN_OPCODE.search(" ".join(errors)):
+        return (f"the HLO detectors could not read this profile's programs: xprof {xprof}'s "
+                f"HLO parser does not know the opcode `{m.group(1)}`, which the XLA that ran "
+                "the workload emits (jax 0.12.1 emits `fma`); layout copies, unfused reshapes "
+                "and convert-reduce chains are not judged until xprof knows it (or the "
+                "workload runs on jax < 0.12.1)")
+    return f"the HLO detectors failed ({len(failed)} of {len(rules.DETECTORS)}): {errors[0]}"
 
 
 def their(they: str) -> str:
