@@ -234,6 +234,13 @@ def test_step_time_spread_names_the_outlier_steps() -> None:
     assert [o["step_index"] for o in spread["outliers"]] == [4, 7]
     assert step_spread([5.0]) == {**step_spread([5.0]), "stddev_ms": 0.0, "outlier_count": 0}
     assert step_spread([]) is None
+    # A pod's steps: the outlier is named by its host and its index there, not by its place
+    # in the hosts' steps laid end to end (a step #23 that no host has).
+    where = [(h, i) for h in ("host0", "host1") for i in range(4)]
+    pod = step_spread([10.0, 10.2, 9.9, 10.1, 10.0, 9.8, 30.0, 10.1], where)
+    assert pod is not None and pod["hosts"] == 2
+    assert pod["outliers"] == [{"host": "host1", "step_index": 2, "step_time_ms": 30.0}]
+    assert "hosts" not in spread
     s = _cpu(8.0)
     s["tools"]["get_step_trace"]["data"]["host_bound_analysis"]["step_time_spread"] = spread
     assert triage(s).metrics["step_time_spread"]["outlier_count"] == 2

@@ -4,7 +4,7 @@ summary that states an untraceable number is replaced by it)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from mldiag.analysis.judgement.model import Triage
@@ -78,12 +78,19 @@ def _check_value(value: Any) -> str:
     return f"measured {value:.1f}%" if isinstance(value, float) else f"measured {value}"
 
 
+def step_named(step: Mapping[str, Any], among: Sequence[Mapping[str, Any]]) -> str:
+    """`step 3`, or `host1 step 3` when the steps come from several hosts."""
+    several = len({x.get("host") for x in among}) > 1
+    return (f"{step['host']} " if several and step.get("host") else "") + (
+        f"step {step.get('step_index')}")
+
+
 def excluded_steps_said(metrics: Mapping[str, Any]) -> str:
     """The compile and warm-up steps left out of the step figures, said once."""
     gone = metrics.get("steps_excluded") or []
     if not gone:
         return ""
-    said = ", ".join(f"step {x['step_index']} ({x['reason']}, {x['step_time_ms']:.1f} ms)"
+    said = ", ".join(f"{step_named(x, gone)} ({x['reason']}, {x['step_time_ms']:.1f} ms)"
                      for x in gone[:3])
     more = f" and {len(gone) - 3} more" if len(gone) > 3 else ""
     return f" (left out as not the workload's steady state: {said}{more})"

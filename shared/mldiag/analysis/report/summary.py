@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mldiag.analysis.judgement.reading import SessionReading, read_session
+from mldiag.analysis.judgement.summary import step_named
 from mldiag.analysis.judgement.verdict import none_found
 from mldiag.analysis.report import charts
 from mldiag.analysis.report.diff import what_changed
@@ -208,18 +209,22 @@ def _step_note(metrics: Mapping[str, Any]) -> str:
         return "one step: a single sample, not an average (profile more steps for a spread)"
     if not spread:
         return "average per step"
-    note = (f"average of {spread.get('steps')} steps; ± {spread.get('stddev_ms')} ms, "
+    hosts = spread.get("hosts")
+    steps = (f"{spread.get('steps')} steps across {hosts} hosts" if hosts
+             else f"{spread.get('steps')} steps")
+    note = (f"average of {steps}; ± {spread.get('stddev_ms')} ms, "
             f"{spread.get('min_ms')}–{spread.get('max_ms')} ms")
     outliers = as_list(spread.get("outliers"))
     if outliers:
         worst = as_map(outliers[0])
+        on = f"{worst['host']} " if worst.get("host") else ""
         note += (f"; {spread.get('outlier_count')} outlier step(s) over "
-                 f"{spread.get('outlier_threshold_ms')} ms, slowest #{worst.get('step_index')} "
-                 f"at {worst.get('step_time_ms')} ms")
+                 f"{spread.get('outlier_threshold_ms')} ms, slowest {on}#"
+                 f"{worst.get('step_index')} at {worst.get('step_time_ms')} ms")
     gone = [as_map(x) for x in as_list(metrics.get("steps_excluded"))]
     if gone:
         note += "; left out: " + ", ".join(
-            f"step {x.get('step_index')} ({x.get('reason')}, {x.get('step_time_ms')} ms)"
+            f"{step_named(x, gone)} ({x.get('reason')}, {x.get('step_time_ms')} ms)"
             for x in gone[:3])
     return note
 

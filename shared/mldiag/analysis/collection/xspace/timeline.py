@@ -568,6 +568,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
     """The JSON block we attach to the step-trace tool result as `host_bound_analysis`."""
     per_host = []
     all_steps_ms: list[float] = []
+    where: list[tuple[str, int]] = []
     all_busy_ms: list[float] = []
     op_time: dict[tuple[str, str], float] = defaultdict(float)
     op_count: dict[tuple[str, str], int] = defaultdict(int)
@@ -576,6 +577,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         steps_ms = ((h.steps[:, 1] - h.steps[:, 0]) / 1e6).tolist()
         busy_ms = (h.busy_per_step_ns / 1e6).tolist()
         all_steps_ms.extend(steps_ms)
+        where.extend((h.host, i) for i in range(len(steps_ms)))
         all_busy_ms.extend(busy_ms)
         for k, v in h.op_time_ns.items():
             op_time[k] += v
@@ -627,7 +629,7 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
         100.0 * (s - b) / s for s, b in zip(all_steps_ms, all_busy_ms, strict=True) if s > 0
     ]
     steps_mostly_waiting = sum(1 for w in per_step_wait if w >= 50.0)
-    spread = step_spread(all_steps_ms)
+    spread = step_spread(all_steps_ms, where)
     # Per-step op time, so the detectors can state a share of step time without an op profile.
     denom = n_steps if n_steps else 1
     top_ops = sorted(op_time.items(), key=lambda kv: (-kv[1], kv[0]))[:top_n]
@@ -687,11 +689,15 @@ def summarize(hosts: list[HostTimeline], top_n: int = 25) -> dict[str, Any]:
 OUTLIER_MADS = 3.0
 
 
-def step_spread(steps_ms: list[float]) -> dict[str, Any] | None:
+def step_spread(steps_ms: list[float],
+                where: list[tuple[str, int]] | None = None) -> dict[str, Any] | None:
     """Stddev, min, median and max of the step times, and the outliers: steps more than
-    3 median absolute deviations (and 5%) above the median, slowest first (index, ms)."""
+    3 median absolute deviations (and 5%) above the median, slowest first (index, ms).
+    `where` gives each step's host and index on that host: with several hosts, the outliers
+    name them and `hosts` says how many the steps came from."""
     if not steps_ms:
         return None
+    hosts = len({h for h, _ in where}) if where else 1
     x = np.asarray(steps_ms, dtype=float)
     median = float(np.median(x))
     mad = float(np.median(np.abs(x - median)))
@@ -705,8 +711,11 @@ def step_spread(steps_ms: list[float]) -> dict[str, Any] | None:
         "coefficient_of_variation_percent": _round(100.0 * float(x.std()) / float(x.mean()), 2)
         if x.mean() > 0 else None,
         "outlier_threshold_ms": _round(limit),
-        "outliers": [{"step_index": i, "step_time_ms": _round(v)} for i, v in slow[:10]],
+        "outliers": [{"step_index": i, "step_time_ms": _round(v)} if hosts == 1 or not where
+                     else {"host": where[i][0], "step_index": where[i][1],
+                           "step_time_ms": _round(v)} for i, v in slow[:10]],
         "outlier_count": len(slow),
+        **({"hosts": hosts} if hosts > 1 else {}),
     }
 
 
