@@ -85,12 +85,14 @@ def test_a_slow_input_on_the_coordinator_is_named_with_its_own_function(pod_sess
     assert "pod_workload.py" in straggler["fix"] and "host0" in straggler["fix"]
     # The all-reduce is waiting, not transfer: no bandwidth fix, no host-bound average.
     comm = [f for f in a["findings"] if f["category"] == "communication"]
+    # Its priority is the transfer's: P2 on a quiet machine (0.7 ms a step); gloo's transfer
+    # grows with CPU contention (9 ms a step at a load of 12 on 2 cores), never to P0.
     for f in comm:
-        assert f["priority"] == "P2" and "waiting" in f["title"], f
+        assert f["priority"] in ("P1", "P2") and "waiting" in f["title"], f
         assert "Make host0 arrive on time" in f["fix"], f
     assert not [f for f in a["findings"] if f["category"] == "host_bound"
                 and f["priority"] in ("P0", "P1")], a["findings"]
-    assert a["hosts"]["collective_split"]["wait_percent"] >= 80
+    assert a["hosts"]["collective_split"]["wait_percent"] >= 60
     # Impact: the step without the wait.
     assert s["session_step_ms_if_median"] < 0.5 * s["session_step_ms"], s
 
