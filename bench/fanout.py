@@ -1,7 +1,8 @@
 """Benchmark: a multi-host session through the pipeline's fan-out, drop to REPORTED.
 
     python bench/fanout.py SESSION_DIR [--json OUT] [--workdir DIR] [--memory-budget 8G]
-                           [--job-tasks N] [--cli] [--cli-rss-limit 20G]
+                           [--job-tasks N] [--tool-timeout S] [--cli]
+                           [--cli-rss-limit 20G]
 
 SESSION_DIR holds one `<host>.xplane.pb` per host (bench/tpu_shape.py makes TPU-shaped ones:
 `python bench/tpu_shape.py 250 DIR --host tpu_host_0`, then copies under other host names).
@@ -64,6 +65,10 @@ def main() -> int:
     parser.add_argument("--memory-budget", help="MLDIAG_MEMORY_BUDGET for the runtime")
     parser.add_argument("--job-tasks", type=int, default=0,
                         help="collect the session in the collect job, with this many tasks")
+    parser.add_argument("--tool-timeout", type=float,
+                        help="MLDIAG_TOOL_TIMEOUT_S (default 300): with --job-tasks on one "
+                             "machine the tasks share its cores, where Cloud Run gives each "
+                             "its own")
     parser.add_argument("--timeout", type=float, default=3600.0)
     parser.add_argument("--cli", action="store_true", help="run the xprof CLI after it")
     parser.add_argument("--cli-rss-limit", default="20G",
@@ -79,6 +84,8 @@ def main() -> int:
     env.update(MLDIAG_HOME=str(home), JAX_PLATFORMS="cpu")
     if args.memory_budget:
         env["MLDIAG_MEMORY_BUDGET"] = args.memory_budget
+    if args.tool_timeout:
+        env["MLDIAG_TOOL_TIMEOUT_S"] = str(args.tool_timeout)
     if args.job_tasks:
         env.update(MLDIAG_COLLECT_JOB="local", MLDIAG_COLLECT_JOB_TASKS=str(args.job_tasks),
                    MLDIAG_FUNCTION_MAX_HOST_BYTES="1")
