@@ -39,6 +39,9 @@ class RunRecord:
     # The session that alert-triggered sessions are compared with (`runs set-baseline`);
     # empty: the run's most recent OPTIMAL session.
     baseline: str = ""
+    # The SDK's `rl_orchestrator` (upstream's RlOrchestrator, e.g. "TUNIX", which Tunix's
+    # MldiagHooks sets when training starts); empty: none.
+    rl_orchestrator: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

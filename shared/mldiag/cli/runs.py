@@ -140,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
           f"{policy.duration_s:g} s, cooldown {policy.cooldown_s:g} s, "
           f"max {policy.max_per_hour}/hour)")
     print(f"  baseline: {found.baseline or 'the most recent OPTIMAL session'}")
+    if found.rl_orchestrator:
+        print(f"  rl orchestrator: {found.rl_orchestrator}")
     targets = state.list_targets(found.name)
     print(f"  targets: {len(targets)}")
     for s in sessions:
