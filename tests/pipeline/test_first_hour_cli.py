@@ -283,3 +283,15 @@ def test_the_readme_path_on_up_port_0(up: tuple[Path, str], tmp_path: Path) -> N
         assert answer.status == 200
     assert mldiag("share", "create", f"my_run/{session}", "--url",
                   "https://console.example.org/").startswith("https://console.example.org/")
+
+
+def test_empty_lists_say_how_to_fill_them(
+        make_runtime: MakeRuntime, capsys: pytest.CaptureFixture[str]) -> None:
+    rt = make_runtime()
+    code, out = cli(rt, capsys, "runs", "list")
+    assert code == 0 and "no runs yet" in out and "mldiag add LOGDIR --run RUN" in out
+    rt.state.ensure_run("r1", discovered=False)
+    code, out = cli(rt, capsys, "targets", "list", "--run", "r1")
+    assert code == 0 and "mldiag profiler-target create r1 --address HOST:PORT" in out
+    code, out = cli(rt, capsys, "sessions", "list", "--run", "r1", "--state", "REPORTED")
+    assert code == 0 and "no sessions of run r1 in state REPORTED" in out

@@ -117,6 +117,13 @@ def run(args: argparse.Namespace) -> int:
         if args.format:
             _gcloud.emit([r.to_dict() for r in runs], args.format)
             return 0
+        if not runs:
+            print("no runs yet. A run comes from:\n"
+                  "  mldiag add LOGDIR --run RUN      profiles you have (a jax.profiler.trace "
+                  "logdir)\n"
+                  "  machinelearning_run(name=...)    in a workload (mldiag.sdk)\n"
+                  "  mldiag runs create RUN           by hand")
+            return 0
         print(f"{'RUN':<32} {'SESSIONS':>8}  ORIGIN")
         for r in runs:
             n = len(state.list_sessions(run=r.name))
