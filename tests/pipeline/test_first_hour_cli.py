@@ -22,6 +22,7 @@ import pytest
 
 from mldiag.bootstrap import LocalRuntime
 from mldiag.capture.alerts import alert_session
+from mldiag.cli._home import forget_console, record_console, running_console_url
 from mldiag.cli.main import main
 from mldiag.model import STATES, AutoCapturePolicy, TargetRecord
 from tests.helpers.fixtures import TPU_XPLANE, team_fixture
@@ -295,3 +296,15 @@ def test_empty_lists_say_how_to_fill_them(
     assert code == 0 and "mldiag profiler-target create r1 --address HOST:PORT" in out
     code, out = cli(rt, capsys, "sessions", "list", "--run", "r1", "--state", "REPORTED")
     assert code == 0 and "no sessions of run r1 in state REPORTED" in out
+
+
+def test_a_console_note_left_by_a_killed_up_is_not_used(tmp_path: Path) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)
+    (tmp_path / "console.json").write_text(json.dumps(
+        {"url": "http://127.0.0.1:41234", "pid": int(gone.stdout)}))
+    assert running_console_url(tmp_path) == ""
+    record_console(tmp_path, "http://127.0.0.1:41234/")
+    assert running_console_url(tmp_path) == "http://127.0.0.1:41234"
+    forget_console(tmp_path)
+    assert not (tmp_path / "console.json").exists()
