@@ -12,6 +12,8 @@ import mldiag
 from mldiag.analysis import SessionTooLarge
 from mldiag.cli import (
     _gcloud,
+    add,
+    alerts,
     analyze,
     autocapture,
     capture,
@@ -38,6 +40,8 @@ from mldiag.errors import MldiagError, ProfileUnreadable
 
 # Sorted by command name; each module provides register(subparsers) and run(args) -> int.
 COMMANDS = {
+    "add": add,
+    "alerts": alerts,
     "analyze": analyze,
     "autocapture": autocapture,
     "capture": capture,
