@@ -8,6 +8,7 @@ link (`console.share`).
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -28,6 +29,7 @@ from mldiag.access import (
     new_id,
     new_secret,
 )
+from mldiag.adapters.local.private import FILE_MODE, owner_only_dir, private_dir
 from mldiag.analysis import style_hash
 from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
@@ -174,12 +176,13 @@ def download(request: Request, s: SessionRecord, host: str) -> Response:
     record = s.hosts.get(host)
     if record is None or record.status != "ARRIVED":
         raise HTTPException(404, f"no profile of host {host!r} in this session")
-    ws_dir = console.viewers.root / "downloads"
-    ws_dir.mkdir(parents=True, exist_ok=True)
+    ws_dir = private_dir(owner_only_dir(console.viewers.root) / "downloads")
     digest = hashlib.sha256(f"{record.object_name}#{record.generation}".encode()).hexdigest()
     path = ws_dir / f"{digest[:32]}.xplane.pb"
     if not path.is_file():
         console.plane.storage.fetch_to(record.object_name, path)
+        if path.stat().st_nlink == 1:
+            os.chmod(path, FILE_MODE)  # a download (a hard link keeps the bucket's mode)
     return FileResponse(path, media_type="application/octet-stream",
                         filename=f"{host}.xplane.pb")
 
@@ -260,7 +263,8 @@ def download_route(run: str, session: str, host: str, request: Request,
 def _sign_in(console: Console, record: TokenRecord) -> Response:
     """A browser session of `record`'s principal. Made from an API token, it names that
     token, acts as its principal and ends with it (`console.auth`); made from a login code
-    (spent now), it lives on its own until it expires or is signed out or revoked."""
+    (spent now), it names the admin token that issued the code and ends with that token,
+    or when it expires or is signed out or revoked."""
     token = new_secret("mldiag")
     now = console.clock()
     expires_at = now + BROWSER_TOKEN_S
@@ -269,6 +273,8 @@ def _sign_in(console: Console, record: TokenRecord) -> Response:
         parent, parent_hash = record.id, record.token_hash
         if record.expires_at:
             expires_at = min(expires_at, record.expires_at)
+    else:
+        parent, parent_hash = record.parent, record.parent_hash
     console.access.put_token(TokenRecord(
         id=new_id(), token_hash=hash_secret(token), principal=record.principal,
         role=record.role, run=record.run, kind="browser", label="console sign-in",

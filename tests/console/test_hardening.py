@@ -1,0 +1,99 @@
+"""Issue 34's console holes: sign-ins revoked by lineage, a private viewer cache."""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+from mldiag.access import hash_secret
+from mldiag.cli.main import main as cli
+from mldiag.console.app import create_app
+from mldiag.console.auth import COOKIE
+from mldiag.console.context import Console, build_console, ensure_local_admin
+from mldiag.settings import Settings
+from tests.console.conftest import Site
+
+XP = "/runs/tpu/sessions/s2/xprof/data/plugin/profile"
+
+
+@pytest.fixture
+def umask_022() -> Iterator[None]:
+    old = os.umask(0o022)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_the_viewer_cache_is_owner_only_whatever_the_umask(site: Site, umask_022: None
+                                                           ) -> None:
+    viewer = site.auth("viewer")
+    tools = site.client.get(f"{XP}/data?tag=overview_page&run=s2&host=tpu_inference_2",
+                            headers=viewer)
+    assert tools.status_code == 200, tools.text[:300]
+    r = site.client.get("/runs/tpu/sessions/s2/hosts/tpu_inference_2/xplane.pb", headers=viewer)
+    assert r.status_code == 200
+    root = site.console.viewers.root
+    # The bucket's own objects, hard-linked in, keep the modes their writer gave them (the
+    # fixture's drops are 0644) inside the bucket's 0700 directory.
+    bucket = {(p.stat().st_dev, p.stat().st_ino) for p in (site.home / "bucket").rglob("*")}
+    paths = [p for p in [root, *root.rglob("*")]
+             if (p.stat().st_dev, p.stat().st_ino) not in bucket]
+    assert len(paths) > 10
+    loose = [f"{oct(stat.S_IMODE(p.stat().st_mode))} {p.relative_to(root.parent)}"
+             for p in paths if stat.S_IMODE(p.stat().st_mode) & 0o077]
+    assert not loose, loose
+
+
+@pytest.fixture
+def local(tmp_path: Path) -> Iterator[tuple[Console, TestClient]]:
+    """A console of its own home (its own admin.token), no pipeline."""
+    console = build_console(Settings(home=tmp_path / "home"))
+    client = TestClient(create_app(console), base_url="http://127.0.0.1:8790")
+    try:
+        yield console, client
+    finally:
+        client.close()
+
+
+def _cookie(client: TestClient, r: object) -> dict[str, str]:
+    cookies = {COOKIE: r.cookies[COOKIE]}  # type: ignore[attr-defined]
+    client.cookies.clear()
+    return cookies
+
+
+def test_revoking_the_admin_token_ends_the_sign_ins_made_with_it(
+        local: tuple[Console, TestClient], capsys: pytest.CaptureFixture[str]) -> None:
+    console, client = local
+    _, code = ensure_local_admin(console)
+    path = console.settings.home / "admin.token"
+    admin = path.read_text().strip()
+    record = console.access.find_token(hash_secret(admin))
+    assert record is not None and record.principal == "local-admin"
+    pasted = _cookie(client, client.post("/login", data={"token": admin},
+                                         follow_redirects=False))
+    by_url = _cookie(client, client.get(f"/login?code={code}", follow_redirects=False))
+    for cookies in (pasted, by_url):
+        assert client.get("/api/v1/tokens", cookies=cookies).status_code == 200
+    assert cli(["tokens", "revoke", record.id, "--home", str(console.settings.home)]) == 0
+    for cookies in (pasted, by_url):
+        assert client.get("/api/v1/runs", cookies=cookies).status_code == 401
+        # Nor can it mint a token that would outlive it.
+        page = client.get("/login", cookies=cookies)
+        minted = client.post("/api/v1/tokens", cookies=cookies, json={"role": "admin"},
+                             headers={"X-CSRF-Token": "x"})
+        assert page.status_code == 200 and minted.status_code == 401, minted.text
+    # The next start rotates it: a new admin token in the file, the old sign-ins stay dead.
+    created, code = ensure_local_admin(console)
+    assert created is not None and path.read_text().strip() == created != admin
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    fresh = _cookie(client, client.get(f"/login?code={code}", follow_redirects=False))
+    assert client.get("/api/v1/tokens", cookies=fresh).status_code == 200
+    assert client.get("/api/v1/runs", cookies=by_url).status_code == 401
+    # A start that finds it valid keeps it.
+    assert ensure_local_admin(console)[0] is None and path.read_text().strip() == created
