@@ -84,6 +84,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("mldiag").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    out, err = sys.stdout, sys.stderr
+    # Remote text is printed as text: a terminal escape in a target's status or an alert's
+    # summary is dropped, whichever command prints it.
+    sys.stdout, sys.stderr = _gcloud.PrintableStream(out), _gcloud.PrintableStream(err)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(COMMANDS[args.command].run(args))
         sys.stdout.flush()  # here, where a reader that has gone is handled below
