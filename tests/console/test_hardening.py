@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import socket
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,8 +17,10 @@ from mldiag.cli.main import main as cli
 from mldiag.console.app import create_app
 from mldiag.console.auth import COOKIE
 from mldiag.console.context import Console, build_console, ensure_local_admin
+from mldiag.console.server import ConsoleServer
 from mldiag.settings import Settings
 from tests.console.conftest import Site
+from tests.helpers.wait import wait_until
 
 XP = "/runs/tpu/sessions/s2/xprof/data/plugin/profile"
 
@@ -97,3 +101,47 @@ def test_revoking_the_admin_token_ends_the_sign_ins_made_with_it(
     assert client.get("/api/v1/runs", cookies=by_url).status_code == 401
     # A start that finds it valid keeps it.
     assert ensure_local_admin(console)[0] is None and path.read_text().strip() == created
+
+
+def _closed(conn: socket.socket) -> bool:
+    """Whether the server has closed `conn` (its end read, or the connection reset)."""
+    try:
+        return conn.recv(4096) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def test_a_trickling_or_idle_client_is_cut_off(tmp_path: Path) -> None:
+    server = ConsoleServer(build_console(Settings(home=tmp_path / "home")), "127.0.0.1", 0,
+                           read_timeout_s=1.0, idle_timeout_s=1.0)
+    server.start()
+    try:
+        address = ("127.0.0.1", server.port)
+        trickler, silent = socket.create_connection(address), socket.create_connection(address)
+        for conn in (trickler, silent):
+            conn.setblocking(False)
+        trickler.sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        started = time.monotonic()
+        # A header line every 0.1 s, never the blank line that ends them.
+        for i in range(300):
+            if _closed(trickler):
+                break
+            try:
+                trickler.sendall(f"X-Slow-{i}: a\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("30 s of trickled headers and the connection is still open")
+        assert time.monotonic() - started < 5
+        wait_until(lambda: _closed(silent), timeout=5, what="the silent connection closed")
+        # A client that asks in time is answered, and its idle connection then closed.
+        with socket.create_connection(address) as ok:
+            ok.sendall(b"GET /login HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            assert ok.recv(4096).startswith(b"HTTP/1.1 200 ")
+            ok.setblocking(False)
+            wait_until(lambda: _closed(ok), timeout=5, what="the idle connection closed")
+    finally:
+        server.stop()
