@@ -308,9 +308,12 @@ def revoke_share(link_id: str, request: Request,
 @router.get("/share/{link_id}/access")
 def share_access(link_id: str, request: Request,
                  principal: Principal = ADMIN_ONLY) -> list[dict[str, Any]]:
-    """Every use of a link: principal (or "anonymous"), time, path."""
-    return [{**e.to_dict(), "at": views._iso(e.at)}
-            for e in console_of(request).access.list_access(link_id)]
+    """A link's uses: one row per principal (or "anonymous"), client network and hour, with
+    its count, first and last use and last path."""
+    console = console_of(request)
+    console.access_log.flush()
+    return [{**e.to_dict(), "at": views._iso(e.at), "first_at": views._iso(e.first_at)}
+            for e in console.access.list_access(link_id)]
 
 
 @router.get("/tokens")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mldiag.access import AccessStore, TokenRecord, hash_secret, new_id, new_secret
+from mldiag.access import AccessLog, AccessStore, TokenRecord, hash_secret, new_id, new_secret
 from mldiag.adapters.local.private import private_dir
 from mldiag.bootstrap import ControlPlane, control_plane
 from mldiag.errors import MldiagError
@@ -35,6 +35,11 @@ class Console:
     # Google's token verifier, injectable for tests (`console.auth.verify_google`).
     fetch_certs: Callable[[str], bytes] | None = None
     started_at: float = field(default_factory=time.time)
+    # Share-link uses, counted and written in batches (`access.AccessLog`).
+    access_log: AccessLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.access_log = AccessLog(self.access)
 
 
 def open_access(settings: Settings) -> AccessStore:

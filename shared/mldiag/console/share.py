@@ -3,7 +3,8 @@
 A link is valid while it is neither expired nor revoked, and only for the session its path
 names. Every refusal (forged, expired, revoked, another session) is the same 404, so a caller
 cannot tell which it was. A restricted link needs a signed-in opener, who gets viewer on that
-session alone; an `anyone` link needs no sign-in. Every use is logged.
+session alone; an `anyone` link needs no sign-in. Every use is counted in the link's access
+log: one row per principal, client network and hour (`access.AccessLog`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,14 @@ from dataclasses import replace
 from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import HTMLResponse
 
-from mldiag.access import ANONYMOUS, AccessEntry, Principal, hash_secret, share_path
+from mldiag.access import (
+    ANONYMOUS,
+    AccessEntry,
+    Principal,
+    client_network,
+    hash_secret,
+    share_path,
+)
 from mldiag.console import pages, views, xprof
 from mldiag.console.auth import NotSignedIn, console_of, resolve
 from mldiag.model import SessionRecord
@@ -36,9 +44,10 @@ async def link_principal(request: Request) -> Principal:
         raise NotSignedIn()
     request.state.base = share_path(p["token"], link.run, link.session)
     if not request.url.path.endswith((".js", ".css", ".woff2", ".wasm")):
-        console.access.log_access(AccessEntry(
+        console.access_log.record(AccessEntry(
             link_id=link.id, principal=principal.name if not principal.anonymous else ANONYMOUS,
-            at=console.clock(), path=request.url.path.split(p["token"], 1)[-1][:500]))
+            at=console.clock(), path=request.url.path.split(p["token"], 1)[-1][:500],
+            client=client_network(request.client.host if request.client else None)))
     return replace(principal.with_grants([("viewer", link.run, link.session)]),
                    via=principal.via or "share", link_id=link.id)
 
