@@ -136,7 +136,11 @@ class TokenRecord:
 @dataclass
 class ShareLink:
     """A link to one session, stored hashed. Restricted links need a signed-in opener, who
-    gets viewer on that session alone; `anyone` links need no sign-in."""
+    gets viewer on that session alone; `anyone` links need no sign-in.
+
+    It opens the session it was made for, not another of the same names made after a delete:
+    `session_created_at` is that session's `created_at` (None on links made before this was
+    recorded: they open a session created before the link)."""
 
     id: str
     token_hash: str
@@ -147,9 +151,17 @@ class ShareLink:
     created_at: float = 0.0
     expires_at: float = 0.0
     revoked_at: float = 0.0
+    session_created_at: float | None = None
 
     def valid(self, now: float) -> bool:
         return not self.revoked_at and now < self.expires_at
+
+    def opens(self, session_created_at: float) -> bool:
+        """Whether the session of this link's names, created at `session_created_at`, is the
+        one it was made for."""
+        if self.session_created_at is None:
+            return session_created_at <= self.created_at
+        return session_created_at == self.session_created_at
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -338,10 +350,11 @@ class AccessStore(Protocol):
         ...
 
 
-def create_link(store: AccessStore, run: str, session: str, *, created_by: str, now: float,
-                anyone: bool = False, expires_s: float = SHARE_DEFAULT_S
-                ) -> tuple[str, ShareLink]:
-    """A new share link to one session: (its secret, shown once; the stored record).
+def create_link(store: AccessStore, run: str, session: str, *, session_created_at: float,
+                created_by: str, now: float, anyone: bool = False,
+                expires_s: float = SHARE_DEFAULT_S) -> tuple[str, ShareLink]:
+    """A new share link to one session, the one created at `session_created_at`: (its
+    secret, shown once; the stored record).
 
     Expiry is at most SHARE_MAX_S (30 days). Who may create which kind is the caller's check
     (`anyone` links are for admins)."""
@@ -350,7 +363,7 @@ def create_link(store: AccessStore, run: str, session: str, *, created_by: str, 
     secret = secrets.token_urlsafe(16)  # 128 bits
     link = ShareLink(id=new_id(), token_hash=hash_secret(secret), run=run, session=session,
                      anyone=anyone, created_by=created_by, created_at=now,
-                     expires_at=now + expires_s)
+                     expires_at=now + expires_s, session_created_at=session_created_at)
     store.put_link(link)
     return secret, link
 

@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from mldiag.access import hash_secret
+from mldiag.access import ShareLink, create_token, hash_secret, new_id, new_secret, share_path
 from mldiag.cli.main import main as cli
 from mldiag.console.app import create_app
 from mldiag.console.auth import COOKIE
 from mldiag.console.context import Console, build_console, ensure_local_admin
 from mldiag.console.server import ConsoleServer
+from mldiag.model import SessionRecord
 from mldiag.settings import Settings
 from tests.console.conftest import Site
 from tests.helpers.wait import wait_until
@@ -145,3 +146,37 @@ def test_a_trickling_or_idle_client_is_cut_off(tmp_path: Path) -> None:
             wait_until(lambda: _closed(ok), timeout=5, what="the idle connection closed")
     finally:
         server.stop()
+
+
+def test_a_share_link_does_not_open_a_session_that_reuses_its_names(
+        local: tuple[Console, TestClient]) -> None:
+    console, client = local
+    state = console.plane.state
+    admin = {"Authorization": "Bearer " + create_token(console.access, role="admin",
+                                                       now=time.time())[0]}
+
+    def make_session() -> None:
+        now = time.time()
+        state.ensure_run("r", discovered=False, now=now)
+        state.create_session(SessionRecord(run="r", session="s", state="REPORTED",
+                                           created_at=now, updated_at=now))
+
+    make_session()
+    r = client.post("/api/v1/runs/r/sessions/s/share", json={"anyone": True}, headers=admin)
+    assert r.status_code == 201, r.text
+    path = r.json()["url"].removeprefix(console.settings.console_url)
+    # One made before links recorded their session: it opens a session created before it.
+    legacy = new_secret("x")
+    console.access.put_link(ShareLink(id=new_id(), token_hash=hash_secret(legacy), run="r",
+                                      session="s", anyone=True, created_by="local-admin",
+                                      created_at=time.time(), expires_at=time.time() + 3600))
+    old = share_path(legacy, "r", "s")
+    assert client.get(f"{path}/state").status_code == 200
+    assert client.get(f"{old}/state").status_code == 200
+    assert cli(["machine-learning-run", "delete", "r", "--home",
+                str(console.settings.home)]) == 0
+    wait_until(lambda: time.time() > console.access.list_links()[0].created_at, timeout=1)
+    make_session()  # the same names, another session
+    for link in (path, old):
+        r = client.get(f"{link}/state")
+        assert r.status_code == 404 and "no such link" in r.text, link

@@ -54,8 +54,11 @@ def test_forged_expired_revoked_and_cross_session_links_get_the_same_404(site: S
     good = _link(site, anyone=True)
     secret = good.split("/")[2]
     # Expired: made 8 days ago with the default 7-day expiry.
+    s1 = site.runtime.state.get_session("tpu", "s1")
+    assert s1 is not None
     expired_secret, _ = create_link(site.console.access, "tpu", "s1", created_by="t",
-                                    now=now - 8 * 86400, anyone=True)
+                                    now=now - 8 * 86400, anyone=True,
+                                    session_created_at=s1.created_at)
     revoked_path = _link(site, anyone=True)
     link_id = next(li.id for li in site.console.access.list_links(run="tpu", session="s1")
                    if share_path(revoked_path.split("/")[2], "tpu", "s1") == revoked_path)

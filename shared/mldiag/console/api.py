@@ -264,10 +264,11 @@ def post_share(run: str, session: str, body: ShareBody, request: Request,
                principal: Principal = Depends(require(SHARE))) -> dict[str, Any]:
     """A share link to this session; the URL is shown once."""
     console = console_of(request)
-    get_session(console, run, session)
+    record = get_session(console, run, session)
     if body.anyone and not principal.can(ADMIN, run):
         raise HTTPException(403, "only an admin may create a link that needs no sign-in")
-    secret, link = create_link(console.access, run, session, created_by=principal.name,
+    secret, link = create_link(console.access, run, session,
+                               session_created_at=record.created_at, created_by=principal.name,
                                now=console.clock(), anyone=body.anyone,
                                expires_s=body.expires_s)
     return {"id": link.id, "url": console.settings.console_url + share_path(secret, run,

@@ -1,10 +1,12 @@
 """Share links: `/share/{token}/runs/{run}/sessions/{session}/...` opens one session.
 
-A link is valid while it is neither expired nor revoked, and only for the session its path
-names. Every refusal (forged, expired, revoked, another session) is the same 404, so a caller
-cannot tell which it was. A restricted link needs a signed-in opener, who gets viewer on that
-session alone; an `anyone` link needs no sign-in. Every use is counted in the link's access
-log: one row per principal, client network and hour (`access.AccessLog`).
+A link is valid while it is neither expired nor revoked, only for the session its path
+names, and only while that is the session it was made for (not one that reuses its names
+after `machine-learning-run delete`). Every refusal (forged, expired, revoked, another
+session) is the same 404, so a caller cannot tell which it was. A restricted link needs a
+signed-in opener, who gets viewer on that session alone; an `anyone` link needs no sign-in.
+Every use is counted in the link's access log: one row per principal, client network and
+hour (`access.AccessLog`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ async def link_principal(request: Request) -> Principal:
     link = console.access.find_link(hash_secret(p["token"]))
     if (link is None or not link.valid(console.clock()) or link.run != p["run"]
             or link.session != p["session"]):
+        raise HTTPException(404, REFUSED)
+    # The session it was made for, not one of the same names made after a delete.
+    session = console.plane.state.get_session(link.run, link.session)
+    if session is None or not link.opens(session.created_at):
         raise HTTPException(404, REFUSED)
     principal = resolve(request)
     if not link.anyone and principal.anonymous:
