@@ -1,8 +1,12 @@
-"""Issue 34's console holes: sign-ins revoked by lineage, a private viewer cache."""
+"""Issue 34's console holes: sign-ins revoked by lineage, a private viewer cache, header
+timeouts, share links bound to their session, and what analysis_viewer may read."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
+import re
 import socket
 import stat
 import time
@@ -13,6 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mldiag.access import ShareLink, create_token, hash_secret, new_id, new_secret, share_path
+from mldiag.analysis import render_summary_html
 from mldiag.cli.main import main as cli
 from mldiag.console.app import create_app
 from mldiag.console.auth import COOKIE
@@ -20,10 +25,12 @@ from mldiag.console.context import Console, build_console, ensure_local_admin
 from mldiag.console.server import ConsoleServer
 from mldiag.model import SessionRecord
 from mldiag.settings import Settings
+from mldiag.viewer_cache import session_dir
 from tests.console.conftest import Site
 from tests.helpers.wait import wait_until
 
 XP = "/runs/tpu/sessions/s2/xprof/data/plugin/profile"
+S1 = "/runs/tpu/sessions/s1"
 
 
 @pytest.fixture
@@ -180,3 +187,75 @@ def test_a_share_link_does_not_open_a_session_that_reuses_its_names(
     for link in (path, old):
         r = client.get(f"{link}/state")
         assert r.status_code == 404 and "no such link" in r.text, link
+
+
+REASON = "capture failed on 127.0.0.1:46115: deadline exceeded"
+
+
+def test_analysis_viewer_reads_reports_and_diffs_without_addresses_or_paths(
+        site: Site) -> None:
+    storage, state = site.runtime.storage, site.runtime.state
+    s1 = state.get_session("tpu", "s1")
+    assert s1 is not None
+    # The latest report, and its version's (what compares read).
+    bases = [f"{session_dir(s1)}/analysis", f"{session_dir(s1)}/analysis/v{s1.reported_version}"]
+    names = ("analysis.json", "health_snapshot.json", "summary.html")
+    saved = {f"{b}/{n}": storage.read_bytes(f"{b}/{n}") for b in bases for n in names}
+    for base in bases:
+        analysis, snapshot = (json.loads(saved[f"{base}/{n}"]) for n in names[:2])
+        # A capture that failed on one host, as the analysis stage records it, and a summary
+        # that quotes it (as the straggler rule does).
+        for doc in (analysis, snapshot):
+            doc["session"]["capture"]["failed_hosts"] = {"worker-1": REASON}
+        analysis["summary"] = f"Left out: worker-1 ({REASON}). Steps from train.py:183."
+        storage.write_bytes(f"{base}/analysis.json", json.dumps(analysis).encode())
+        storage.write_bytes(f"{base}/health_snapshot.json", json.dumps(snapshot).encode())
+        storage.write_bytes(f"{base}/summary.html",
+                            render_summary_html(analysis, snapshot).encode())
+    bucket = str(site.home / "bucket")
+    try:
+        def read(path: str, who: str) -> str:
+            r = site.client.get(path, headers=site.auth(who))
+            assert r.status_code == 200, (path, who, r.text[:200])
+            return html.unescape(r.text).replace("\\/", "/")
+
+        paths = [f"{S1}/report", "/api/v1/runs/tpu/compare?a=s2&b=s1",
+                 "/runs/tpu/compare/diff.html?a=s2&b=s1", f"{S1}", "/api/v1/runs/tpu/sessions/s1",
+                 "/runs/tpu/compare?a=s2&b=s1"]
+        for path in paths:
+            hidden = read(path, "analysis_viewer")
+            assert "46115" not in hidden and bucket not in hidden, (path, re.findall(
+                r".{40}(?:46115|" + re.escape(bucket) + ").{40}", hidden))
+        report = read(f"{S1}/report", "analysis_viewer")
+        assert "Host worker-1 not analysed: capture failed on [address]: deadline exceeded" \
+            in report
+        assert "train.py:183" in report  # only the locations the documents hold change
+        compare = site.client.get("/api/v1/runs/tpu/compare?a=s2&b=s1",
+                                  headers=site.auth("analysis_viewer")).json()
+        assert "[address]" in json.dumps(compare) and "[location]" in json.dumps(compare)
+        for who in ("viewer", "editor"):
+            assert REASON in read(f"{S1}/report", who)
+            assert REASON in read("/api/v1/runs/tpu/compare?a=s2&b=s1", who)
+            assert bucket in read("/api/v1/runs/tpu/compare?a=s2&b=s1", who)
+            assert REASON in read("/api/v1/runs/tpu/sessions/s1", who)
+    finally:
+        for name, data in saved.items():
+            storage.write_bytes(name, data)
+
+
+def test_a_target_registered_without_a_name_is_not_named_by_its_address(
+        local: tuple[Console, TestClient]) -> None:
+    console, client = local
+    console.plane.state.ensure_run("r", discovered=False, now=time.time())
+    editor = {"Authorization": "Bearer " + create_token(console.access, role="editor",
+                                                        now=time.time())[0]}
+    with socket.socket() as bound:  # bound, not listening: registered and down
+        bound.bind(("127.0.0.1", 0))
+        port = bound.getsockname()[1]
+        names = [client.post("/api/v1/runs/r/targets", headers=editor,
+                             json={"address": f"127.0.0.1:{port}"}) for _ in range(2)]
+    assert all(r.status_code == 201 for r in names), names[0].text
+    name = names[0].json()["host"]
+    assert re.fullmatch(r"target-[0-9a-f]{8}", name) and str(port) not in name
+    assert names[1].json()["host"] == name  # registered again: the same target
+    assert [t.host for t in console.plane.state.list_targets("r")] == [name]

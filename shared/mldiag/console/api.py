@@ -192,7 +192,7 @@ def compare(run: str, a: str, b: str, request: Request,
             principal: Principal = Depends(require(REPORT))) -> dict[str, Any]:
     """diff.json of session `b` against session `a` of the run, from their stored
     snapshots: KPI, op, kernel, HLO, finding and config deltas and the ranked explanation."""
-    return compared(console_of(request), run, a, b)
+    return compared(console_of(request), run, a, b, principal)
 
 
 class BaselineBody(BaseModel):

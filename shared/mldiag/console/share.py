@@ -78,12 +78,12 @@ def shared_state(request: Request,
 
 @router.get(PREFIX + "/report", response_class=HTMLResponse)
 def shared_report(request: Request, principal: Principal = Depends(link_principal)) -> Response:
-    return pages.report(request, _session(request, principal))
+    return pages.report(request, _session(request, principal), principal)
 
 
 @router.get(PREFIX + "/diff.html", response_class=HTMLResponse)
 def shared_diff(request: Request, principal: Principal = Depends(link_principal)) -> Response:
-    return pages.diff_page(request, _session(request, principal))
+    return pages.diff_page(request, _session(request, principal), principal)
 
 
 @router.get(PREFIX + "/hosts/{host}/xplane.pb")
