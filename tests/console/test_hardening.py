@@ -17,7 +17,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from mldiag.access import ShareLink, create_token, hash_secret, new_id, new_secret, share_path
-from mldiag.analysis import render_summary_html
+from mldiag.analysis import render_diff_html, render_summary_html
 from mldiag.cli.main import main as cli
 from mldiag.console.app import create_app
 from mldiag.console.auth import COOKIE
@@ -213,13 +213,19 @@ def test_analysis_viewer_reads_reports_and_diffs_without_addresses_or_paths(
         storage.write_bytes(f"{base}/summary.html",
                             render_summary_html(analysis, snapshot).encode())
     bucket = str(site.home / "bucket")
+    # An alert-triggered session's stored diff against its baseline, as the pipeline writes it
+    # (its page shows no failure reasons or paths today; the analysis_viewer's is redrawn from
+    # diff.json redacted all the same).
+    diff = site.client.get("/api/v1/runs/tpu/compare?a=s2&b=s1", headers=site.auth("admin"))
+    storage.write_bytes(f"{bases[0]}/diff.json", diff.content)
+    storage.write_bytes(f"{bases[0]}/diff.html", render_diff_html(diff.json()).encode())
     try:
         def read(path: str, who: str) -> str:
             r = site.client.get(path, headers=site.auth(who))
             assert r.status_code == 200, (path, who, r.text[:200])
             return html.unescape(r.text).replace("\\/", "/")
 
-        paths = [f"{S1}/report", "/api/v1/runs/tpu/compare?a=s2&b=s1",
+        paths = [f"{S1}/report", f"{S1}/diff.html", "/api/v1/runs/tpu/compare?a=s2&b=s1",
                  "/runs/tpu/compare/diff.html?a=s2&b=s1", f"{S1}", "/api/v1/runs/tpu/sessions/s1",
                  "/runs/tpu/compare?a=s2&b=s1"]
         for path in paths:
@@ -241,6 +247,8 @@ def test_analysis_viewer_reads_reports_and_diffs_without_addresses_or_paths(
     finally:
         for name, data in saved.items():
             storage.write_bytes(name, data)
+        for name in ("diff.json", "diff.html"):
+            storage.delete(f"{bases[0]}/{name}")
 
 
 def test_a_target_registered_without_a_name_is_not_named_by_its_address(
