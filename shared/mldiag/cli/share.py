@@ -56,10 +56,12 @@ def run(args: argparse.Namespace) -> int:
             raise MldiagError(f"expected RUN/SESSION, not {args.session!r}")
         from mldiag.bootstrap import control_plane
 
-        if control_plane(settings).state.get_session(run_name, session) is None:
+        record = control_plane(settings).state.get_session(run_name, session)
+        if record is None:
             raise MldiagError(f"no session {run_name}/{session}")
         try:
             secret, _link = create_link(store, run_name, session, created_by="cli", now=now,
+                                        session_created_at=record.created_at,
                                         anyone=args.anyone,
                                         expires_s=parse_duration(args.expires))
         except ValueError as e:
