@@ -16,8 +16,27 @@ find_python() {
   return 1
 }
 
+# What pip is doing, one short line a step on stderr (pip's own --quiet said nothing for a
+# minute, minutes on a cold machine): each package it collects, then the install itself.
+pip_progress() {
+  local n=0 line
+  while IFS= read -r line; do
+    case "$line" in
+      Collecting\ *)
+        n=$((n + 1)); line="${line#Collecting }"
+        printf 'mldiag: setup: [%d] %s\n' "$n" "${line%% *}" >&2 ;;
+      "Installing collected packages: "*)
+        printf 'mldiag: setup: installing %d package(s) into .venv ...\n' \
+          "$(($(tr -cd , <<<"$line" | wc -c) + 1))" >&2 ;;
+      ERROR:*|error:*) printf '%s\n' "$line" >&2 ;;
+    esac
+  done
+}
+
+setup_started=$SECONDS
 if [ ! -x "$VENV/bin/python" ] || ! "$VENV/bin/python" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
   PY="$(find_python)"
+  echo "mldiag: setup: creating .venv with $PY (first run only)" >&2
   rm -rf "$VENV"
   "$PY" -m venv "$VENV"
 fi
@@ -33,9 +52,13 @@ if [ ! -f "$stamp" ] || [ "$ROOT/pyproject.toml" -nt "$stamp" ] || [ "$lock" -nt
   # constraints), so the tests run the versions the functions deploy, whatever PyPI has now.
   constraints="$VENV/functions-constraints.txt"
   grep -E '^[A-Za-z0-9][A-Za-z0-9._-]*==' "$lock" | sed 's/ *\\$//' > "$constraints"
-  "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
-    -e "$spec" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true
-  "$VENV/bin/python" -c 'import mldiag, xprof, jax' 
+  echo "mldiag: setup: installing mldiag[$extra] and its pinned dependencies into .venv" \
+    "(about a minute, several on a cold machine or a slow network) ..." >&2
+  "$VENV/bin/python" -m pip install --progress-bar off --disable-pip-version-check \
+    -c "$constraints" -e "$spec" 2>&1 | pip_progress || true
+  echo "mldiag: setup: checking that mldiag, xprof and jax import ..." >&2
+  "$VENV/bin/python" -c 'import mldiag, xprof, jax'
   touch "$stamp"
+  echo "mldiag: setup: .venv ready in $((SECONDS - setup_started)) s" >&2
 fi
 export PATH="$VENV/bin:$PATH"

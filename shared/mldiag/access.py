@@ -16,8 +16,11 @@ Roles, each including the one before except `analysis_viewer`:
 from __future__ import annotations
 
 import hashlib
+import ipaddress
+import json
 import re
 import secrets
+import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
@@ -35,6 +38,13 @@ SHARE_MAX_S = 30 * 86400.0
 ANONYMOUS = "anonymous"
 # The principal of a token that is its own: `token:<its id>`.
 TOKEN_PRINCIPAL = "token:"
+# The access log of a link: one row per (principal, client network, hour) with its count, and
+# at most this many rows a link (the oldest dropped), however often it is used.
+ACCESS_BUCKET_S = 3600.0
+ACCESS_ROWS_PER_LINK = 1000
+# How often one console writes the count of one row while a link is in use (its first use
+# is written at once).
+ACCESS_WRITE_EVERY_S = 10.0
 
 
 def hash_secret(secret: str) -> str:
@@ -126,7 +136,11 @@ class TokenRecord:
 @dataclass
 class ShareLink:
     """A link to one session, stored hashed. Restricted links need a signed-in opener, who
-    gets viewer on that session alone; `anyone` links need no sign-in."""
+    gets viewer on that session alone; `anyone` links need no sign-in.
+
+    It opens the session it was made for, not another of the same names made after a delete:
+    `session_created_at` is that session's `created_at` (None on links made before this was
+    recorded: they open a session created before the link)."""
 
     id: str
     token_hash: str
@@ -137,9 +151,17 @@ class ShareLink:
     created_at: float = 0.0
     expires_at: float = 0.0
     revoked_at: float = 0.0
+    session_created_at: float | None = None
 
     def valid(self, now: float) -> bool:
         return not self.revoked_at and now < self.expires_at
+
+    def opens(self, session_created_at: float) -> bool:
+        """Whether the session of this link's names, created at `session_created_at`, is the
+        one it was made for."""
+        if self.session_created_at is None:
+            return session_created_at <= self.created_at
+        return session_created_at == self.session_created_at
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -147,15 +169,86 @@ class ShareLink:
 
 @dataclass
 class AccessEntry:
-    """One use of a share link: which link, by whom (or "anonymous"), when, what."""
+    """Uses of a share link by one principal (or "anonymous") from one client network
+    (`client_network`) within one hour: `count` uses from `first_at` to `at`, the last of
+    `path`. Rows stored before aggregation are one use each."""
 
     link_id: str
     principal: str
     at: float
     path: str = ""
+    count: int = 1
+    first_at: float = 0.0
+    client: str = ""
+
+    def __post_init__(self) -> None:
+        self.first_at = self.first_at or self.at
+
+    @property
+    def key(self) -> str:
+        """The row these uses are counted in: (link, principal, client, hour)."""
+        hour = int((self.first_at or self.at) // ACCESS_BUCKET_S)
+        return hashlib.sha256(json.dumps(
+            [self.link_id, self.principal, self.client, hour]).encode()).hexdigest()
+
+    def merged(self, later: AccessEntry) -> AccessEntry:
+        """This row with `later`'s uses added."""
+        return replace(self, at=max(self.at, later.at), path=later.path if later.at >= self.at
+                       else self.path, count=self.count + later.count,
+                       first_at=min(self.first_at or self.at, later.first_at or later.at))
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def client_network(host: str | None) -> str:
+    """The network a client address is counted in: its /24 (IPv4) or /48 (IPv6), so the
+    log tells callers apart without keeping their addresses; '' when unknown."""
+    try:
+        ip = ipaddress.ip_address(host or "")
+    except ValueError:
+        return ""
+    prefix = 24 if ip.version == 4 else 48
+    return str(ipaddress.ip_network(f"{ip}/{prefix}", strict=False))
+
+
+class AccessLog:
+    """One console's writer of share-link uses: a row's first use is written at once, its
+    later uses added at most every `every_s` per row (and on `flush`), so a link opened 600
+    times a second costs a write per row every `every_s`, not one per request."""
+
+    def __init__(self, store: AccessStore, every_s: float = ACCESS_WRITE_EVERY_S) -> None:
+        self.store, self.every_s = store, every_s
+        self._lock = threading.Lock()
+        # Uses not written yet, and when each row was last written, by row key.
+        self._pending: dict[str, AccessEntry] = {}
+        self._written: dict[str, float] = {}
+
+    def record(self, entry: AccessEntry) -> None:
+        """Count one use (or several); write what is due."""
+        now = entry.at
+        with self._lock:
+            key = entry.key
+            pending = self._pending.pop(key, None)
+            self._pending[key] = pending.merged(entry) if pending is not None else entry
+            due = [k for k in self._pending
+                   if now - self._written.get(k, -self.every_s) >= self.every_s]
+            writes = [self._pending.pop(k) for k in due]
+            for k in due:
+                self._written[k] = now
+            # A row's hour is over: its next use is another row.
+            for k in [k for k, at in self._written.items()
+                      if now - at > ACCESS_BUCKET_S + self.every_s and k not in self._pending]:
+                self._written.pop(k)
+        for write in writes:
+            self.store.log_access(write)
+
+    def flush(self) -> None:
+        """Write every use not written yet (before the log is read)."""
+        with self._lock:
+            writes, self._pending = list(self._pending.values()), {}
+        for write in writes:
+            self.store.log_access(write)
 
 
 @dataclass(frozen=True)
@@ -246,17 +339,22 @@ class AccessStore(Protocol):
 
     def revoke_link(self, link_id: str, now: float) -> bool: ...
 
-    def log_access(self, entry: AccessEntry) -> None: ...
+    def log_access(self, entry: AccessEntry) -> None:
+        """Add `entry`'s uses to its row (`entry.key`: its link, principal, client and hour),
+        made when absent; a link keeps at most its newest ACCESS_ROWS_PER_LINK rows (or
+        the store's `max_access_rows`)."""
+        ...
 
     def list_access(self, link_id: str | None = None, limit: int = 1000) -> list[AccessEntry]:
-        """The newest `limit` accesses (of one link, or all), newest first."""
+        """The newest `limit` rows of uses (of one link, or all), by last use, newest first."""
         ...
 
 
-def create_link(store: AccessStore, run: str, session: str, *, created_by: str, now: float,
-                anyone: bool = False, expires_s: float = SHARE_DEFAULT_S
-                ) -> tuple[str, ShareLink]:
-    """A new share link to one session: (its secret, shown once; the stored record).
+def create_link(store: AccessStore, run: str, session: str, *, session_created_at: float,
+                created_by: str, now: float, anyone: bool = False,
+                expires_s: float = SHARE_DEFAULT_S) -> tuple[str, ShareLink]:
+    """A new share link to one session, the one created at `session_created_at`: (its
+    secret, shown once; the stored record).
 
     Expiry is at most SHARE_MAX_S (30 days). Who may create which kind is the caller's check
     (`anyone` links are for admins)."""
@@ -265,7 +363,7 @@ def create_link(store: AccessStore, run: str, session: str, *, created_by: str, 
     secret = secrets.token_urlsafe(16)  # 128 bits
     link = ShareLink(id=new_id(), token_hash=hash_secret(secret), run=run, session=session,
                      anyone=anyone, created_by=created_by, created_at=now,
-                     expires_at=now + expires_s)
+                     expires_at=now + expires_s, session_created_at=session_created_at)
     store.put_link(link)
     return secret, link
 

@@ -39,6 +39,9 @@ class RunRecord:
     # The session that alert-triggered sessions are compared with (`runs set-baseline`);
     # empty: the run's most recent OPTIMAL session.
     baseline: str = ""
+    # The SDK's `rl_orchestrator` (upstream's RlOrchestrator, e.g. "TUNIX", which Tunix's
+    # MldiagHooks sets when training starts); empty: none.
+    rl_orchestrator: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -501,6 +504,27 @@ def parse_object_name(name: str) -> ProfileObjectName | None:
         raise ValueError(f"unsafe object name {name!r}: empty host name")
     return ProfileObjectName(prefix="/".join(parts[:-5]), run=parts[-5], session=parts[-2],
                              host=host, suffix=suffix)
+
+
+def misplaced_profile(name: str) -> str:
+    """Why an xplane that `parse_object_name` does not take is not analysed, and where it
+    belongs. The common slip is `cp -r LOGDIR/plugins <run>/` into a run folder that does not
+    exist yet: cp then copies the folder's contents, so the file lands at
+    `<run>/profile/<session>/<host>.xplane.pb`."""
+    parts = name.split("/")
+    layout = "<run>/plugins/profile/<session>/<host>.xplane.pb"
+    if len(parts) >= 4 and parts[-3] == "profile" and parts[-4] != "plugins":
+        right = "/".join([*parts[:-3], "plugins", *parts[-3:]])
+        run = parts[-4]
+        return (f"{name} lacks the plugins/ level (what `cp -r LOGDIR/plugins {run}/` does "
+                f"when {run}/ does not exist yet): move it to {right}, or copy the logdir "
+                f"with `mldiag add LOGDIR --run {run}`")
+    if len(parts) == 3:
+        right = "/".join([parts[0], "plugins", "profile", *parts[1:]])
+        return (f"{name} is not in a session directory: a profile is analysed at {layout}; "
+                f"move it to {right}, or copy it with `mldiag add FILE --run {parts[0]}`")
+    return (f"{name} is not in a session directory: a profile is analysed at {layout} (move "
+            "it there, or copy its logdir with `mldiag add LOGDIR --run RUN`)")
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,13 @@ from typing import Any
 from urllib.parse import urlencode
 
 from mldiag import viewer_cache
+from mldiag.adapters.local.private import (
+    open_private,
+    owner_only_dir,
+    private_dir,
+    replace_private,
+    write_private,
+)
 from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.ports import Storage
@@ -219,8 +226,8 @@ class Workspace:
         the windows of the hosts viewed window by window instead of those hosts). `skip`:
         hosts not to fetch (the prebuild cuts them into windows itself); `prebuilt`: whether
         to read the prebuilt caches (not the prebuild's: it rebuilds one expired in part)."""
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.responses.mkdir(exist_ok=True)
+        private_dir(self.run_dir)
+        private_dir(self.responses)
         prefix = cache_prefix(session)
         manifest: dict[str, Any] | None = None
         if prebuilt and storage.stat(f"{prefix}/{MANIFEST}") is not None:
@@ -267,7 +274,7 @@ class Workspace:
         assert self.source is not None
         storage, prefix = self.source
         dest = self.root / rel
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(dest.parent)
         # CacheExpired when it is gone: the cache is then rebuilt (`Viewers.workspace`).
         viewer_cache.fetch(storage, prefix, rel, dest)
         body = rel.startswith("responses/") and not rel.endswith(".json")
@@ -279,12 +286,12 @@ class Workspace:
             # replaced, and traces and xplanes only read: those stay linked).
             data = dest.read_bytes()
             dest.unlink()
-            dest.write_bytes(data)
+            write_private(dest, data)
 
     def _save_view(self, view: Mapping[str, Any]) -> None:
-        (self.root / VIEW_HOSTS).write_text(json.dumps(
+        replace_private(self.root / VIEW_HOSTS, json.dumps(
             {"windows": view.get("windows", {}), "pending": self.pending,
-             "stubs": view.get("stubs", self._stubs)}))
+             "stubs": view.get("stubs", self._stubs)}).encode())
 
     def _fetch_windows(self, q: Mapping[str, str]) -> None:
         """Fetch the windows a request needs that are not here yet: those it names. With
@@ -418,12 +425,14 @@ class Workspace:
 
     def _store(self, path: Path, response: Response) -> None:
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_bytes(response.body)
+        tmp.unlink(missing_ok=True)
+        write_private(tmp, response.body)
         tmp.replace(path)
         meta = {"content_type": response.content_type,
                 "content_encoding": response.content_encoding}
         tmp_meta = tmp.with_suffix(".json")
-        tmp_meta.write_text(json.dumps(meta))
+        tmp_meta.unlink(missing_ok=True)
+        write_private(tmp_meta, json.dumps(meta).encode())
         tmp_meta.replace(path.with_suffix(".json"))
 
     def _trace_built(self, query: Mapping[str, str]) -> bool:
@@ -547,6 +556,7 @@ class Viewers:
                 if ws is not None:
                     return ws
             root = self.root / key
+            owner_only_dir(self.root)
             with _file_lock(self.root / f"{key}.lock"):
                 done = root / ".ready"
                 if not done.is_file() or key in self._lost:
@@ -567,7 +577,7 @@ class Viewers:
                         with self._lock:
                             self._opening.pop(key, None)
                         raise self.lost(session, e) from e
-                    done.write_text(str(time.time()))
+                    replace_private(done, str(time.time()).encode())
                 else:
                     ws = Workspace(root, session)
             ws.memory_budget = self.memory_budget
@@ -645,8 +655,8 @@ def _warm_import() -> None:
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
     """Across processes sharing the cache directory (several console workers)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a+") as f:
+    private_dir(path.parent)
+    with os.fdopen(open_private(path), "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield

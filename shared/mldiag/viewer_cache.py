@@ -28,6 +28,7 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
+from mldiag.adapters.local.private import FILE_MODE, create_private
 from mldiag.errors import MldiagError
 from mldiag.limits import MAX_HOST_BYTES, size_text
 from mldiag.messages import PrebuildViewer
@@ -127,6 +128,8 @@ def fetch(storage: Storage, prefix: str, rel: str, dest: Path, *,
             storage.fetch_to(name, part)  # another OSError (the bucket unreachable) is not ours
         except FileNotFoundError as e:
             raise CacheExpired(f"the viewer cache lacks {rel}") from e
+        if part.stat().st_nlink == 1:
+            os.chmod(part, FILE_MODE)  # a download (a hard link keeps the bucket's mode)
         if rel.endswith(XPLANE):
             _unzip(part, dest, rel, max_bytes)
         else:
@@ -139,7 +142,8 @@ def _unzip(packed: Path, dest: Path, rel: str, max_bytes: int) -> None:
     out = dest.with_name(f".{dest.name}.{os.getpid()}.unzipped")
     try:
         written = 0
-        with gzip.open(packed, "rb") as src, out.open("wb") as dst:
+        out.unlink(missing_ok=True)
+        with gzip.open(packed, "rb") as src, os.fdopen(create_private(out), "wb") as dst:
             while chunk := src.read(1024**2):
                 written += len(chunk)
                 if written > max_bytes:

@@ -1,13 +1,19 @@
-"""`mldiag tokens`, `mldiag share` and `mldiag roles`, as a user types them."""
+"""`mldiag tokens`, `mldiag share` and `mldiag roles`, as a user types them, and remote text
+printed as text."""
 
 from __future__ import annotations
 
 import re
+import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.cli.main import main
+from mldiag.model import SessionRecord, TargetRecord
+from mldiag.settings import Settings
 from tests.console.conftest import Site
 
 
@@ -71,3 +77,39 @@ def test_roles_grant_list_revoke(site: Site, capsys: pytest.CaptureFixture[str])
     code, _, err = cli(capsys, "roles", "grant", "not-an-email", "--role", "viewer",
                        "--home", home)
     assert code == 1 and "not an email" in err
+
+
+# Clear the screen, retitle the window, a hyperlink to elsewhere, a C1 CSI, a carriage return
+# that would overwrite the line, a bell.
+ESCAPES = "\x1b[2J\x1b]0;pwned\x07\x1b]8;;https://evil.example/\x1b\\link\x1b]8;;\x1b\\" \
+          "\x9b31m\rBEL\x07"
+
+
+def test_remote_text_is_printed_without_terminal_escapes(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    settings = Settings(home=tmp_path / "home")
+    settings.home.mkdir()
+    state = SqliteStateStore(settings.state_db)
+    now = time.time()
+    state.ensure_run("r", discovered=False)
+    state.upsert_target(TargetRecord(run="r", host="h0", port=9999, address="10.0.0.7",
+                                     last_heartbeat=now,
+                                     last_error=f"StatusCode.UNAVAILABLE {ESCAPES}"))
+    state.create_session(SessionRecord(run="r", session="s1", state="REPORTED",
+                                       trigger="alert", request_id="alert:e1",
+                                       note=f"step time alert {ESCAPES}",
+                                       created_at=now, updated_at=now))
+    home = str(settings.home)
+    printed = [cli(capsys, "targets", "list", "--run", "r", "--home", home),
+               cli(capsys, "monitored-events", "list", "--run", "r", "--home", home),
+               cli(capsys, "monitored-events", "list", "--run", "r", "--home", home,
+                   "--format", "table(name,displayName)"),
+               cli(capsys, "monitored-events", "list", "--run", "r", "--home", home,
+                   "--format", "csv(displayName)")]
+    for code, out, err in printed:
+        assert code == 0, err
+        assert "link" in out and "BEL" in out, out
+        assert not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", out + err), repr(out)
+        assert "]0;pwned" not in out and "evil.example" not in out and "[2J" not in out
+    assert "UNAVAILABLE linkBEL" in printed[0][1]
+    assert "step time alert linkBEL" in printed[1][1]

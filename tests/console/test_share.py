@@ -6,7 +6,9 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from mldiag.access import create_link, share_path
+import pytest
+
+from mldiag.access import ACCESS_WRITE_EVERY_S, AccessEntry, create_link, share_path
 from tests.console.conftest import HOST, Site
 
 S1 = "/runs/tpu/sessions/s1"
@@ -52,8 +54,11 @@ def test_forged_expired_revoked_and_cross_session_links_get_the_same_404(site: S
     good = _link(site, anyone=True)
     secret = good.split("/")[2]
     # Expired: made 8 days ago with the default 7-day expiry.
+    s1 = site.runtime.state.get_session("tpu", "s1")
+    assert s1 is not None
     expired_secret, _ = create_link(site.console.access, "tpu", "s1", created_by="t",
-                                    now=now - 8 * 86400, anyone=True)
+                                    now=now - 8 * 86400, anyone=True,
+                                    session_created_at=s1.created_at)
     revoked_path = _link(site, anyone=True)
     link_id = next(li.id for li in site.console.access.list_links(run="tpu", session="s1")
                    if share_path(revoked_path.split("/")[2], "tpu", "s1") == revoked_path)
@@ -87,6 +92,26 @@ def test_every_use_of_a_link_is_logged_with_its_principal(site: Site) -> None:
     assert [e["principal"] for e in log][:2] == [site.ids["viewer_other"], "anonymous"]
     assert all(e["link_id"] == link.id and e["at"] for e in log)
     assert log[0]["path"].endswith("/report")
+
+
+def test_uses_of_an_anyone_link_are_counted_in_one_row_not_appended(
+        site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = _link(site, anyone=True)
+    link = next(li for li in site.console.access.list_links(run="tpu", session="s1")
+                if share_path(path.split("/")[2], "tpu", "s1") == path)
+    writes: list[AccessEntry] = []
+    log_access = site.console.access.log_access
+    monkeypatch.setattr(site.console.access, "log_access",
+                        lambda e: (writes.append(e), log_access(e)))
+    started = time.monotonic()
+    for _ in range(300):
+        assert site.client.get(f"{path}/state").status_code == 200
+    elapsed = time.monotonic() - started
+    # A write per row every ACCESS_WRITE_EVERY_S, not one per request.
+    assert 1 <= len(writes) <= 2 + elapsed / ACCESS_WRITE_EVERY_S, len(writes)
+    log = site.client.get(f"/api/v1/share/{link.id}/access", headers=site.auth("admin")).json()
+    assert [(e["principal"], e["count"]) for e in log] == [("anonymous", 300)]
+    assert log[0]["first_at"] <= log[0]["at"] and log[0]["path"].endswith("/state")
 
 
 def test_links_expire_within_30_days_and_revocation_is_for_creator_or_admin(

@@ -265,15 +265,43 @@ def test_the_access_log_is_newest_first_limited_and_per_link(access: Subject) ->
     for i in range(6):
         s.log_access(AccessEntry(link_id="L1" if i % 2 else "L2",
                                  principal="anonymous" if i < 3 else "ada@example.com",
-                                 at=100.0 + i, path=f"/share/x/report#{i}"))
-    assert [e.at for e in s.list_access()] == [105.0, 104.0, 103.0, 102.0, 101.0, 100.0]
-    assert [e.at for e in s.list_access(limit=2)] == [105.0, 104.0]
-    assert s.list_access("L1") == [
-        AccessEntry("L1", "ada@example.com", 105.0, "/share/x/report#5"),
-        AccessEntry("L1", "ada@example.com", 103.0, "/share/x/report#3"),
-        AccessEntry("L1", "anonymous", 101.0, "/share/x/report#1")]
-    assert [e.at for e in s.list_access("L2", limit=1)] == [104.0]
+                                 at=100.0 + i * 3600, path=f"/share/x/report#{i}"))
+    assert [e.at for e in s.list_access()] == [100.0 + i * 3600 for i in range(5, -1, -1)]
+    assert [e.at for e in s.list_access(limit=2)] == [18100.0, 14500.0]
+    assert [(e.principal, e.at, e.path, e.count) for e in s.list_access("L1")] == [
+        ("ada@example.com", 18100.0, "/share/x/report#5", 1),
+        ("ada@example.com", 10900.0, "/share/x/report#3", 1),
+        ("anonymous", 3700.0, "/share/x/report#1", 1)]
+    assert [e.at for e in s.list_access("L2", limit=1)] == [14500.0]
     assert s.list_access("L3") == []
+
+
+def test_uses_are_counted_per_principal_client_and_hour(access: Subject) -> None:
+    s = access.adapter
+    for i in range(200):  # 200 anonymous uses within one hour, from one network
+        s.log_access(AccessEntry("L1", "anonymous", at=7200.0 + 3 * i, path=f"/p{i}",
+                                 client="203.0.113.0/24"))
+    s.log_access(AccessEntry("L1", "anonymous", at=7300.0, client="198.51.100.0/24"))
+    s.log_access(AccessEntry("L1", "ada@example.com", at=7400.0, client="203.0.113.0/24"))
+    s.log_access(AccessEntry("L1", "anonymous", at=10800.0, client="203.0.113.0/24",
+                             count=5, first_at=10800.0))
+    rows = access.twin.list_access("L1")
+    assert [(e.principal, e.client, e.count, e.first_at, e.at) for e in rows] == [
+        ("anonymous", "203.0.113.0/24", 5, 10800.0, 10800.0),  # the next hour: a new row
+        ("anonymous", "203.0.113.0/24", 200, 7200.0, 7797.0),
+        ("ada@example.com", "203.0.113.0/24", 1, 7400.0, 7400.0),
+        ("anonymous", "198.51.100.0/24", 1, 7300.0, 7300.0)]
+    assert rows[1].path == "/p199"
+
+
+def test_a_link_keeps_its_newest_rows_up_to_the_cap(access: Subject) -> None:
+    s = access.adapter
+    s.max_access_rows = 3
+    for i in range(6):  # six callers, each a row
+        s.log_access(AccessEntry("L1", f"token:{i}", at=100.0 + i))
+        s.log_access(AccessEntry("L2", f"token:{i}", at=100.0 + i))
+    assert [e.principal for e in s.list_access("L1")] == ["token:5", "token:4", "token:3"]
+    assert len(s.list_access("L2")) == 3
 
 
 # Secrets
@@ -340,3 +368,21 @@ def test_the_access_log_query_has_its_composite_index(link_id: str | None) -> No
     if equal:
         assert [(f["fieldPath"], f["order"]) for ix in INDEXES["indexes"]
                 for f in ix["fields"]] == [("link_id", "ASCENDING"), ("at", "DESCENDING")]
+
+
+def test_an_access_log_of_before_aggregation_stays_readable(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.executescript("""
+        CREATE TABLE share_access (seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            link_id TEXT NOT NULL, at REAL NOT NULL, data TEXT NOT NULL);""")
+    for at in (100.0, 101.0):
+        db.execute("INSERT INTO share_access (link_id, at, data) VALUES (?, ?, ?)",
+                   ("L1", at, json.dumps({"link_id": "L1", "principal": "anonymous",
+                                          "at": at, "path": "/report"})))
+    db.commit()
+    db.close()
+    s = SqliteAccessStore(tmp_path / "state.db")
+    s.log_access(AccessEntry("L1", "anonymous", at=102.0))
+    s.log_access(AccessEntry("L1", "anonymous", at=103.0))
+    assert [(e.at, e.count) for e in SqliteAccessStore(tmp_path / "state.db").list_access()
+            ] == [(103.0, 2), (101.0, 1), (100.0, 1)]

@@ -4,6 +4,7 @@ alone, captured on demand and from an alert, and watched by connecting: up, busy
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -76,13 +77,17 @@ def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched
                "--location=us-central1")[0] == 0
     code, out, _ = cli(runtime, capsys, "profiler-target", "create", RUN, "--address", address,
                        "--platform", "cpu")
-    assert code == 0 and f"target 127.0.0.1_{port} ({address}) registered" in out
+    # Named without its address (every role reads host names; addresses are for viewers).
+    name = re.search(r"target (target-[0-9a-f]{8}) \(" + re.escape(address) + r"\) registered",
+                     out)
+    assert code == 0 and name, out
+    host = name.group(1)
     assert out.rstrip().endswith(": up")
     # The product's first command, as the docs pipe it into the next one.
     code, out, _ = cli(runtime, capsys, "profiler-target", "list",
                        f"--machine-learning-run={RUN}", "--location=us-central1",
                        "--format=csv[no-heading](name.basename())")
-    assert code == 0 and out.splitlines() == [f"127.0.0.1_{port}"]
+    assert code == 0 and out.splitlines() == [host]
 
     # On demand, named by address as a user pastes it.
     code, out, err = cli(runtime, capsys, "profiler-session", "capture", "od1",
@@ -90,7 +95,7 @@ def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched
                          "--duration", "1000ms", "--location=us-central1")
     s = finished(runtime, "od1")
     assert code == 0, err
-    assert s.state == REPORTED and s.hosts[f"127.0.0.1_{port}"].status == "ARRIVED"  # type: ignore[attr-defined]
+    assert s.state == REPORTED and s.hosts[host].status == "ARRIVED"  # type: ignore[attr-defined]
 
     # From an alert: the run's policy captures the live plain server.
     assert cli(runtime, capsys, "autocapture", "set", "--run", RUN, "--enable",

@@ -200,8 +200,10 @@ def test_an_expired_cache_in_gcs_is_rebuilt_through_pub_sub_on_the_next_open(
 
 def test_share_links_in_firestore(gcp_console: Any) -> None:
     client, console = gcp_console["client"], gcp_console["console"]
+    made = console.plane.state.get_session(RUN, SESSION)
+    assert made is not None
     secret, link = create_link(console.access, RUN, SESSION, created_by="t", now=time.time(),
-                               anyone=True)
+                               anyone=True, session_created_at=made.created_at)
     path = share_path(secret, RUN, SESSION)
     assert client.get(path).status_code == 200
     assert console.access.list_access(link.id)[0].principal == "anonymous"

@@ -114,6 +114,11 @@ def test_metadata_link_local_and_public_addresses_are_refused(
         with pytest.raises(EgressRefused, match=why):
             policy.check(address, 9999)
     assert policy.check("10.1.2.3", 9999) == "10.1.2.3"
+    # GCE's IPv6 metadata address sits in fc00::/7, an allowed network by default.
+    for metadata in ("fd20:ce::254", "fd00:ec2::254", "::ffff:169.254.169.254"):
+        with pytest.raises(EgressRefused, match="the metadata server"):
+            policy.check(metadata, 9999)
+    assert policy.check("fd20:ce::1", 9999) == "fd20:ce::1"
     with pytest.raises(EgressRefused, match="port 22"):
         policy.check("10.1.2.3", 22)
     local = EgressPolicy.from_settings(Settings(backend="local"))

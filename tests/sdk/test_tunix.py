@@ -94,6 +94,8 @@ def test_hooks_record_loss_and_step_time_and_profile_the_chosen_steps(
     assert session is not None and session.kind == "programmatic"
     # The run and its target say Tunix.
     assert run.rl_orchestrator is RlOrchestrator.TUNIX
+    stored = sdk_state.get_run("tunix-sft")
+    assert stored is not None and stored.rl_orchestrator == "TUNIX"
     (target,) = sdk_state.list_targets("tunix-sft")
     assert target.framework == "tunix" and "jax" in target.framework_version
 

@@ -19,6 +19,7 @@ DETECTED, a closed incident) parse to None: they are acknowledged and ignored.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -29,6 +30,13 @@ from mldiag.messages import DegradationDetected, parse
 
 RUN_LABELS = ("run", "machine_learning_run", "machinelearningrun", "mldiag_run", "ml_run")
 TARGET_LABELS = ("target", "host", "hostname", "node", "instance")
+
+
+def alert_session(alert_id: str) -> str:
+    """The session an alert's capture gets. Named after the alert alone, so a redelivery
+    after a lost publish asks for the same session (the capture stage then treats it as a
+    duplicate), and `mldiag alerts publish` can say which session to look for."""
+    return f"auto-{hashlib.sha256(alert_id.encode()).hexdigest()[:10]}"
 
 
 def _object(payload: bytes | str | Mapping[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,10 @@ from mldiag.settings import Settings
 
 # RFC 1918 and unique-local IPv6: where a workload's VPC addresses live.
 DEFAULT_NETWORKS = "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,fc00::/7"
-METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"))
+# The metadata servers: link-local IPv4 on every cloud, and IPv6 inside unique-local space
+# (fc00::/7, allowed by default): AWS's fd00:ec2::254 and GCE's fd20:ce::254.
+METADATA = (ipaddress.ip_address("169.254.169.254"), ipaddress.ip_address("fd00:ec2::254"),
+            ipaddress.ip_address("fd20:ce::254"))
 
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -63,6 +66,8 @@ class EgressPolicy:
 
     def allowed_address(self, ip: Address) -> str:
         """'' when `ip` may be connected to, else why not."""
+        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped  # ::ffff:169.254.169.254 reaches the IPv4 server
         if ip in METADATA:
             return "the metadata server"
         if ip.is_loopback:

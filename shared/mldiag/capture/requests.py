@@ -8,6 +8,7 @@ MldiagError with one line when nothing can be captured.
 from __future__ import annotations
 
 import re
+import secrets
 import socket
 import time
 import uuid
@@ -82,9 +83,7 @@ def register_push_target(plane: ControlPlane, run: str, address: str, *, host_na
     host, port = parse_address(address)
     if platform and platform not in PLATFORMS:
         raise MldiagError(f"--platform must be one of {', '.join(PLATFORMS)}, not {platform!r}")
-    # xprof names a remote trace's file after host_port; a name that cannot be a file name
-    # segment (IPv6) needs --host-name.
-    name = host_name or f"{re.sub(r'[^A-Za-z0-9._-]', '-', host).strip('-.')}_{port}"
+    name = host_name or _default_name(plane.state.list_targets(run_record.name), host, port)
     try:
         check_name("host", name)
     except ValueError as e:
@@ -102,6 +101,19 @@ def register_push_target(plane: ControlPlane, run: str, address: str, *, host_na
                           delivery=PUSH, platform=platform, registered_at=now)
     plane.state.upsert_target(record)
     return record, status(record, plane.settings, now)
+
+
+def _default_name(targets: Sequence[TargetRecord], host: str, port: int) -> str:
+    """The name of a push target registered without --host-name: the one it already has, else
+    a new random `target-XXXXXXXX`. Not its address: host names are shown to every role
+    (sessions' hosts, reports), addresses only to those who may view profiles."""
+    for t in targets:
+        if t.delivery == PUSH and (t.address, t.port) == (host, port):
+            return t.host
+    taken = {t.host for t in targets}
+    while (name := f"target-{secrets.token_hex(4)}") in taken:
+        continue
+    return name
 
 
 def remove_target(plane: ControlPlane, run: str, name: str) -> int:

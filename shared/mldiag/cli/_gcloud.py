@@ -335,6 +335,38 @@ def field(record: Mapping[str, Any], path: str) -> Any:
     return value
 
 
+# What a terminal acts on instead of printing: ESC sequences whole (CSI, and OSC, DCS, SOS,
+# PM and APC strings up to their terminator), their one-byte C1 forms, and every other C0 or
+# C1 control but tab and newline.
+_ESCAPES = re.compile(
+    r"(?:\x1b\[|\x9b)[0-?]*[ -/]*[@-~]?"
+    r"|(?:\x1b[\]PX^_]|[\x90\x98\x9d\x9e\x9f])[^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)?"
+    r"|\x1b[ -/]*[0-~]?"
+    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """`text` without what a terminal would act on: remote text (a profiler's gRPC status, an
+    alert's summary, a workload's names) is untrusted, and must not move the cursor, retitle
+    the window, plant a hyperlink or clear the screen of whoever reads the CLI's output."""
+    return _ESCAPES.sub("", text)
+
+
+class PrintableStream:
+    """A text stream that writes what `printable` leaves of each write (the CLI's stdout and
+    stderr, so every line it prints is covered); all else is the wrapped stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        self._stream.write(printable(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
 def _cell(value: Any) -> str:
     if value is None:
         return ""

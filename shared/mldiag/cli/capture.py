@@ -12,9 +12,10 @@ from typing import Any
 from mldiag.capture.requests import capture_request
 from mldiag.cli import _control, _gcloud
 from mldiag.cli._home import add_home
+from mldiag.cli.sessions import print_findings
 from mldiag.cli.up import describe_transition
 from mldiag.errors import MldiagError
-from mldiag.model import FAILED, REPORTED
+from mldiag.model import FAILED, REPORTED, REQUESTED
 
 
 def register(sub: Any) -> None:
@@ -77,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
           f"{len(targets)} target(s), {args.duration:g} s", file=out, flush=True)
     if args.no_wait:
         if args.format:
-            _gcloud.emit(json.loads(message.to_json()), args.format)
+            _gcloud.emit(queued_record(plane, message), args.format)
         return 0
     deadline = time.monotonic() + args.duration + args.timeout
     last = ""
@@ -103,24 +104,19 @@ def run(args: argparse.Namespace) -> int:
                 if args.format:
                     _gcloud.emit({"name": s.session, **s.to_dict()}, args.format)
                 elif s.state == REPORTED:
-                    _print_findings(plane, s)
+                    print_findings(plane.storage, s)
                 return 0 if s.state == REPORTED else 1
         time.sleep(0.1)
     raise MldiagError(f"session {run_record.name}/{args.name} not finished after "
                       f"{args.timeout:.0f} s (see `mldiag sessions describe`)")
 
 
-def _print_findings(plane: Any, s: Any) -> None:
-    """The verdict and the prioritized findings, from the session's analysis.json."""
-    arrived = [h.object_name for h in s.hosts.values() if h.status == "ARRIVED"]
-    if not arrived:
-        return
-    name = f"{arrived[0].rsplit('/', 1)[0]}/analysis/analysis.json"
-    try:
-        analysis = json.loads(plane.storage.read_bytes(name))
-    except (OSError, ValueError) as e:
-        print(f"  (could not read {name}: {e})")
-        return
-    print(f"{analysis.get('status')}: {analysis.get('summary', '')}")
-    for f in analysis.get("findings", []):
-        print(f"  {f['priority']} {f['category']:<16} {f['title']}")
+def queued_record(plane: Any, message: Any) -> dict[str, Any]:
+    """What `--async --format` shows of a request just queued: the session as far as it
+    exists (`name`, `state`, as a finished capture shows them; REQUESTED until the capture
+    stage takes it) and the request's own fields."""
+    request = json.loads(message.to_json())
+    s = plane.state.get_session(message.run, message.session)
+    if s is not None:
+        return {**request, "name": s.session, **s.to_dict()}
+    return {**request, "name": message.session, "state": REQUESTED}

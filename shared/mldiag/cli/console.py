@@ -42,12 +42,12 @@ def _print_line(line: str, *, err: bool = False) -> None:
 
 
 def print_login(console: Any, say: Callable[..., None] = _print_line) -> None:
-    """The local admin token (created on first use) and a one-time login URL, each written
-    as one line by `say(line, err=...)`."""
+    """The local admin token (created on first use, or when revoked) and a one-time login
+    URL, each written as one line by `say(line, err=...)`."""
     from mldiag.console.context import ensure_local_admin
 
     created, code = ensure_local_admin(console)
     home = console.settings.home
     if created:
-        say(f"admin token created in {home / 'admin.token'} (mode 0600)", err=True)
+        say(f"admin token written to {home / 'admin.token'} (mode 0600)", err=True)
     say(f"login (one-time): {console.settings.console_url}/login?code={code}")

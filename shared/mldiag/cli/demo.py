@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from mldiag.bootstrap import bootstrap
 from mldiag.cli._home import add_home
@@ -157,7 +158,25 @@ def _live_demo(args: argparse.Namespace, settings: Settings) -> int:
     _print_report(final, f"{run_name}/{final.session}")
     _print_what_changed(final)
     _say(f"done in {time.monotonic() - started:.0f} s")
+    for line in console_pointer(settings, run_name, final.session, baseline.session):
+        print(line)
     return 0
+
+
+def console_pointer(settings: Settings, run: str, session: str,
+                    baseline: str | None = None) -> list[str]:
+    """How to see a demo run in the console: the command that serves it on the demo's home,
+    and the pages of the run, its session and (with a baseline) the compare view."""
+    home = "" if settings.home == Settings().home else f" --home {settings.home}"
+    base = f"{settings.console_url}/runs/{quote(run, safe='')}"
+    lines = ["", "see it in the console (the step-time chart with the alert, the captured "
+             "session, what changed):",
+             f"  .venv/bin/mldiag up{home}     # then open the login URL it prints, and",
+             f"  {base}",
+             f"  {base}/sessions/{quote(session, safe='')}"]
+    if baseline:
+        lines.append(f"  {base}/compare?a={quote(baseline, safe='')}&b={quote(session, safe='')}")
+    return lines
 
 
 def _print_what_changed(final: SessionRecord) -> None:
@@ -260,6 +279,8 @@ def _drop_demo(args: argparse.Namespace, settings: Settings) -> int:
     if final.state == FAILED:
         raise MldiagError(f"session demo/{session} FAILED: {final.reason}")
     _print_report(final, f"demo/{session}")
+    for line in console_pointer(settings, "demo", session):
+        print(line)
     return 0
 
 

@@ -12,6 +12,8 @@ import mldiag
 from mldiag.analysis import SessionTooLarge
 from mldiag.cli import (
     _gcloud,
+    add,
+    alerts,
     analyze,
     autocapture,
     capture,
@@ -38,6 +40,8 @@ from mldiag.errors import MldiagError, ProfileUnreadable
 
 # Sorted by command name; each module provides register(subparsers) and run(args) -> int.
 COMMANDS = {
+    "add": add,
+    "alerts": alerts,
     "analyze": analyze,
     "autocapture": autocapture,
     "capture": capture,
@@ -78,12 +82,23 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the process exit status."""
     args = _gcloud.normalise(build_parser().parse_args(argv))
+    out, err = sys.stdout, sys.stderr
+    # Remote text is printed as text: a terminal escape in a target's status or an alert's
+    # summary is dropped, whichever command prints or logs it.
+    sys.stdout, sys.stderr = _gcloud.PrintableStream(out), _gcloud.PrintableStream(err)
     # xprof logs recoverable conditions as root warnings; mldiag records them in tool results.
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.ERROR,
         format="%(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("mldiag").setLevel(logging.DEBUG if args.verbose else logging.WARNING)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout, sys.stderr = out, err
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         code = int(COMMANDS[args.command].run(args))
         sys.stdout.flush()  # here, where a reader that has gone is handled below

@@ -117,6 +117,13 @@ def run(args: argparse.Namespace) -> int:
         if args.format:
             _gcloud.emit([r.to_dict() for r in runs], args.format)
             return 0
+        if not runs:
+            print("no runs yet. A run comes from:\n"
+                  "  mldiag add LOGDIR --run RUN      profiles you have (a jax.profiler.trace "
+                  "logdir)\n"
+                  "  machinelearning_run(name=...)    in a workload (mldiag.sdk)\n"
+                  "  mldiag runs create RUN           by hand")
+            return 0
         print(f"{'RUN':<32} {'SESSIONS':>8}  ORIGIN")
         for r in runs:
             n = len(state.list_sessions(run=r.name))
@@ -140,6 +147,8 @@ def run(args: argparse.Namespace) -> int:
           f"{policy.duration_s:g} s, cooldown {policy.cooldown_s:g} s, "
           f"max {policy.max_per_hour}/hour)")
     print(f"  baseline: {found.baseline or 'the most recent OPTIMAL session'}")
+    if found.rl_orchestrator:
+        print(f"  rl orchestrator: {found.rl_orchestrator}")
     targets = state.list_targets(found.name)
     print(f"  targets: {len(targets)}")
     for s in sessions:

@@ -4,14 +4,17 @@ sessions, their states, hosts and reports."""
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from typing import Any
 
 from mldiag.bootstrap import open_state
 from mldiag.cli import _control, _gcloud
 from mldiag.cli._home import add_home
+from mldiag.cli.dead_letters import subject
 from mldiag.errors import MldiagError
-from mldiag.model import STATES, SessionRecord
+from mldiag.model import REPORTED, STATES, SessionRecord
+from mldiag.ports import StateStore, Storage
 
 
 def register(sub: Any) -> None:
@@ -58,6 +61,9 @@ def run(args: argparse.Namespace) -> int:
         if args.format:
             _gcloud.emit([record(s) for s in sessions], args.format)
             return 0
+        if not sessions:
+            print(empty_hint(state, args.run, args.state))
+            return 0
         print(f"{'RUN/SESSION':<48} {'VER':>3} {'STATE':<14} {'HOSTS':>5} {'VERDICT':<16} UPDATED")
         for s in sessions:
             print(f"{s.key:<48} {s.version:>3} {s.state:<14} {len(s.hosts):>5} "
@@ -96,4 +102,51 @@ def run(args: argparse.Namespace) -> int:
     start = s.created_at
     for st, t in sorted(s.timings.items(), key=lambda kv: kv[1]):
         print(f"  {st:<14} {_stamp(t)}  (+{t - start:.2f} s)")
+    if s.state == REPORTED:
+        from mldiag.bootstrap import control_plane
+
+        print_findings(control_plane(_control.settings_of(args)).storage, s, describe=True)
     return 0
+
+
+def empty_hint(state: StateStore, run: str | None, only: str | None) -> str:
+    """What an empty `sessions list` says: how sessions come about, and, for a run, the
+    objects under it that the pipeline refused (a profile dropped in the wrong place)."""
+    where = f" of run {run}" if run else ""
+    if only:
+        return f"no sessions{where} in state {only} (drop --state to see the others)"
+    lines = [f"no sessions{where} yet. A session comes from:",
+             f"  mldiag add LOGDIR --run {run or 'RUN'}     a logdir's xplanes (with `mldiag "
+             "up` running)",
+             f"  mldiag capture NAME --run {run or 'RUN'}   a capture of the run's live targets",
+             "  xprof() in a workload that called machinelearning_run(...)"]
+    refused = [d for d in state.list_dead_letters()
+               if run and subject(str(d.get("payload") or ""))[0] == run]
+    if refused:
+        lines.append(f"{len(refused)} object(s) under {run}/ were refused; the latest: "
+                     f"{refused[-1].get('reason')}")
+        lines.append(f"  (all: mldiag dead-letters list --run {run})")
+    return "\n".join(lines)
+
+
+def print_findings(storage: Storage, s: SessionRecord, *, describe: bool = False) -> None:
+    """A reported session's summary and findings (priority, category, title: one line each)
+    from its analysis.json: after `capture`, the verdict and summary first; in `sessions
+    describe`, whose verdict line is above, the summary and a count."""
+    arrived = [h.object_name for h in s.hosts.values() if h.status == "ARRIVED"]
+    if not arrived:
+        return
+    name = f"{arrived[0].rsplit('/', 1)[0]}/analysis/analysis.json"
+    try:
+        analysis = json.loads(storage.read_bytes(name))
+    except (OSError, ValueError) as e:
+        print(f"  (could not read {name}: {e})")
+        return
+    findings = analysis.get("findings") or []
+    if describe:
+        print(f"summary:  {analysis.get('summary', '')}")
+        print(f"findings: {len(findings) or 'none'}")
+    else:
+        print(f"{analysis.get('status')}: {analysis.get('summary', '')}")
+    for f in findings:
+        print(f"  {f.get('priority')} {f.get('category', ''):<16} {f.get('title')}")

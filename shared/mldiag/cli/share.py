@@ -8,8 +8,9 @@ from typing import Any
 
 from mldiag.access import create_link, parse_duration, share_path
 from mldiag.cli._access import open_store, when
-from mldiag.cli._home import add_home
+from mldiag.cli._home import add_home, running_console_url
 from mldiag.errors import MldiagError
+from mldiag.settings import Settings
 
 
 def register(sub: Any) -> None:
@@ -23,12 +24,27 @@ def register(sub: Any) -> None:
     c.add_argument("session", metavar="RUN/SESSION")
     c.add_argument("--expires", default="7d", help="lifetime, at most 30d (default 7d)")
     c.add_argument("--anyone", action="store_true", help="no sign-in needed to open it")
+    c.add_argument("--url", default=None, help="the console's address as openers reach it "
+                   "(default: MLDIAG_PUBLIC_URL, else the console `mldiag up` serves on the "
+                   "home, else http://127.0.0.1:8790)")
     lst = verbs.add_parser("list", help="links with their session, expiry and state")
     lst.add_argument("--run", default=None)
     r = verbs.add_parser("revoke", help="revoke a link by id")
     r.add_argument("id")
     for v in (c, lst, r):
         add_home(v)
+
+
+def console_url(flag: str | None, settings: Settings) -> str:
+    """The console address a printed link starts with: --url, MLDIAG_PUBLIC_URL, the URL the
+    running `mldiag up` recorded (its --port may differ from the default), or the default."""
+    if flag:
+        if not flag.startswith(("http://", "https://")):
+            raise MldiagError(f"--url {flag!r}: expected http://HOST[:PORT] or https://...")
+        return flag.rstrip("/")
+    if settings.public_url or settings.backend != "local":
+        return settings.console_url
+    return running_console_url(settings.home) or settings.console_url
 
 
 def run(args: argparse.Namespace) -> int:
@@ -40,15 +56,17 @@ def run(args: argparse.Namespace) -> int:
             raise MldiagError(f"expected RUN/SESSION, not {args.session!r}")
         from mldiag.bootstrap import control_plane
 
-        if control_plane(settings).state.get_session(run_name, session) is None:
+        record = control_plane(settings).state.get_session(run_name, session)
+        if record is None:
             raise MldiagError(f"no session {run_name}/{session}")
         try:
             secret, _link = create_link(store, run_name, session, created_by="cli", now=now,
+                                        session_created_at=record.created_at,
                                         anyone=args.anyone,
                                         expires_s=parse_duration(args.expires))
         except ValueError as e:
             raise MldiagError(str(e)) from e
-        print(settings.console_url + share_path(secret, run_name, session))
+        print(console_url(args.url, settings) + share_path(secret, run_name, session))
         return 0
     if args.verb == "revoke":
         if not store.revoke_link(args.id, now):

@@ -131,7 +131,11 @@ def run(args: argparse.Namespace) -> int:
                      args.format)
         return 0
     if not targets:
-        print(f"run {args.run} has no registered targets (sessions settle on a time window)")
+        print(f"run {args.run} has no registered targets (sessions settle on a time window). "
+              "A target comes from:\n"
+              "  machinelearning_run(..., on_demand_xprof=True)   in a workload (mldiag.sdk)\n"
+              f"  mldiag profiler-target create {args.run} --address HOST:PORT   a plain "
+              "jax.profiler.start_server(PORT)")
         return 0
     print(f"{'TARGET':<28} {'ADDRESS':<22} {'DELIVERY':<8} {'PROC':>4} {'PLATFORM':<8} "
           f"{'FRAMEWORK':<14} {'CONTINUOUS':<10} {'STATUS':<6} LAST HEARTBEAT")

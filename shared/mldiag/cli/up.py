@@ -12,7 +12,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from mldiag.bootstrap import ControlPlane, LocalRuntime, bootstrap
-from mldiag.cli._home import add_home
+from mldiag.cli._home import add_home, forget_console, record_console
 from mldiag.errors import MldiagError
 from mldiag.model import SessionRecord
 from mldiag.settings import Settings
@@ -77,6 +77,7 @@ def start_console(runtime: LocalRuntime, settings: Settings) -> ConsoleServer:
     say(f"console: http://{server.host}:{server.port}/")
     if server.port != settings.console_port:
         console.settings = replace(settings, console_port=server.port)
+    record_console(settings.home, f"http://{server.host}:{server.port}")
     print_login(console, say)
     return server
 
@@ -112,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         say("mldiag up: stopping (finishing messages in progress)...", err=True)
         if server is not None:
+            forget_console(settings.home)
             server.stop()
         runtime.stop()
     say("mldiag up: stopped")

@@ -192,7 +192,7 @@ def compare(run: str, a: str, b: str, request: Request,
             principal: Principal = Depends(require(REPORT))) -> dict[str, Any]:
     """diff.json of session `b` against session `a` of the run, from their stored
     snapshots: KPI, op, kernel, HLO, finding and config deltas and the ranked explanation."""
-    return compared(console_of(request), run, a, b)
+    return compared(console_of(request), run, a, b, principal)
 
 
 class BaselineBody(BaseModel):
@@ -264,10 +264,11 @@ def post_share(run: str, session: str, body: ShareBody, request: Request,
                principal: Principal = Depends(require(SHARE))) -> dict[str, Any]:
     """A share link to this session; the URL is shown once."""
     console = console_of(request)
-    get_session(console, run, session)
+    record = get_session(console, run, session)
     if body.anyone and not principal.can(ADMIN, run):
         raise HTTPException(403, "only an admin may create a link that needs no sign-in")
-    secret, link = create_link(console.access, run, session, created_by=principal.name,
+    secret, link = create_link(console.access, run, session,
+                               session_created_at=record.created_at, created_by=principal.name,
                                now=console.clock(), anyone=body.anyone,
                                expires_s=body.expires_s)
     return {"id": link.id, "url": console.settings.console_url + share_path(secret, run,
@@ -308,9 +309,12 @@ def revoke_share(link_id: str, request: Request,
 @router.get("/share/{link_id}/access")
 def share_access(link_id: str, request: Request,
                  principal: Principal = ADMIN_ONLY) -> list[dict[str, Any]]:
-    """Every use of a link: principal (or "anonymous"), time, path."""
-    return [{**e.to_dict(), "at": views._iso(e.at)}
-            for e in console_of(request).access.list_access(link_id)]
+    """A link's uses: one row per principal (or "anonymous"), client network and hour, with
+    its count, first and last use and last path."""
+    console = console_of(request)
+    console.access_log.flush()
+    return [{**e.to_dict(), "at": views._iso(e.at), "first_at": views._iso(e.first_at)}
+            for e in console.access.list_access(link_id)]
 
 
 @router.get("/tokens")

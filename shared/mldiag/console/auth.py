@@ -59,10 +59,12 @@ def console_of(request: Request) -> Console:
 
 
 def _signed_in_as(console: Console, record: TokenRecord, now: float) -> TokenRecord | None:
-    """The valid token `record` acts for: itself, or for a sign-in with an API token that
-    token, so that revoking or expiring it ends every browser session made from it (one
-    without `parent_hash` predates that link and is refused: sign in again)."""
-    if record.kind != "browser" or not record.principal.startswith(TOKEN_PRINCIPAL):
+    """The valid token `record` acts for: itself, or for a browser sign-in the API token it
+    came from (directly, or through a login code the admin token issued), whatever its
+    principal (`local-admin` too), so that revoking or expiring that token ends every browser
+    session made from it. One without `parent_hash` predates that link and is refused: sign
+    in again."""
+    if record.kind != "browser":
         return record
     parent = console.access.find_token(record.parent_hash) if record.parent_hash else None
     if parent is None or parent.id != record.parent or not parent.valid(now):

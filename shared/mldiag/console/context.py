@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mldiag.access import AccessStore, TokenRecord, hash_secret, new_id, new_secret
+from mldiag.access import AccessLog, AccessStore, TokenRecord, hash_secret, new_id, new_secret
 from mldiag.adapters.local.private import private_dir
 from mldiag.bootstrap import ControlPlane, control_plane
 from mldiag.errors import MldiagError
@@ -35,6 +35,11 @@ class Console:
     # Google's token verifier, injectable for tests (`console.auth.verify_google`).
     fetch_certs: Callable[[str], bytes] | None = None
     started_at: float = field(default_factory=time.time)
+    # Share-link uses, counted and written in batches (`access.AccessLog`).
+    access_log: AccessLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.access_log = AccessLog(self.access)
 
 
 def open_access(settings: Settings) -> AccessStore:
@@ -91,28 +96,38 @@ def build_console(settings: Settings | None = None, *, plane: ControlPlane | Non
 
 
 def ensure_local_admin(console: Console) -> tuple[str | None, str]:
-    """The first local start creates the admin token in `$MLDIAG_HOME/admin.token` (0600);
-    every start issues a one-time login code. Returns (the new admin token or None, code)."""
+    """The first local start creates the admin token in `$MLDIAG_HOME/admin.token` (0600),
+    and a start that finds it revoked, expired or unknown (`mldiag tokens revoke ID` rotates
+    it) replaces it; every start issues a one-time login code. The code, and the browser
+    session it signs in, name the admin token as their parent and end with it. Returns (the
+    new admin token or None, code)."""
     settings = console.settings
     now = console.clock()
     path = settings.home / "admin.token"
     created = None
-    if not path.is_file():
+    admin = (console.access.find_token(hash_secret(path.read_text().strip()))
+             if path.is_file() else None)
+    if admin is None or admin.principal != LOCAL_ADMIN or not admin.valid(now):
         token = new_secret("mldiag")
-        console.access.put_token(TokenRecord(
+        admin = TokenRecord(
             id=new_id(), token_hash=hash_secret(token), principal=LOCAL_ADMIN, role="admin",
-            kind="api", label="created by the first `mldiag up`", created_at=now,
-            created_by=LOCAL_ADMIN))
+            kind="api", label="created by `mldiag up`", created_at=now,
+            created_by=LOCAL_ADMIN)
+        console.access.put_token(admin)
         private_dir(path.parent)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(token + "\n")
+        tmp.replace(path)
         created = token
     code = new_secret("login", 18)
     console.access.put_token(TokenRecord(
         id=new_id(), token_hash=hash_secret(code), principal=LOCAL_ADMIN, role="admin",
         kind="login", label="one-time login URL", created_at=now,
-        expires_at=now + LOGIN_CODE_S, created_by=LOCAL_ADMIN))
+        expires_at=now + LOGIN_CODE_S, created_by=LOCAL_ADMIN,
+        parent=admin.id, parent_hash=admin.token_hash))
     return created, code
 
 

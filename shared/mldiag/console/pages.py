@@ -8,6 +8,8 @@ link (`console.share`).
 from __future__ import annotations
 
 import hashlib
+import json
+import os
 import time
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
@@ -28,10 +30,12 @@ from mldiag.access import (
     new_id,
     new_secret,
 )
+from mldiag.adapters.local.private import FILE_MODE, owner_only_dir, private_dir
 from mldiag.analysis import style_hash
 from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
+from mldiag.console.redaction import redacted, session_reasons
 from mldiag.model import SessionRecord
 from mldiag.viewer_cache import session_dir
 
@@ -142,27 +146,32 @@ def session_page(request: Request, principal: Principal, s: SessionRecord, base:
                   is_admin=principal.can(ADMIN, s.run))
 
 
-def report(request: Request, s: SessionRecord) -> Response:
-    return _stored_page(request, s, "summary.html",
+def report(request: Request, s: SessionRecord, principal: Principal) -> Response:
+    return _stored_page(request, s, principal, "summary.html",
                         "this session's report is missing from the bucket")
 
 
-def diff_page(request: Request, s: SessionRecord) -> Response:
+def diff_page(request: Request, s: SessionRecord, principal: Principal) -> Response:
     """The stored diff.html of an alert-triggered session (against its run's baseline)."""
-    return _stored_page(request, s, "diff.html",
+    return _stored_page(request, s, principal, "diff.html",
                         "this session has no diff: only sessions captured on a degradation "
                         "alert are compared with a baseline (compare any two from the run's "
                         "page)")
 
 
-def _stored_page(request: Request, s: SessionRecord, name: str, missing: str) -> Response:
+def _stored_page(request: Request, s: SessionRecord, principal: Principal, name: str,
+                 missing: str) -> Response:
     """A reported session's `analysis/<name>`, served under the report's CSP; 404 with
-    `missing` when the bucket has no such file."""
+    `missing` when the bucket has no such file. For who may not view profiles, drawn again
+    from its documents without the addresses and server paths they hold (`redaction`)."""
     console = console_of(request)
     if s.state != "REPORTED" or not s.hosts:
         raise HTTPException(404, "this session has no report yet")
     try:
-        body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/{name}")
+        if principal.can(PROFILE, s.run, s.session):
+            body = console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/{name}")
+        else:
+            body = _redrawn(console, s, name).encode()
     except FileNotFoundError as e:
         raise HTTPException(404, missing) from e
     request.state.csp = report_csp()
@@ -174,12 +183,13 @@ def download(request: Request, s: SessionRecord, host: str) -> Response:
     record = s.hosts.get(host)
     if record is None or record.status != "ARRIVED":
         raise HTTPException(404, f"no profile of host {host!r} in this session")
-    ws_dir = console.viewers.root / "downloads"
-    ws_dir.mkdir(parents=True, exist_ok=True)
+    ws_dir = private_dir(owner_only_dir(console.viewers.root) / "downloads")
     digest = hashlib.sha256(f"{record.object_name}#{record.generation}".encode()).hexdigest()
     path = ws_dir / f"{digest[:32]}.xplane.pb"
     if not path.is_file():
         console.plane.storage.fetch_to(record.object_name, path)
+        if path.stat().st_nlink == 1:
+            os.chmod(path, FILE_MODE)  # a download (a hard link keeps the bucket's mode)
     return FileResponse(path, media_type="application/octet-stream",
                         filename=f"{host}.xplane.pb")
 
@@ -198,25 +208,44 @@ def session_route(run: str, session: str, request: Request,
 @router.get("/runs/{run}/sessions/{session}/report", response_class=HTMLResponse)
 def report_route(run: str, session: str, request: Request,
                  principal: Principal = Depends(require(REPORT))) -> Response:
-    return report(request, get_session(console_of(request), run, session))
+    return report(request, get_session(console_of(request), run, session), principal)
 
 
 @router.get("/runs/{run}/sessions/{session}/diff.html", response_class=HTMLResponse)
 def diff_route(run: str, session: str, request: Request,
                principal: Principal = Depends(require(REPORT))) -> Response:
-    return diff_page(request, get_session(console_of(request), run, session))
+    return diff_page(request, get_session(console_of(request), run, session), principal)
 
 
-def compared(console: Console, run: str, a: str, b: str) -> dict[str, Any]:
+def _redrawn(console: Console, s: SessionRecord, name: str) -> str:
+    """summary.html or diff.html of `s`, drawn from its stored documents redacted."""
+    from mldiag.analysis import render_diff_html, render_summary_html
+
+    def document(doc: str) -> Any:
+        data = json.loads(console.plane.storage.read_bytes(f"{session_dir(s)}/analysis/{doc}"))
+        return redacted(data, session_reasons(s))
+
+    if name == "diff.html":
+        return render_diff_html(document("diff.json"))
+    return render_summary_html(document("analysis.json"), document("health_snapshot.json"))
+
+
+def compared(console: Console, run: str, a: str, b: str,
+             principal: Principal) -> dict[str, Any]:
     """The diff.json document of two REPORTED sessions of `run`, from their stored
-    snapshots; 404 for an unknown session, 409 for one that has no report."""
+    snapshots (without addresses and server paths for who may not view profiles); 404 for
+    an unknown session, 409 for one that has no report."""
     from mldiag.regression import NotComparable, compare_sessions
 
     sa, sb = get_session(console, run, a), get_session(console, run, b)
     try:
-        return compare_sessions(console.plane.storage, console.plane.state, sa, sb)
+        doc = compare_sessions(console.plane.storage, console.plane.state, sa, sb)
     except NotComparable as e:
         raise HTTPException(409, str(e)) from e
+    if principal.can(PROFILE, run):
+        return doc
+    result: dict[str, Any] = redacted(doc, session_reasons(sa, sb))
+    return result
 
 
 @router.get("/runs/{run}/compare", response_class=HTMLResponse)
@@ -232,7 +261,7 @@ def compare_page(run: str, request: Request, a: str = "", b: str = "",
                 if x.state == "REPORTED"]
     headline = ""
     if a and b:
-        headline = compared(console, run, a, b)["headline"]
+        headline = compared(console, run, a, b, principal)["headline"]
     return render(request, "console/compare.html", run=record.name, a=a, b=b,
                   sessions=[views.session_row(x, principal) for x in reported], headline=headline,
                   baseline=record.baseline)
@@ -243,7 +272,7 @@ def compare_report(run: str, a: str, b: str, request: Request,
                    principal: Principal = Depends(require(REPORT))) -> Response:
     from mldiag.analysis import render_diff_html
 
-    body = render_diff_html(compared(console_of(request), run, a, b))
+    body = render_diff_html(compared(console_of(request), run, a, b, principal))
     request.state.csp = report_csp()
     return Response(body, media_type="text/html; charset=utf-8")
 
@@ -260,7 +289,8 @@ def download_route(run: str, session: str, host: str, request: Request,
 def _sign_in(console: Console, record: TokenRecord) -> Response:
     """A browser session of `record`'s principal. Made from an API token, it names that
     token, acts as its principal and ends with it (`console.auth`); made from a login code
-    (spent now), it lives on its own until it expires or is signed out or revoked."""
+    (spent now), it names the admin token that issued the code and ends with that token,
+    or when it expires or is signed out or revoked."""
     token = new_secret("mldiag")
     now = console.clock()
     expires_at = now + BROWSER_TOKEN_S
@@ -269,6 +299,8 @@ def _sign_in(console: Console, record: TokenRecord) -> Response:
         parent, parent_hash = record.id, record.token_hash
         if record.expires_at:
             expires_at = min(expires_at, record.expires_at)
+    else:
+        parent, parent_hash = record.parent, record.parent_hash
     console.access.put_token(TokenRecord(
         id=new_id(), token_hash=hash_secret(token), principal=record.principal,
         role=record.role, run=record.run, kind="browser", label="console sign-in",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections import Counter
 from dataclasses import replace
 from typing import Any
@@ -16,6 +15,7 @@ from mldiag.capture.targets import status as status_of
 from mldiag.capture.targets import statuses
 from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
+from mldiag.console.redaction import redacted, session_reasons, without_locations
 from mldiag.model import (
     STATES,
     TERMINAL,
@@ -85,30 +85,6 @@ def read_analysis(console: Console, s: SessionRecord) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-# What a failure reason may hold that only those who may view profiles see: URLs and bucket
-# URIs, absolute paths, IP addresses, and host:port.
-_HEX = r"[0-9A-Fa-f]{1,4}"
-_LOCATIONS = (
-    (re.compile(r"\b[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>)]*"), "[location]"),
-    (re.compile(r"(?<![\w.~-])(?:~|\.{1,2})?/[^\s'\"<>,;)]+"), "[path]"),
-    (re.compile(r"\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d+)?"), "[address]"),
-    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}(?::\d{1,5})?\b"), "[address]"),
-    # IPv6, whole (seven colons) or compressed (with `::`); not a time such as 12:30:45.
-    (re.compile(rf"(?<![\w:.])(?:(?:{_HEX}:){{7}}{_HEX}|(?:{_HEX}(?::{_HEX})*)?::"
-                rf"(?:{_HEX}(?::{_HEX})*)?)(?![\w:])"), "[address]"),
-    # host:port (a name starting with a letter, so that a time is not one).
-    (re.compile(r"\b[A-Za-z](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9-]+)*:\d{2,5}\b"),
-     "[address]"),
-)
-
-
-def without_locations(text: str) -> str:
-    """`text` with its addresses and server paths replaced by placeholders."""
-    for pattern, placeholder in _LOCATIONS:
-        text = pattern.sub(placeholder, text)
-    return text
-
-
 def _reason(principal: Principal, s: SessionRecord, text: str) -> str:
     """A failure reason as `principal` may read it: whole for those who may view profiles
     (and so targets), without addresses and server paths for analysis_viewer."""
@@ -161,7 +137,9 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
                 default=None)
     view = run_row(console, run, sessions)
     view.update({
-        "configs": run.configs, "storage_prefix": run.storage_prefix,
+        "configs": run.configs,
+        "storage_prefix": run.storage_prefix if principal.can(PROFILE, run.name)
+        else without_locations(run.storage_prefix),
         "on_demand": run.on_demand,
         "auto_capture": run.policy.to_dict(),
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
@@ -192,8 +170,10 @@ def session_view(console: Console, principal: Principal, s: SessionRecord, *,
     multi-host session's hosts side by side (for the HTML page: the same table and heat map
     as summary.html, from analysis.json's `hosts`)."""
     analysis = read_analysis(console, s)
-    view = session_row(s, principal, analysis)
     may_profile = principal.can(PROFILE, s.run, s.session)
+    if analysis is not None and not may_profile:
+        analysis = redacted(analysis, session_reasons(s))
+    view = session_row(s, principal, analysis)
     view.update({
         "history": sorted(({"state": k, "at": _iso(v)} for k, v in s.timings.items()),
                           key=lambda h: h["at"] or ""),

@@ -164,10 +164,23 @@ class MLRun:
         if self._record is None or self._closed:
             return
         self._record.configs = _json_safe(dict(configs))
+        self._save_record("configs")
+
+    def set_rl_orchestrator(self, value: RlOrchestrator) -> None:
+        """Set the run's RL orchestrator and store it on the run's record (what an
+        integration such as Tunix's MldiagHooks does when training starts)."""
+        self.rl_orchestrator = value
+        if self._record is None or self._closed:
+            return
+        self._record.rl_orchestrator = _stored_orchestrator(value)
+        self._save_record("rl_orchestrator")
+
+    def _save_record(self, what: str) -> None:
+        assert self._record is not None
         try:
             self.plane.state.register_run(self._record)
-        except Exception as e:  # noqa: BLE001 - a config update must not stop training
-            log.warning("mldiag: could not save the configs of run %s: %s", self.name, e)
+        except Exception as e:  # noqa: BLE001 - a field update must not stop training
+            log.warning("mldiag: could not save the %s of run %s: %s", what, self.name, e)
 
     def join(self, session: str, process_index_list: list[int] | None = None
              ) -> Future[SessionRecord | None]:
@@ -494,6 +507,11 @@ def _enum[E: enum.Enum](kind: type[E], value: E | str | None, what: str) -> E:
         f"Invalid {what}: {value!r}. Expected {kind.__name__} or str.")
 
 
+def _stored_orchestrator(value: RlOrchestrator) -> str:
+    """The run record's `rl_orchestrator`: the enum's value, "" for none."""
+    return "" if value is RlOrchestrator.NONE else value.value
+
+
 def machinelearning_run(
     name: str,
     run_group: str = "",
@@ -611,7 +629,8 @@ def machinelearning_run(
     user_configs = _json_safe(dict(configs or {}))
     record = plane.state.register_run(RunRecord(
         name=stored_name, run_group=run_group or None, configs=user_configs,
-        storage_prefix=prefix, on_demand=on_demand_xprof, created_at=now))
+        storage_prefix=prefix, on_demand=on_demand_xprof, created_at=now,
+        rl_orchestrator=_stored_orchestrator(rl_orchestrator)))
     if auto_capture is not None:
         policy = (auto_capture if isinstance(auto_capture, AutoCapturePolicy)
                   else AutoCapturePolicy.from_dict(dict(auto_capture)))

@@ -5,7 +5,6 @@ pull targets answer through their mailbox), and continuous profiling starts or s
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from mldiag import limits
 from mldiag.analysis import validate_xplane
 from mldiag.capture import pull
+from mldiag.capture.alerts import alert_session
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.remote import CaptureFailed, ProfilerBusy
 from mldiag.capture.targets import capture as capture_target
@@ -74,10 +74,7 @@ def on_degradation_alert(msg: DegradationDetected, services: Services) -> None:
             kind = policy.kind
             if kind == "auto":
                 kind = "snapshot" if any(t.continuous != "OFF" for t in targets) else "on_demand"
-            # Named after the alert alone, so a redelivery after a lost publish asks for the
-            # same session (the capture stage then treats it as a duplicate).
-            digest = hashlib.sha256(msg.alert_id.encode()).hexdigest()[:10]
-            session = f"auto-{digest}"
+            session = alert_session(msg.alert_id)
             services.bus.publish(CaptureProfile(
                 run=run.name, session=session, capture=kind,
                 targets=sorted({t.host for t in targets}), duration_s=policy.duration_s,

@@ -18,6 +18,7 @@ from mldiag.model import (
     HostRecord,
     SessionRecord,
     TargetRecord,
+    misplaced_profile,
     parse_object_name,
 )
 from mldiag.ports import ObjectInfo
@@ -40,9 +41,7 @@ def on_profile_object(msg: ProfileObjectFinalized, services: Services) -> None:
     if name is None:
         if msg.name.endswith(XPLANE_SUFFIXES):
             # A profile in the wrong place would vanish without a word: say where it belongs.
-            _reject_object(services, msg, (
-                f"{msg.name} is not in a session directory: a profile is analysed at "
-                "<run>/plugins/profile/<session>/<host>.xplane.pb (move it there)"))
+            _reject_object(services, msg, misplaced_profile(msg.name))
         return  # not a profile: artifacts, notes, anything else in the bucket
     existing = services.state.get_session(name.run, name.session)
     if existing is not None and existing.hosts:

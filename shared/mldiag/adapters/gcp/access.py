@@ -10,8 +10,9 @@ Layout (each document holds its record's fields as they are):
 - `grants/{sha256 of [principal, role, run]}`: Grants (a hash, since any of the three may
   hold characters a document id cannot);
 - `share_links/{token_hash}`: ShareLinks, revoked by their `id` field;
-- `share_access/{auto id}`: AccessEntries (`list_access` of one link needs the index of
-  INDEXES).
+- `share_access/{AccessEntry.key}`: AccessEntries, one per link, principal, client network
+  and hour, counting its uses (`list_access` of one link, and keeping a link's newest rows,
+  need the index of INDEXES); those of before aggregation have an auto id, one use each.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from typing import Any, TypeVar
 from google.api_core import exceptions as gexc
 from google.cloud import firestore
 
-from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
+from mldiag.access import (
+    ACCESS_ROWS_PER_LINK,
+    ALL_RUNS,
+    AccessEntry,
+    Grant,
+    ShareLink,
+    TokenRecord,
+)
 from mldiag.adapters.gcp.firestore_client import LazyFirestore, read
 from mldiag.adapters.gcp.state import doc_id
 from mldiag.adapters.gcp.transactions import DocumentTransactions
@@ -57,9 +65,11 @@ class FirestoreAccessStore(LazyFirestore):
     """
 
     def __init__(self, *, client: firestore.Client | None = None, project: str | None = None,
-                 database: str = "(default)", max_attempts: int = 20) -> None:
+                 database: str = "(default)", max_attempts: int = 20,
+                 max_access_rows: int = ACCESS_ROWS_PER_LINK) -> None:
         super().__init__(client=client, project=project, database=database)
         self.max_attempts = max_attempts
+        self.max_access_rows = max_access_rows
         self._transactions = DocumentTransactions(stripes=16)
 
     def _tx(self, ref: Any, fn: Callable[[Any], T]) -> T:
@@ -176,7 +186,19 @@ class FirestoreAccessStore(LazyFirestore):
     # Access log
 
     def log_access(self, entry: AccessEntry) -> None:
-        self.client.collection(SHARE_ACCESS).add(entry.to_dict())
+        ref = self.client.collection(SHARE_ACCESS).document(entry.key)
+
+        def tx(transaction: Any) -> bool:
+            snap = read(ref, transaction)
+            row = AccessEntry(**(snap.to_dict() or {})).merged(entry) if snap.exists else entry
+            transaction.set(ref, row.to_dict())
+            return not snap.exists
+
+        if self._tx(ref, tx):
+            # A new row: the link's oldest beyond the cap go.
+            for old in self.access_query(entry.link_id, limit=500).offset(
+                    self.max_access_rows).stream():
+                old.reference.delete()
 
     def access_query(self, link_id: str | None = None, limit: int = 1000) -> Any:
         """The query list_access runs (filtered by link, it needs the index of INDEXES)."""

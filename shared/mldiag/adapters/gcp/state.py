@@ -236,6 +236,8 @@ class FirestoreStateStore(LazyFirestore):
                 stored.configs = dict(run.configs)
                 stored.storage_prefix = run.storage_prefix
                 stored.on_demand = run.on_demand
+                # A registration that names none (`runs create`) keeps what an SDK set.
+                stored.rl_orchestrator = run.rl_orchestrator or stored.rl_orchestrator
                 stored.discovered = False
             transaction.set(ref, self._run_doc(stored))
             return stored

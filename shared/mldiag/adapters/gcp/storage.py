@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import os
 import shutil
 import tempfile
 import threading
@@ -246,7 +247,9 @@ class GcsStorage:
                 f"{self.uri(name)} is stored gzip-encoded (Content-Encoding: gzip, as "
                 "`gcloud storage cp -Z` uploads): upload the .xplane.pb without compression")
         size, pinned = int(blob.size or 0), int(blob.generation)
-        with path.open("wb") as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a local copy of a profile is its reader's alone
+        with os.fdopen(fd, "wb") as f:
             # The file gets its final size first; each range then writes in place.
             f.truncate(size)
         ranges = [(start, min(start + self.chunk_size, size) - 1)

@@ -14,7 +14,14 @@ import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from mldiag.access import ALL_RUNS, AccessEntry, Grant, ShareLink, TokenRecord
+from mldiag.access import (
+    ACCESS_ROWS_PER_LINK,
+    ALL_RUNS,
+    AccessEntry,
+    Grant,
+    ShareLink,
+    TokenRecord,
+)
 from mldiag.adapters.local.private import private_dir
 from mldiag.adapters.local.sqlite import immediate, thread_connection
 
@@ -34,16 +41,28 @@ CREATE TABLE IF NOT EXISTS share_access (
     data TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS share_access_by_link ON share_access (link_id, at);
 """
+# Rows are counted by key (`AccessEntry.key`); those of before have none, one use each.
+_ACCESS_KEY = """
+ALTER TABLE share_access ADD COLUMN key TEXT;
+CREATE UNIQUE INDEX IF NOT EXISTS share_access_by_key ON share_access (key);
+"""
 
 
 class SqliteAccessStore:
     """The embedded access store. Safe to share between threads."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, max_access_rows: int = ACCESS_ROWS_PER_LINK) -> None:
         self.path = path
+        self.max_access_rows = max_access_rows
         self._local = threading.local()
         private_dir(path.parent)
-        self._connection().executescript(_SCHEMA)
+        db = self._connection()
+        db.executescript(_SCHEMA)
+        with self._tx() as tx:
+            columns = {r[1] for r in tx.execute("PRAGMA table_info(share_access)")}
+            if "key" not in columns:
+                for statement in filter(str.strip, _ACCESS_KEY.split(";")):
+                    tx.execute(statement)
 
     def _connection(self) -> sqlite3.Connection:
         return thread_connection(self._local, self.path)
@@ -165,9 +184,19 @@ class SqliteAccessStore:
     # Access log
 
     def log_access(self, entry: AccessEntry) -> None:
+        key = entry.key
         with self._tx() as db:
-            db.execute("INSERT INTO share_access (link_id, at, data) VALUES (?, ?, ?)",
-                       (entry.link_id, entry.at, json.dumps(entry.to_dict())))
+            row = db.execute("SELECT data FROM share_access WHERE key = ?", (key,)).fetchone()
+            if row is not None:
+                entry = AccessEntry(**json.loads(row[0])).merged(entry)
+                db.execute("UPDATE share_access SET at = ?, data = ? WHERE key = ?",
+                           (entry.at, json.dumps(entry.to_dict()), key))
+                return
+            db.execute("INSERT INTO share_access (link_id, at, data, key) VALUES (?, ?, ?, ?)",
+                       (entry.link_id, entry.at, json.dumps(entry.to_dict()), key))
+            db.execute("DELETE FROM share_access WHERE link_id = ? AND seq NOT IN (SELECT seq "
+                       "FROM share_access WHERE link_id = ? ORDER BY at DESC, seq DESC "
+                       "LIMIT ?)", (entry.link_id, entry.link_id, self.max_access_rows))
 
     def list_access(self, link_id: str | None = None, limit: int = 1000) -> list[AccessEntry]:
         sql, args = "SELECT data FROM share_access", list[str | int]()

@@ -1,10 +1,12 @@
 """Owner-only files for the embedded backend. The state database (tokens' hashes, share links,
-sessions) and the bucket (profiles) are created 0700 (directories) and 0600 (files), whatever
-the umask; directories that already exist are left as they are."""
+sessions), the bucket (profiles) and the console's viewer cache are created 0700 (directories)
+and 0600 (files), whatever the umask; directories that already exist are left as they are,
+except a root made owner-only with `owner_only_dir`."""
 
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 DIR_MODE, FILE_MODE = 0o700, 0o600
@@ -23,6 +25,16 @@ def private_dir(path: Path) -> Path:
         except FileExistsError:
             continue  # made meanwhile by another thread or process
         os.chmod(d, DIR_MODE)  # the umask may have taken bits of the mode away
+    return path
+
+
+def owner_only_dir(path: Path) -> Path:
+    """`private_dir(path)`, and `path` made owner-only if it already was one of ours open to
+    others (a cache made before it was private): what lies below it is then out of reach."""
+    private_dir(path)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and st.st_mode & 0o077:
+        os.chmod(path, DIR_MODE)
     return path
 
 
@@ -48,3 +60,16 @@ def write_private(path: Path, data: bytes) -> None:
     """Write `data` to a new owner-only file `path`."""
     with os.fdopen(create_private(path), "wb") as f:
         f.write(data)
+
+
+def replace_private(path: Path, data: bytes) -> None:
+    """Replace `path` with a new owner-only file holding `data` (written aside, then renamed)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.unlink(missing_ok=True)
+    write_private(tmp, data)
+    tmp.replace(path)
+
+
+def open_private(path: Path) -> int:
+    """Open `path` for reading and writing, created owner-only when absent: its descriptor."""
+    return os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)

@@ -130,6 +130,8 @@ class SqliteStateStore:
                 stored.configs = dict(run.configs)
                 stored.storage_prefix = run.storage_prefix
                 stored.on_demand = run.on_demand
+                # A registration that names none (`runs create`) keeps what an SDK set.
+                stored.rl_orchestrator = run.rl_orchestrator or stored.rl_orchestrator
                 stored.discovered = False
             db.execute("INSERT INTO runs (name, data) VALUES (?, ?) ON CONFLICT (name) "
                        "DO UPDATE SET data = excluded.data",

@@ -103,7 +103,7 @@ class MldiagHooks(TrainingHooks):
     def on_train_start(self, train_ctx: Any) -> None:
         run = self.run
         self._step, self._last_start = 0, None
-        run.rl_orchestrator = RlOrchestrator.TUNIX
+        run.set_rl_orchestrator(RlOrchestrator.TUNIX)
         try:
             version = metadata.version("google-tunix")
         except metadata.PackageNotFoundError:

@@ -45,6 +45,10 @@ _COMPILE_EVENT = re.compile(
 # A leading step this many times the median of the others is warm-up even without a compile
 # event (first-call allocation, autotuning, cache fill).
 WARMUP_STEP_FACTOR = 2.0
+# ... but only while at least this many steps follow it: a short window (Tunix's
+# `profile_steps=range(10, 13)`, a 2 s capture of slow steps) is all the evidence there is,
+# and a median of one or two steps cannot say that a step before them is an outlier.
+WARMUP_MIN_AFTER = 3
 # A step with compilation over this share of its wall time is a compile step.
 COMPILE_STEP_SHARE = 0.10
 _MARKER_PREFIXES = ("ThreadpoolListener::",)
@@ -273,8 +277,8 @@ def warmup_split(steps: NDArray[np.float64], compiles: NDArray[np.float64]
     """The steps to judge, and the compile and warm-up steps left out (with why).
 
     A step is left out when compilation fills at least COMPILE_STEP_SHARE of it, or when it
-    leads the window (no judged step before it) and takes WARMUP_STEP_FACTOR times the median
-    of the steps after it. At least one step is always kept."""
+    leads the window (no judged step before it), at least WARMUP_MIN_AFTER steps follow it,
+    and it takes WARMUP_STEP_FACTOR times their median. At least one step is always kept."""
     if len(steps) < 2:
         return steps, []
     dur_ns = steps[:, 1] - steps[:, 0]
@@ -287,8 +291,8 @@ def warmup_split(steps: NDArray[np.float64], compiles: NDArray[np.float64]
         reason = ""
         if compile_ns[i] >= COMPILE_STEP_SHARE * dur_ns[i]:
             reason = "compilation"
-        elif leading and i + 1 < len(steps) and dur_ns[i] > WARMUP_STEP_FACTOR * float(
-                np.median(dur_ns[i + 1:])):
+        elif leading and len(steps) - i - 1 >= WARMUP_MIN_AFTER and dur_ns[
+                i] > WARMUP_STEP_FACTOR * float(np.median(dur_ns[i + 1:])):
             reason = "warm-up (first-step outlier)"
         if reason and keep.sum() > 1:
             keep[i] = False
