@@ -468,7 +468,14 @@ def check_name(kind: str, value: str) -> str:
     if not isinstance(value, str) or value in (".", "..") or not _SEGMENT.match(value):
         raise ValueError(f"bad {kind} name {value!r}: use letters, digits and ._:@+=,- "
                          "(at most 255, not starting with a symbol)")
+    if kind == "run" and value in RESERVED_RUN_NAMES:
+        raise ValueError(f"bad run name {value!r}: reserved for the viewer caches' prefix "
+                         "(the bucket's lifecycle deletes what is under it)")
     return value
+
+
+# Top-level bucket prefixes that are mldiag's own, never a run (viewer_cache.CACHE_ROOT).
+RESERVED_RUN_NAMES = frozenset({"xprof-cache"})
 
 
 def session_dir(prefix: str, run: str, session: str) -> str:
@@ -502,6 +509,9 @@ def parse_object_name(name: str) -> ProfileObjectName | None:
     host = filename[: -len(suffix)]
     if not host:
         raise ValueError(f"unsafe object name {name!r}: empty host name")
+    if parts[-5] in RESERVED_RUN_NAMES:
+        raise ValueError(f"object name {name!r}: {parts[-5]} is the viewer caches' prefix, "
+                         "not a run (the bucket's lifecycle deletes what is under it)")
     return ProfileObjectName(prefix="/".join(parts[:-5]), run=parts[-5], session=parts[-2],
                              host=host, suffix=suffix)
 

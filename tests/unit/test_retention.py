@@ -73,3 +73,19 @@ def test_gc_deletes_what_each_retention_no_longer_keeps(tmp_path: Path,
     assert {o.name for o in storage.list("")} == every - {cache_old, v1, profile_old}
     with pytest.raises(SystemExit, match="number of days"):
         main(["gc", "--home", str(home), "--cache-days", "-1"])
+
+
+def test_the_caches_prefix_is_no_run_name():
+    """`xprof-cache/` is the viewer caches' prefix, which the bucket's lifecycle empties: a run
+    of that name would lose its profiles with the caches, so no run is named so."""
+    from mldiag.model import RESERVED_RUN_NAMES, check_name, parse_object_name
+    from mldiag.viewer_cache import CACHE_ROOT
+
+    assert CACHE_ROOT in RESERVED_RUN_NAMES
+    with pytest.raises(ValueError, match="reserved for the viewer caches"):
+        check_name("run", CACHE_ROOT)
+    assert check_name("session", CACHE_ROOT) == CACHE_ROOT
+    with pytest.raises(ValueError, match="the viewer caches' prefix, not a run"):
+        parse_object_name(f"{CACHE_ROOT}/plugins/profile/s1/host0.xplane.pb")
+    with pytest.raises(ValueError, match="not a run"):
+        parse_object_name(f"team/{CACHE_ROOT}/plugins/profile/s1/host0.xplane.pb")
