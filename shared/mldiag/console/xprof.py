@@ -23,10 +23,11 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import RedirectResponse
 
 from mldiag.access import PROFILE, Principal
+from mldiag.console import xprof_html
 from mldiag.console.auth import console_of, require
 from mldiag.console.pages import error_response, get_session
 from mldiag.model import SessionRecord
-from mldiag.viewer import ViewerError
+from mldiag.viewer import HTML, ViewerError
 from mldiag.viewer_cache import REBUILDING, CacheExpired, unviewable, xprof_version
 
 router = APIRouter()
@@ -110,13 +111,29 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
     except ViewerError as e:
         raise HTTPException(e.status, str(e)) from e
     headers = {"Cache-Control": "private, max-age=60", "Vary": "Accept-Encoding"}
-    body = out.body
-    if out.content_encoding == "gzip" and "gzip" not in request.headers.get(
-            "accept-encoding", ""):
+    body, encoding = out.body, out.content_encoding
+    if out.content_type == HTML:
+        # An HTML answer holds profile text: sandboxed, and the graph page rebuilt.
+        body, encoding, request.state.csp = _html_answer(request, route, body, encoding)
+        headers["Vary"] = "Accept-Encoding, Sec-Fetch-Dest"
+    else:
+        request.state.csp = xprof_html.DATA_CSP
+    if encoding == "gzip" and "gzip" not in request.headers.get("accept-encoding", ""):
         body = gzip.decompress(body)
-    elif out.content_encoding:
-        headers["Content-Encoding"] = out.content_encoding
+    elif encoding:
+        headers["Content-Encoding"] = encoding
     return Response(body, media_type=out.content_type, headers=headers)
+
+
+def _html_answer(request: Request, route: str, body: bytes, encoding: str | None
+                 ) -> tuple[bytes, str | None, str]:
+    """An HTML answer's body, encoding and policy (`xprof_html`)."""
+    if request.query_params.get("tag") != "graph_viewer":
+        return body, encoding, xprof_html.INERT_HTML_CSP
+    page, script_hash = xprof_html.graph_page(
+        (gzip.decompress(body) if encoding == "gzip" else body).decode("utf-8", "replace"))
+    framed = request.headers.get("sec-fetch-dest") == "iframe"
+    return page.encode(), None, xprof_html.graph_csp(script_hash, framed=framed)
 
 
 def _json(data: Any) -> Response:
@@ -163,6 +180,26 @@ def register(prefix: str, dependency: Callable[..., Any],
     def xprof_path(path: str, request: Request, principal: Any = Depends(dependency)
                    ) -> Response:
         return serve(request, session_of(request, principal), path)
+
+    # The Graph Viewer frames its graph at `${origin}/${pathPrefix}/${data route}` (xprof
+    # 2.24.2's `getGraphVizUri`), both parts starting with a slash: the session's data route
+    # with two doubled slashes.
+    @router.get("/" + prefix + "/xprof/" + PLUGIN.removeprefix("/xprof") + "/data",
+                include_in_schema=False)
+    def graph_frame(request: Request, principal: Any = Depends(dependency)) -> Response:
+        return serve(request, session_of(request, principal), "data")
+
+
+@router.get(xprof_html.VENDOR_PATH + "{name}", include_in_schema=False)
+def vendor(name: str) -> Response:
+    """The files xprof's graph page loads from Google's servers, served here (public:
+    open-source libraries and fonts; readable from the sandboxed page's opaque origin)."""
+    if name not in xprof_html.VENDOR:
+        raise HTTPException(404, "no such file")
+    return Response(xprof_html.vendor_file(name), media_type=xprof_html.VENDOR[name],
+                    headers={"Cache-Control": "public, max-age=86400",
+                             "Access-Control-Allow-Origin": "*",
+                             "Cross-Origin-Resource-Policy": "cross-origin"})
 
 
 def _session(request: Request, principal: Principal) -> SessionRecord:

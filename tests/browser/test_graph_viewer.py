@@ -1,0 +1,86 @@
+"""XProf's Graph Viewer in chromium, offline: a graph is drawn (its nodes are in the frame's
+SVG) inside a sandbox that gives its page an opaque origin, and a profile whose text would
+close the graph page's script neither runs nor navigates anything."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from playwright.sync_api import Browser, Frame, Page, Route, expect
+
+from tests.browser.conftest import PROFILES, Browse, Console, Shot
+from tests.helpers.browser import TOOL_MS, XPROF
+
+pytestmark = pytest.mark.slow
+TPU = PROFILES["tpu"]
+
+
+def offline(page: Page, console: Console) -> list[str]:
+    """Abort every request that leaves the console (Google's servers included), as on an
+    air-gapped fleet; the list of what was refused."""
+    refused: list[str] = []
+
+    def route(r: Route) -> None:
+        if r.request.url.startswith(console.url + "/") or r.request.url.startswith(
+                ("data:", "blob:")):
+            r.continue_()
+        else:
+            refused.append(r.request.url)
+            r.abort("internetdisconnected")
+
+    page.context.route("**/*", route)
+    return refused
+
+
+def graph_frame(page: Page) -> Frame:
+    """The Graph Viewer's frame, once its page has loaded."""
+    page.wait_for_function("() => !!document.getElementById('graph-html')", timeout=TOOL_MS)
+    for _ in range(2):
+        frame = next((f for f in page.frames if "tag=graph_viewer" in f.url
+                      and "type=graph" in f.url), None)
+        if frame is not None:
+            return frame
+        page.wait_for_event("framenavigated", timeout=TOOL_MS)
+    raise AssertionError(f"no graph frame among {[f.url for f in page.frames]}")
+
+
+def open_graph_viewer(page: Page, console: Console) -> None:
+    query = urlencode({"run": TPU.session, "tag": "graph_viewer", "host": TPU.host})
+    page.goto(f"{console.url}{TPU.path}{XPROF}graph_viewer?{query}")
+    # With no module and op named, the frontend offers the heaviest ops as chips.
+    chip = page.locator("mat-chip-option").first
+    expect(chip).to_be_visible(timeout=TOOL_MS)
+    chip.click()
+
+
+@pytest.fixture
+def signed_in(browse: Browse, admin_state: dict[str, Any]) -> Iterator[tuple[Page, Any]]:
+    ctx, watch = browse.context(signed_in=admin_state)
+    yield ctx.new_page(), watch
+
+
+def test_the_graph_viewer_draws_a_graph_offline_inside_its_sandbox(
+        console: Console, signed_in: tuple[Page, Any], shot: Shot, browser: Browser) -> None:
+    print(f"chromium {browser.version}")
+    page, watch = signed_in
+    refused = offline(page, console)
+    open_graph_viewer(page, console)
+    frame = graph_frame(page)
+    # Drawn: graphviz's SVG nodes, with their op names, in the frame.
+    nodes = frame.locator("#graph-container svg g.node")
+    expect(nodes.first).to_be_visible(timeout=TOOL_MS)
+    assert nodes.count() >= 2
+    assert re.search(r"\w", nodes.first.locator("text").first.text_content() or "")
+    assert frame.locator("#graph-container svg g.edge").count() >= 1
+    shot(page, "graph-drawn")
+    # The page runs in an opaque origin: not the console's, whose cookies it cannot read.
+    assert frame.evaluate("() => self.origin") == "null"
+    assert frame.evaluate("() => { try { return document.cookie; } catch (e) { return "
+                          "'refused: ' + e.name; } }").startswith("refused")
+    # Nothing was needed from Google's servers to draw it.
+    assert not [u for u in refused if "hpcc" in u or "svg-pan-zoom" in u or "Roboto" in u]
+    watch.check()
