@@ -84,3 +84,54 @@ def test_the_graph_viewer_draws_a_graph_offline_inside_its_sandbox(
     # Nothing was needed from Google's servers to draw it.
     assert not [u for u in refused if "hpcc" in u or "svg-pan-zoom" in u or "Roboto" in u]
     watch.check()
+
+
+def open_overview(page: Page, console: Console) -> None:
+    query = urlencode({"run": TPU.session, "tag": "overview_page", "host": TPU.host})
+    page.goto(f"{console.url}{TPU.path}{XPROF}overview_page?{query}")
+    expect(page.locator("body")).to_contain_text("Device type: TPU", timeout=TOOL_MS)
+
+
+def test_offline_the_xprof_page_says_what_is_missing_and_what_works(
+        console: Console, signed_in: tuple[Page, Any], shot: Shot) -> None:
+    page, watch = signed_in
+    refused = offline(page, console)
+    open_overview(page, console)
+    banner = page.locator("#mldiag-offline")
+    expect(banner).to_be_visible(timeout=TOOL_MS)
+    expect(banner).to_contain_text("Google Charts")
+    expect(banner).to_contain_text("Fonts", timeout=TOOL_MS)
+    expect(banner).to_contain_text("What works: the Trace Viewer, the Graph Viewer")
+    assert any("www.gstatic.com/charts/loader.js" in u for u in refused), refused
+    assert any("fonts.googleapis.com" in u for u in refused), refused
+    shot(page, "offline-banner")
+    report = banner.get_by_role("link", name="the report (summary.html)")
+    assert report.get_attribute("href") == f"{TPU.path}/report"
+    opened = page.context.request.get(console.url + TPU.path + "/report")
+    assert opened.ok and "<html" in opened.text()
+    watch.check()
+
+
+def test_with_google_s_servers_reachable_there_is_no_banner(
+        console: Console, signed_in: tuple[Page, Any]) -> None:
+    page, watch = signed_in
+
+    def google(r: Route) -> None:
+        # Stand-ins for Google's answers: the charts loader defines `google.charts`.
+        if "/charts/loader.js" in r.request.url:
+            r.fulfill(content_type="text/javascript", body=(
+                "window.google = {charts: {load() {}, setOnLoadCallback(f) {},"
+                " safeLoad() { return new Promise(() => {}); }}};"))
+        else:
+            r.fulfill(content_type="text/css", body=(
+                "@font-face {font-family: 'Google Sans Code'; src: local('Courier');}"))
+
+    page.context.route(re.compile(r"^https://(www\.gstatic\.com|fonts\.googleapis\.com)/"),
+                       google)
+    open_overview(page, console)
+    # Decided (after the page's last style sheet), not still pending.
+    page.wait_for_function("() => ['none', 'shown'].includes("
+                           "document.documentElement.dataset.mldiagOffline)", timeout=TOOL_MS)
+    assert page.evaluate("() => document.documentElement.dataset.mldiagOffline") == "none"
+    assert page.locator("#mldiag-offline").count() == 0
+    watch.check()

@@ -163,7 +163,19 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
         return error_response(request, 503, f"The XProf viewer cannot open this session. "
                               f"{why[0].upper()}{why[1:]}.", page=True)
     request.state.csp = frontend_csp()
-    return Response(_static("index.html"), media_type=STATIC["index.html"])
+    return Response(_index(), media_type=STATIC["index.html"])
+
+
+# The console's note for a browser without a route to Google's servers (Google Charts, fonts):
+# first in the head, so that it sees those loads fail.
+OFFLINE_NOTE = "/static/xprof-offline.js"
+
+
+@functools.cache
+def _index() -> bytes:
+    """The frontend's index.html, with OFFLINE_NOTE."""
+    return _static("index.html").replace(
+        b"<head>", f'<head>\n  <script src="{OFFLINE_NOTE}"></script>'.encode(), 1)
 
 
 def register(prefix: str, dependency: Callable[..., Any],

@@ -1,0 +1,140 @@
+// The XProf frontend loads Google Charts and fonts from Google's servers. Without a route to
+// them (an air-gapped fleet) most of its tools stay blank without a word: this says why, what
+// still works, and where mldiag's own report for the session is. Loaded first in the XProf
+// page's head (console/xprof.py), so that it sees the loads that fail.
+(() => {
+  'use strict';
+  const CHARTS = /^https:\/\/www\.gstatic\.(com|cn)\/charts\//;
+  const FONTS = /^https:\/\/fonts\.(googleapis|gstatic)\.com\//;
+  const failed = { charts: false, fonts: false };
+  const SETTLE_MS = 3000;
+  let shown = null;
+  let pending = 0;
+
+  function urlOf(el) {
+    return (el && (el.src || el.href)) || '';
+  }
+
+  // A resource that fails fires `error` on its element, which does not bubble: caught on the
+  // way down. A component's stylesheet that imports Google's fonts fails the same way.
+  window.addEventListener('error', (e) => {
+    const url = urlOf(e.target);
+    const el = e.target;
+    if (CHARTS.test(url)) failed.charts = true;
+    if (FONTS.test(url) || (el instanceof HTMLStyleElement
+                            && /@import\s+(url\()?["']?https:\/\/fonts\./.test(el.textContent))) {
+      failed.fonts = true;
+    }
+    // Said once the frontend has tried what it tries (www.gstatic.cn after .com, and boots
+    // without charts after 2.5 s), not at the first failure.
+    if (failed.charts || failed.fonts) schedule();
+  }, true);
+
+  function chartsLoaded() {
+    return !!(window.google && window.google.charts);
+  }
+
+  function item(strong, text) {
+    const li = document.createElement('li');
+    const b = document.createElement('strong');
+    b.textContent = strong;
+    li.append(b, ' ' + text);
+    return li;
+  }
+
+  // Decided once the page has loaded and the frontend had its tries; `data-mldiag-offline`
+  // on the root says what was decided ("shown" or "none").
+  window.addEventListener('load', schedule);
+
+  // A component's stylesheet imports Google's fonts (`@import url(https://fonts...css2?
+  // family=Google+Sans+Code)`). The rule stays when the import fails, with no font faces
+  // behind it: a family asked for that no face of the page declares is missing.
+  function fontsMissing() {
+    const asked = new Set();
+    for (const sheet of document.styleSheets) {
+      let rules = [];
+      try {
+        rules = sheet.cssRules;
+      } catch (e) {
+        continue; // a style sheet of another origin: not ours to read
+      }
+      for (const rule of rules) {
+        if (rule instanceof CSSImportRule && FONTS.test(rule.href)) {
+          for (const family of new URL(rule.href).searchParams.getAll('family')) {
+            asked.add(family.split(':')[0]);
+          }
+        }
+      }
+    }
+    const declared = new Set([...document.fonts].map((f) => f.family.replace(/["']/g, '')));
+    return [...asked].some((family) => !declared.has(family));
+  }
+
+  // Components add their style sheets to the head as they render: checked again after each.
+  new MutationObserver(schedule).observe(document.head, { childList: true });
+
+  function schedule() {
+    document.documentElement.dataset.mldiagOffline = 'pending';
+    clearTimeout(pending);
+    pending = setTimeout(update, SETTLE_MS);
+  }
+
+  function update() {
+    failed.fonts = failed.fonts || fontsMissing();
+    const charts = failed.charts && !chartsLoaded();
+    if (!charts && !failed.fonts) {
+      if (shown) shown.remove();
+      shown = null;
+      document.documentElement.dataset.mldiagOffline = 'none';
+      return;
+    }
+    document.documentElement.dataset.mldiagOffline = 'shown';
+    const base = location.pathname.split('/xprof/')[0];
+    const banner = shown || document.createElement('div');
+    banner.id = 'mldiag-offline';
+    banner.setAttribute('role', 'status');
+    banner.replaceChildren();
+    Object.assign(banner.style, {
+      position: 'fixed', left: '0', right: '0', bottom: '0', zIndex: '10000',
+      background: '#fff8e1', color: '#3e2723', borderTop: '2px solid #f9a825',
+      font: '14px/1.4 system-ui, sans-serif', padding: '8px 40px 8px 16px',
+    });
+    const head = document.createElement('div');
+    head.textContent = "XProf could not load what it needs from Google's servers "
+        + '(no route to them from this browser):';
+    const missing = document.createElement('ul');
+    missing.style.margin = '4px 0';
+    if (charts) {
+      missing.append(item('Google Charts', '(www.gstatic.com/charts) is missing: the '
+          + "Overview Page's charts, the Roofline Model, the Memory Profile's timeline and "
+          + 'the stats tables (HLO Op Stats, Framework Op Stats, Kernel Stats) stay empty. '
+          + 'Its terms do not allow serving it from here.'));
+    }
+    if (failed.fonts) {
+      missing.append(item('Fonts', '(fonts.googleapis.com: Google Sans Code) are missing: '
+          + 'code shows in a local font.'));
+    }
+    const works = document.createElement('div');
+    works.append('What works: the Trace Viewer, the Graph Viewer, HLO Op Profile and the '
+        + "Memory Viewer. mldiag's own report for this session needs nothing from outside: ");
+    const report = document.createElement('a');
+    report.href = base + '/report';
+    report.textContent = 'the report (summary.html)';
+    report.target = '_blank';
+    works.append(report, '.');
+    const close = document.createElement('button');
+    close.type = 'button';
+    close.textContent = '×';
+    close.title = 'Hide';
+    close.setAttribute('aria-label', 'Hide this note');
+    Object.assign(close.style, { position: 'absolute', right: '8px', top: '4px',
+      border: '0', background: 'none', font: '20px system-ui', cursor: 'pointer' });
+    close.addEventListener('click', () => banner.remove());
+    console.info('mldiag: XProf is offline:', JSON.stringify(failed));
+    banner.append(head, missing, works, close);
+    if (!shown) {
+      shown = banner;
+      (document.body || document.documentElement).append(banner);
+    }
+  }
+})();
