@@ -4,10 +4,12 @@ close the graph page's script neither runs nor navigates anything."""
 
 from __future__ import annotations
 
+import gzip
 import re
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urlparse
 
 import pytest
 from playwright.sync_api import Browser, Frame, Page, Route, expect
@@ -76,6 +78,9 @@ def test_the_graph_viewer_draws_a_graph_offline_inside_its_sandbox(
     assert nodes.count() >= 2
     assert re.search(r"\w", nodes.first.locator("text").first.text_content() or "")
     assert frame.locator("#graph-container svg g.edge").count() >= 1
+    # The frontend cannot read the sandboxed frame: the page tells the console's page it has
+    # drawn, and "Loading graph..." goes.
+    expect(page.locator("graph-viewer .progress-container")).to_be_hidden()
     shot(page, "graph-drawn")
     # The page runs in an opaque origin: not the console's, whose cookies it cannot read.
     assert frame.evaluate("() => self.origin") == "null"
@@ -83,6 +88,56 @@ def test_the_graph_viewer_draws_a_graph_offline_inside_its_sandbox(
                           "'refused: ' + e.name; } }").startswith("refused")
     # Nothing was needed from Google's servers to draw it.
     assert not [u for u in refused if "hpcc" in u or "svg-pan-zoom" in u or "Roboto" in u]
+    watch.check()
+
+
+EVIL = "http://evil.invalid/"
+# What a profile's text can carry into the graph page (here in a node's tooltip): markup that
+# would end xprof's inline script, send the frame elsewhere and run script.
+PLANTED = (f"</script><meta http-equiv='refresh' content='0;url={EVIL}'>"
+           "<script>top.document.title = 'pwned'; fetch('/api/v1/runs')</script>")
+
+
+def _cached_graph(console: Console) -> Path:
+    """The console's cached answer that holds the graph page it served (its viewer cache)."""
+    for meta in (console.home / "viewer").glob("*/responses/data-*.json"):
+        body = meta.with_suffix("").read_bytes()
+        text = gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body
+        if b"digraph" in text and b"const data = `" in text:
+            return meta.with_suffix("")
+    raise AssertionError("the console cached no graph page")
+
+
+def test_markup_planted_in_a_graph_neither_navigates_nor_runs_with_the_console_s_origin(
+        console: Console, signed_in: tuple[Page, Any], shot: Shot) -> None:
+    page, watch = signed_in
+    refused = offline(page, console)
+    open_graph_viewer(page, console)
+    expect(graph_frame(page).locator("#graph-container svg g.node").first).to_be_visible(
+        timeout=TOOL_MS)
+    # The cached answer rewritten, as a profile with that text would have written it.
+    cached = _cached_graph(console)
+    body = cached.read_bytes()
+    page_text = (gzip.decompress(body) if body[:2] == b"\x1f\x8b" else body).decode()
+    cached.write_bytes(page_text.replace('tooltip="', f'tooltip="{PLANTED}', 1).encode())
+    # Opened again at the graph's own address (xprof's frontend pushes the graph's query onto
+    # the server's root path, which a reload would leave for the console's home page).
+    query = urlparse(page.url).query
+    assert "node_name=" in query, page.url
+    at = f"{console.url}{TPU.path}{XPROF}graph_viewer?{query}"
+    page.goto(at)
+    frame = graph_frame(page)
+    # Drawn, the planted text a tooltip like any other text.
+    expect(frame.locator("#graph-container svg g.node").first).to_be_visible(timeout=TOOL_MS)
+    assert PLANTED in frame.locator("#graph-container svg").inner_html().replace(
+        "&lt;", "<").replace("&gt;", ">").replace("&#39;", "'")
+    shot(page, "planted-graph")
+    assert page.url.startswith(f"{console.url}{TPU.path}{XPROF}graph_viewer?"), page.url
+    assert frame.url.startswith(console.url + "/"), frame.url
+    assert page.title() != "pwned"
+    assert not [u for u in refused if u.startswith(EVIL)], refused
+    api = [u for _, u in watch.responses if "/api/v1/runs" in u]
+    assert not api, api
     watch.check()
 
 

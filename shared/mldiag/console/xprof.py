@@ -166,16 +166,17 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
     return Response(_index(), media_type=STATIC["index.html"])
 
 
-# The console's note for a browser without a route to Google's servers (Google Charts, fonts):
-# first in the head, so that it sees those loads fail.
-OFFLINE_NOTE = "/static/xprof-offline.js"
+# The console's additions to the frontend's page: the note for a browser without a route to
+# Google's servers (Google Charts, fonts), first in the head so that it sees those loads fail,
+# and the end of "Loading graph..." once the sandboxed graph page says it has drawn.
+PAGE_SCRIPT = "/static/xprof-page.js"
 
 
 @functools.cache
 def _index() -> bytes:
-    """The frontend's index.html, with OFFLINE_NOTE."""
+    """The frontend's index.html, with PAGE_SCRIPT."""
     return _static("index.html").replace(
-        b"<head>", f'<head>\n  <script src="{OFFLINE_NOTE}"></script>'.encode(), 1)
+        b"<head>", f'<head>\n  <script src="{PAGE_SCRIPT}"></script>'.encode(), 1)
 
 
 def register(prefix: str, dependency: Callable[..., Any],

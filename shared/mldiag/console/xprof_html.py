@@ -58,6 +58,10 @@ _GSTATIC_SCRIPTS = (
 _ROBOTO = "@import url(https://fonts.googleapis.com/css?family=Roboto:400,700);"
 _DATA_START = "const data = `"
 _DATA_END = "`;\n    const results = cssregex.exec(data);"
+# Where the graph is drawn: the page then tells the console's page (`xprof-page.js`), which
+# cannot read the sandboxed frame, that it has.
+_DRAWN = "      add_controls(svg);\n"
+_DRAWN_MESSAGE = "      parent.postMessage('mldiag:graph-drawn', '*');\n"
 _INLINE_SCRIPT = re.compile(r"<script>(.*?)</script>", re.S | re.I)
 
 
@@ -144,6 +148,7 @@ def graph_page(html: str) -> tuple[str, str | None]:
         if not found:
             return html, None
     value = value.replace(_ROBOTO, f"@import url({VENDOR_PATH}roboto.css);")
+    tail = tail.replace(_DRAWN, _DRAWN + _DRAWN_MESSAGE, 1)
     page = f"{head}const data = {_inert_literal(value)}{tail}"
     inline = _INLINE_SCRIPT.findall(page)
     if len(inline) != 1:

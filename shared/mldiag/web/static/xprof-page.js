@@ -1,7 +1,24 @@
-// The XProf frontend loads Google Charts and fonts from Google's servers. Without a route to
-// them (an air-gapped fleet) most of its tools stay blank without a word: this says why, what
-// still works, and where mldiag's own report for the session is. Loaded first in the XProf
-// page's head (console/xprof.py), so that it sees the loads that fail.
+// The console's additions to the XProf frontend's page, loaded first in its head
+// (console/xprof.py).
+//
+// 1. The Graph Viewer's graph page runs sandboxed, in an opaque origin
+//    (console/xprof_html.py): the frontend cannot read it to see it has loaded, and would
+//    show "Loading graph..." over it for ever. The page says so itself, by a message.
+(() => {
+  'use strict';
+  window.addEventListener('message', (e) => {
+    const frame = document.getElementById('graph-html');
+    if (e.data !== 'mldiag:graph-drawn' || !frame || e.source !== frame.contentWindow) return;
+    for (const bar of document.querySelectorAll('graph-viewer .progress-container')) {
+      bar.style.display = 'none';
+    }
+  });
+})();
+
+// 2. The XProf frontend loads Google Charts and fonts from Google's servers. Without a route
+//    to them (an air-gapped fleet) most of its tools stay blank without a word: this says
+//    why, what still works, and where mldiag's own report for the session is. First in the
+//    head, so that it sees the loads that fail.
 (() => {
   'use strict';
   const CHARTS = /^https:\/\/www\.gstatic\.(com|cn)\/charts\//;
