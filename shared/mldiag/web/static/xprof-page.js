@@ -1,7 +1,28 @@
 // The console's additions to the XProf frontend's page, loaded first in its head
 // (console/xprof.py).
 //
-// 1. The Graph Viewer's graph page runs sandboxed, in an opaque origin
+// 1. The Graph Viewer pushes its graph's query onto the server's root path
+//    (`history.pushState(null, "", "/graph_viewer?...")`, bypassing the router's base), where
+//    a reload or a copied link finds nothing: such a path is put under the page's base (the
+//    session's XProf prefix). The router's own paths are already under it.
+(() => {
+  'use strict';
+  const push = history.pushState.bind(history);
+  const replace = history.replaceState.bind(history);
+  function based(url) {
+    // The page's <base>, which its own inline script sets after this script has run.
+    const base = new URL(document.baseURI).pathname.replace(/\/$/, '');
+    if (typeof url !== 'string' || !url.startsWith('/') || url.startsWith('//')
+        || url.startsWith(base + '/') || base === '') {
+      return url;
+    }
+    return base + url;
+  }
+  history.pushState = (state, title, url) => push(state, title, based(url));
+  history.replaceState = (state, title, url) => replace(state, title, based(url));
+})();
+
+// 2. The Graph Viewer's graph page runs sandboxed, in an opaque origin
 //    (console/xprof_html.py): the frontend cannot read it to see it has loaded, and would
 //    show "Loading graph..." over it for ever. The page says so itself, by a message.
 (() => {
@@ -15,7 +36,7 @@
   });
 })();
 
-// 2. The XProf frontend loads Google Charts and fonts from Google's servers. Without a route
+// 3. The XProf frontend loads Google Charts and fonts from Google's servers. Without a route
 //    to them (an air-gapped fleet) most of its tools stay blank without a word: this says
 //    why, what still works, and where mldiag's own report for the session is. First in the
 //    head, so that it sees the loads that fail.
