@@ -146,7 +146,8 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
     if name in STATIC and name != "index.html":
         request.state.csp = frontend_csp()
         headers = {} if name.endswith(".html") else {"Cache-Control": "public, max-age=3600"}
-        return Response(_static(name), media_type=STATIC[name], headers=headers)
+        body = _bundle() if name == "bundle.js" else _static(name)
+        return Response(body, media_type=STATIC[name], headers=headers)
     if name in DATA_ROUTES or name in ("config", "version") or name in REFUSED_ROUTES:
         return _answer(request, s, name)
     # The frontend's index, or its own routes (`overview_page?run=...`, a tool page
@@ -170,6 +171,12 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
 # Google's servers (Google Charts, fonts), first in the head so that it sees those loads fail,
 # and the end of "Loading graph..." once the sandboxed graph page says it has drawn.
 PAGE_SCRIPT = "/static/xprof-page.js"
+
+
+@functools.cache
+def _bundle() -> bytes:
+    """The frontend's bundle, its components' font served by the console (offline too)."""
+    return _static("bundle.js").replace(*xprof_html.GOOGLE_SANS_CODE)
 
 
 @functools.cache

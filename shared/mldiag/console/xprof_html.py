@@ -38,7 +38,13 @@ VENDOR = {
     "roboto.css": "text/css; charset=utf-8",
     "roboto-latin-400-normal.woff2": "font/woff2",
     "roboto-latin-700-normal.woff2": "font/woff2",
+    "google-sans-code.css": "text/css; charset=utf-8",
+    "google-sans-code-latin-400-normal.woff2": "font/woff2",
 }
+# The font the frontend's component styles import from Google (`@import"https://fonts.
+# googleapis.com/css2?family=Google+Sans+Code"`, in its bundle), and the file served instead.
+GOOGLE_SANS_CODE = (b"https://fonts.googleapis.com/css2?family=Google+Sans+Code",
+                    f"{VENDOR_PATH}google-sans-code.css".encode())
 
 # Non-HTML answers (JSON, text, protobuf) are data: should a browser ever render one, it
 # runs nothing, loads nothing and is framed by no one.

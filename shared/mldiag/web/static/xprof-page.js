@@ -44,7 +44,7 @@
   'use strict';
   const CHARTS = /^https:\/\/www\.gstatic\.(com|cn)\/charts\//;
   const FONTS = /^https:\/\/fonts\.(googleapis|gstatic)\.com\//;
-  const failed = { charts: false, fonts: false };
+  const failed = { charts: false };
   const SETTLE_MS = 3000;
   let shown = null;
   let pending = 0;
@@ -54,18 +54,14 @@
   }
 
   // A resource that fails fires `error` on its element, which does not bubble: caught on the
-  // way down. A component's stylesheet that imports Google's fonts fails the same way.
+  // way down.
   window.addEventListener('error', (e) => {
-    const url = urlOf(e.target);
-    const el = e.target;
-    if (CHARTS.test(url)) failed.charts = true;
-    if (FONTS.test(url) || (el instanceof HTMLStyleElement
-                            && /@import\s+(url\()?["']?https:\/\/fonts\./.test(el.textContent))) {
-      failed.fonts = true;
+    if (CHARTS.test(urlOf(e.target))) {
+      failed.charts = true;
+      // Said once the frontend has tried what it tries (www.gstatic.cn after .com, and boots
+      // without charts after 2.5 s), not at the first failure.
+      schedule();
     }
-    // Said once the frontend has tried what it tries (www.gstatic.cn after .com, and boots
-    // without charts after 2.5 s), not at the first failure.
-    if (failed.charts || failed.fonts) schedule();
   }, true);
 
   function chartsLoaded() {
@@ -84,10 +80,11 @@
   // on the root says what was decided ("shown" or "none").
   window.addEventListener('load', schedule);
 
-  // A component's stylesheet imports Google's fonts (`@import url(https://fonts...css2?
-  // family=Google+Sans+Code)`). The rule stays when the import fails, with no font faces
-  // behind it: a family asked for that no face of the page declares is missing.
-  function fontsMissing() {
+  // A stylesheet that imports Google's fonts (`@import url(https://fonts.googleapis.com/css2?
+  // family=...)`; the console serves the frontend's own, Google Sans Code) keeps the rule when
+  // the import fails, with no font face behind it: the families asked for that no face of the
+  // page declares are missing.
+  function missingFonts() {
     const asked = new Set();
     for (const sheet of document.styleSheets) {
       let rules = [];
@@ -105,7 +102,7 @@
       }
     }
     const declared = new Set([...document.fonts].map((f) => f.family.replace(/["']/g, '')));
-    return [...asked].some((family) => !declared.has(family));
+    return [...asked].filter((family) => !declared.has(family)).sort();
   }
 
   // Components add their style sheets to the head as they render: checked again after each.
@@ -118,9 +115,9 @@
   }
 
   function update() {
-    failed.fonts = failed.fonts || fontsMissing();
+    const fonts = missingFonts();
     const charts = failed.charts && !chartsLoaded();
-    if (!charts && !failed.fonts) {
+    if (!charts && !fonts.length) {
       if (shown) shown.remove();
       shown = null;
       document.documentElement.dataset.mldiagOffline = 'none';
@@ -148,9 +145,9 @@
           + 'the stats tables (HLO Op Stats, Framework Op Stats, Kernel Stats) stay empty. '
           + 'Its terms do not allow serving it from here.'));
     }
-    if (failed.fonts) {
-      missing.append(item('Fonts', '(fonts.googleapis.com: Google Sans Code) are missing: '
-          + 'code shows in a local font.'));
+    if (fonts.length) {
+      missing.append(item('Fonts', `(fonts.googleapis.com: ${fonts.join(', ')}) are missing: `
+          + 'text in them shows in a local font.'));
     }
     const works = document.createElement('div');
     works.append('What works: the Trace Viewer, the Graph Viewer, HLO Op Profile and the '
@@ -168,7 +165,6 @@
     Object.assign(close.style, { position: 'absolute', right: '8px', top: '4px',
       border: '0', background: 'none', font: '20px system-ui', cursor: 'pointer' });
     close.addEventListener('click', () => banner.remove());
-    console.info('mldiag: XProf is offline:', JSON.stringify(failed));
     banner.append(head, missing, works, close);
     if (!shown) {
       shown = banner;
