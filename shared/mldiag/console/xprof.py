@@ -5,6 +5,12 @@ The frontend (from the pinned xprof wheel) takes its base from the page's path b
 request it makes stays under that prefix. Its data routes are answered by the session's
 `mldiag.viewer.Workspace`: this session alone, through xprof's own plugin. `capture_profile`,
 `generate_cache` and every other route of the official server are not routed here.
+
+Besides: the Graph Viewer frames its graph at the data route with doubled slashes
+(`//<session>/xprof//data/plugin/profile/data`), routed too; xprof's HTML answers are sandboxed
+and the files the graph page needs are served at `/xprof-vendor/` (`console.xprof_html`); the
+index carries the console's own script (`PAGE_SCRIPT`: the offline banner, the graph's end of
+loading, its address kept under the prefix).
 """
 
 from __future__ import annotations
@@ -114,7 +120,7 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
     body, encoding = out.body, out.content_encoding
     if out.content_type == HTML:
         # An HTML answer holds profile text: sandboxed, and the graph page rebuilt.
-        body, encoding, request.state.csp = _html_answer(request, route, body, encoding)
+        body, encoding, request.state.csp = _html_answer(request, body, encoding)
         headers["Vary"] = "Accept-Encoding, Sec-Fetch-Dest"
     else:
         request.state.csp = xprof_html.DATA_CSP
@@ -125,7 +131,7 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
     return Response(body, media_type=out.content_type, headers=headers)
 
 
-def _html_answer(request: Request, route: str, body: bytes, encoding: str | None
+def _html_answer(request: Request, body: bytes, encoding: str | None
                  ) -> tuple[bytes, str | None, str]:
     """An HTML answer's body, encoding and policy (`xprof_html`)."""
     if request.query_params.get("tag") != "graph_viewer":
