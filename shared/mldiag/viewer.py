@@ -127,6 +127,7 @@ VIEW_HOSTS = ".view.json"
 
 
 GZIP_MIN_BYTES = 1024
+GZIP_MAGIC = b"\x1f\x8b"
 # How often a console asks again for the rebuild of one expired cache.
 REBUILD_ASK_S = 600.0
 # How long a console waits for a rebuild it asked for before opening the session as one
@@ -148,6 +149,37 @@ class Response:
     body: bytes
     content_type: str
     content_encoding: str | None = None
+
+
+# xprof's graph viewer answers these `type`s as downloads (`convert/raw_to_tool_data.py`).
+_DOWNLOAD_TYPES = frozenset({"pb", "pbtxt", "json", "short_txt", "long_txt"})
+HTML = "text/html; charset=utf-8"
+
+
+def content_type(route: str, query: Mapping[str, str]) -> str:
+    """The content type of the answer to `route` with the sanitised `query`, decided by the
+    tool and the request as xprof 2.24.2 decides it (`convert/raw_to_tool_data.py`), never by
+    what is stored beside a cached answer: that metadata is in the bucket, which is not trusted
+    to say what is markup or script. Only two answers are HTML: the graph viewer's `type=graph`
+    and the memory viewer's allocation timeline (served sandboxed, `console.xprof_html`)."""
+    if route in ("runs", "run_tools", "hosts"):
+        return "application/json"
+    if route == "module_list":
+        return "text/plain; charset=utf-8"
+    tool = query.get("tag", "")
+    if tool in ("trace_viewer", "trace_viewer@"):
+        return "application/octet-stream" if query.get("format") == "pb" else "application/json"
+    if tool == "graph_viewer":
+        kind = query.get("type", "")
+        if kind == "graph":
+            return HTML
+        return "application/octet-stream" if kind in _DOWNLOAD_TYPES else (
+            "text/plain; charset=utf-8")
+    if tool == "memory_viewer" and query.get("view_memory_allocation_timeline"):
+        return HTML
+    if tool == "megascale_stats" and query.get("perfetto") in ("1", "true"):
+        return "application/octet-stream"
+    return "application/json"
 
 
 def _query_key(query: Mapping[str, str]) -> str:
@@ -394,14 +426,18 @@ class Workspace:
         """Where the whole answer to `query` (as a client asks it) is kept."""
         return self._cached(route, self.sanitise(query))
 
-    def _load(self, path: Path) -> Response | None:
+    def _load(self, path: Path, route: str, query: Mapping[str, str]) -> Response | None:
+        """The whole answer kept at `path`, typed by `content_type(route, query)`. Its
+        metadata file only marks it complete (written last) and recently used: what it says
+        is not read, and the body's encoding is what the body is (gzip's magic or not)."""
         meta = path.with_suffix(".json")
         if not path.is_file() or not meta.is_file():
             return None
-        info = json.loads(meta.read_text())
         with contextlib.suppress(OSError):
             os.utime(meta)  # recently used: the last to be trimmed
-        return Response(path.read_bytes(), info["content_type"], info.get("content_encoding"))
+        body = path.read_bytes()
+        return Response(body, content_type(route, query),
+                        "gzip" if body[:2] == GZIP_MAGIC else None)
 
     def _trim(self) -> None:
         """Keep at most MAX_RESPONSES answers and MAX_RESPONSE_BYTES in `responses/`, the
@@ -451,7 +487,7 @@ class Workspace:
         cacheable = route != "data" or not (_WINDOWED & set(q))
         if cacheable:
             path = self._cached(route, q)
-            hit = self._load(path)
+            hit = self._load(path, route, q)
             if hit is not None:
                 return hit
         elif tool.startswith("trace_viewer") and self._trace_built(q):
@@ -460,7 +496,7 @@ class Workspace:
             if route == "data" and self.pending:
                 self._fetch_windows(q)  # a window fetched now may bring its answer
             if cacheable:
-                hit = self._load(path)
+                hit = self._load(path, route, q)
                 if hit is not None:
                     return hit
             response = self._convert(route, q)
@@ -475,18 +511,18 @@ class Workspace:
         if route != "runs":
             self._fetch_windows(q if route == "data" else {})
         plugin, request = self.plugin, self._request(q)
+        typed = content_type(route, q)
         if route == "run_tools":
-            return Response(json.dumps(plugin.run_tools_imp(self.run, request)).encode(),
-                            "application/json")
+            return Response(json.dumps(plugin.run_tools_imp(self.run, request)).encode(), typed)
         if route == "hosts":
             hosts = plugin.host_impl(self.run, q.get("tag", ""), request)
-            return Response(json.dumps(hosts).encode(), "application/json")
+            return Response(json.dumps(hosts).encode(), typed)
         if route == "module_list":
-            return Response(",".join(self.modules()).encode(), "text/plain")
+            return Response(",".join(self.modules()).encode(), typed)
         if route != "data":
             raise ViewerError(f"no route {route!r}", 404)
         try:
-            data, content_type, encoding = plugin.data_impl(request)
+            data, xprof_type, encoding = plugin.data_impl(request)
         except FileNotFoundError as e:
             raise ViewerError("no data for this tool and host", 404) from e
         except (ValueError, AttributeError, KeyError, TypeError) as e:
@@ -507,7 +543,11 @@ class Workspace:
             # Compressed once, here: a 106 MB profile's overview is 18 MB of JSON, 0.9 MB
             # gzipped (the official server gzips every response too).
             body, encoding = gzip.compress(body, compresslevel=5), "gzip"
-        return Response(body, content_type or "application/json", encoding)
+        if xprof_type and xprof_type.split(";")[0] != typed.split(";")[0]:
+            # A new xprof typing an answer otherwise: served as `content_type` says (the type
+            # of a cached copy of it could not be decided otherwise), and said once here.
+            log.warning("xprof typed %s as %s; served as %s", dict(q), xprof_type, typed)
+        return Response(body, typed, encoding)
 
 
 class Viewers:

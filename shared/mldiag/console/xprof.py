@@ -5,6 +5,12 @@ The frontend (from the pinned xprof wheel) takes its base from the page's path b
 request it makes stays under that prefix. Its data routes are answered by the session's
 `mldiag.viewer.Workspace`: this session alone, through xprof's own plugin. `capture_profile`,
 `generate_cache` and every other route of the official server are not routed here.
+
+Besides: the Graph Viewer frames its graph at the data route with doubled slashes
+(`//<session>/xprof//data/plugin/profile/data`), routed too; xprof's HTML answers are sandboxed
+and the files the graph page needs are served at `/xprof-vendor/` (`console.xprof_html`); the
+index carries the console's own script (`PAGE_SCRIPT`: the offline banner, the graph's end of
+loading, its address kept under the prefix).
 """
 
 from __future__ import annotations
@@ -23,10 +29,11 @@ from fastapi import APIRouter, Depends, HTTPException, Request, Response
 from fastapi.responses import RedirectResponse
 
 from mldiag.access import PROFILE, Principal
+from mldiag.console import xprof_html
 from mldiag.console.auth import console_of, require
 from mldiag.console.pages import error_response, get_session
 from mldiag.model import SessionRecord
-from mldiag.viewer import ViewerError
+from mldiag.viewer import HTML, ViewerError
 from mldiag.viewer_cache import REBUILDING, CacheExpired, unviewable, xprof_version
 
 router = APIRouter()
@@ -110,13 +117,29 @@ def _answer(request: Request, s: SessionRecord, route: str) -> Response:
     except ViewerError as e:
         raise HTTPException(e.status, str(e)) from e
     headers = {"Cache-Control": "private, max-age=60", "Vary": "Accept-Encoding"}
-    body = out.body
-    if out.content_encoding == "gzip" and "gzip" not in request.headers.get(
-            "accept-encoding", ""):
+    body, encoding = out.body, out.content_encoding
+    if out.content_type == HTML:
+        # An HTML answer holds profile text: sandboxed, and the graph page rebuilt.
+        body, encoding, request.state.csp = _html_answer(request, body, encoding)
+        headers["Vary"] = "Accept-Encoding, Sec-Fetch-Dest"
+    else:
+        request.state.csp = xprof_html.DATA_CSP
+    if encoding == "gzip" and "gzip" not in request.headers.get("accept-encoding", ""):
         body = gzip.decompress(body)
-    elif out.content_encoding:
-        headers["Content-Encoding"] = out.content_encoding
+    elif encoding:
+        headers["Content-Encoding"] = encoding
     return Response(body, media_type=out.content_type, headers=headers)
+
+
+def _html_answer(request: Request, body: bytes, encoding: str | None
+                 ) -> tuple[bytes, str | None, str]:
+    """An HTML answer's body, encoding and policy (`xprof_html`)."""
+    if request.query_params.get("tag") != "graph_viewer":
+        return body, encoding, xprof_html.INERT_HTML_CSP
+    page, script_hash = xprof_html.graph_page(
+        (gzip.decompress(body) if encoding == "gzip" else body).decode("utf-8", "replace"))
+    framed = request.headers.get("sec-fetch-dest") == "iframe"
+    return page.encode(), None, xprof_html.graph_csp(script_hash, framed=framed)
 
 
 def _json(data: Any) -> Response:
@@ -129,7 +152,8 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
     if name in STATIC and name != "index.html":
         request.state.csp = frontend_csp()
         headers = {} if name.endswith(".html") else {"Cache-Control": "public, max-age=3600"}
-        return Response(_static(name), media_type=STATIC[name], headers=headers)
+        body = _bundle() if name == "bundle.js" else _static(name)
+        return Response(body, media_type=STATIC[name], headers=headers)
     if name in DATA_ROUTES or name in ("config", "version") or name in REFUSED_ROUTES:
         return _answer(request, s, name)
     # The frontend's index, or its own routes (`overview_page?run=...`, a tool page
@@ -146,7 +170,26 @@ def serve(request: Request, s: SessionRecord, path: str) -> Response:
         return error_response(request, 503, f"The XProf viewer cannot open this session. "
                               f"{why[0].upper()}{why[1:]}.", page=True)
     request.state.csp = frontend_csp()
-    return Response(_static("index.html"), media_type=STATIC["index.html"])
+    return Response(_index(), media_type=STATIC["index.html"])
+
+
+# The console's additions to the frontend's page: the note for a browser without a route to
+# Google's servers (Google Charts, fonts), first in the head so that it sees those loads fail,
+# and the end of "Loading graph..." once the sandboxed graph page says it has drawn.
+PAGE_SCRIPT = "/static/xprof-page.js"
+
+
+@functools.cache
+def _bundle() -> bytes:
+    """The frontend's bundle, its components' font served by the console (offline too)."""
+    return _static("bundle.js").replace(*xprof_html.GOOGLE_SANS_CODE)
+
+
+@functools.cache
+def _index() -> bytes:
+    """The frontend's index.html, with PAGE_SCRIPT."""
+    return _static("index.html").replace(
+        b"<head>", f'<head>\n  <script src="{PAGE_SCRIPT}"></script>'.encode(), 1)
 
 
 def register(prefix: str, dependency: Callable[..., Any],
@@ -163,6 +206,26 @@ def register(prefix: str, dependency: Callable[..., Any],
     def xprof_path(path: str, request: Request, principal: Any = Depends(dependency)
                    ) -> Response:
         return serve(request, session_of(request, principal), path)
+
+    # The Graph Viewer frames its graph at `${origin}/${pathPrefix}/${data route}` (xprof
+    # 2.24.2's `getGraphVizUri`), both parts starting with a slash: the session's data route
+    # with two doubled slashes.
+    @router.get("/" + prefix + "/xprof/" + PLUGIN.removeprefix("/xprof") + "/data",
+                include_in_schema=False)
+    def graph_frame(request: Request, principal: Any = Depends(dependency)) -> Response:
+        return serve(request, session_of(request, principal), "data")
+
+
+@router.get(xprof_html.VENDOR_PATH + "{name}", include_in_schema=False)
+def vendor(name: str) -> Response:
+    """The files xprof's graph page loads from Google's servers, served here (public:
+    open-source libraries and fonts; readable from the sandboxed page's opaque origin)."""
+    if name not in xprof_html.VENDOR:
+        raise HTTPException(404, "no such file")
+    return Response(xprof_html.vendor_file(name), media_type=xprof_html.VENDOR[name],
+                    headers={"Cache-Control": "public, max-age=86400",
+                             "Access-Control-Allow-Origin": "*",
+                             "Cross-Origin-Resource-Policy": "cross-origin"})
 
 
 def _session(request: Request, principal: Principal) -> SessionRecord:
