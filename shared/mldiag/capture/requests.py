@@ -1,5 +1,6 @@
 """Capture and continuous-profiling requests, validated the same way for the CLI and the
-console: unknown run, no targets, a target down, continuous profiling off for a snapshot.
+console: unknown run, no targets, a target down. Whether continuous profiling is on for a
+snapshot is the target's to say (the workload may run xprof's own): the snapshot asks it.
 
 Each returns the message to publish and the warnings about targets that will fail, or raises
 MldiagError with one line when nothing can be captured.
