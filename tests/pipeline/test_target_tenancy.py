@@ -79,7 +79,7 @@ def test_a_run_scoped_editor_cannot_take_another_runs_profiler_address(site: Sit
     assert [t.port for t in site.plane.state.list_targets("run-b")] == [port]
 
 
-def test_the_local_operator_registers_any_address_and_the_cli_names_the_holder(
+def test_the_local_operator_may_register_any_address(
         site: Site) -> None:
     port = free_port()
     register_push_target(site.plane, "run-a", f"127.0.0.1:{port}")

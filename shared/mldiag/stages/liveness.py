@@ -17,6 +17,7 @@ Locally the runtime runs a pass every few seconds (`LocalRuntime`); on Google Cl
 from __future__ import annotations
 
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from mldiag.capture.targets import probe_now, watched_by_probe
@@ -24,6 +25,9 @@ from mldiag.model import TargetRecord
 from mldiag.stages.services import Services
 
 log = logging.getLogger(__name__)
+# A pass starts no check after this long (the sweep function ticks every minute): the targets
+# it did not reach are the first due in the next pass.
+PASS_BUDGET_S = 45.0
 
 
 def due_targets(services: Services, now: float) -> dict[str, list[TargetRecord]]:
@@ -40,7 +44,8 @@ def due_targets(services: Services, now: float) -> dict[str, list[TargetRecord]]
 
 def probe_targets(services: Services) -> dict[str, int]:
     """One pass of the prober: check each due target (see the module); how many were up
-    and down. Bounded: at most `probe_workers` checks at once, `probe_per_run` of one run."""
+    and down. Bounded: at most `probe_workers` checks at once, `probe_per_run` of one run,
+    and no check started after `PASS_BUDGET_S`."""
     settings = services.settings
     due = due_targets(services, services.clock())
     if not due:
@@ -56,10 +61,13 @@ def probe_targets(services: Services) -> dict[str, int]:
             if share:
                 lanes.append(share)
     counts = {"up": 0, "down": 0}
+    deadline = time.monotonic() + PASS_BUDGET_S
 
     def check(share: list[TargetRecord]) -> list[str]:
         out = []
         for t in share:
+            if time.monotonic() >= deadline:
+                break
             try:
                 out.append(probe_now(t, settings, services.state, services.clock())[0])
             except Exception as e:  # noqa: BLE001 - one target's record must not stop the pass
