@@ -451,8 +451,9 @@ resource "google_cloudfunctions2_function" "pubsub" {
     all_traffic_on_latest_revision = true
     service_account_email          = google_service_account.function[each.key].email
     environment_variables          = merge(local.environment, each.key == "investigate" ? local.investigator_environment : {}, each.key == "collect" ? local.collect_environment : {}, each.key == "prebuild_viewer" ? local.viewer_environment : {})
-    vpc_connector                  = each.key == "on_capture_request" ? var.capture_vpc_connector : null
-    vpc_connector_egress_settings  = each.key == "on_capture_request" && var.capture_vpc_connector != null ? "PRIVATE_RANGES_ONLY" : null
+    # on_capture_request captures plain profiler servers; sweep checks their liveness.
+    vpc_connector                 = contains(["on_capture_request", "sweep"], each.key) ? var.capture_vpc_connector : null
+    vpc_connector_egress_settings = contains(["on_capture_request", "sweep"], each.key) && var.capture_vpc_connector != null ? "PRIVATE_RANGES_ONLY" : null
   }
 
   depends_on = [

@@ -122,7 +122,7 @@ variable "functions_dist_dir" {
 }
 
 variable "capture_vpc_connector" {
-  description = "Optional Serverless VPC Access connector (projects/P/locations/R/connectors/C) through which on_capture_request reaches plain profiler servers (host:9999) for push captures; workloads running the mldiag SDK pull their requests and need none."
+  description = "Optional Serverless VPC Access connector (projects/P/locations/R/connectors/C) through which on_capture_request reaches plain profiler servers (host:9999) for push captures, and sweep checks their liveness; workloads running the mldiag SDK pull their requests and need none."
   type        = string
   default     = null
 }

@@ -35,7 +35,14 @@ from mldiag.model import XPLANE_SUFFIXES, SessionRecord
 from mldiag.ports import Bus, Investigator, ObjectInfo, StateStore, Storage
 from mldiag.registration import Registrar
 from mldiag.settings import Settings
-from mldiag.stages import Services, dead_lettered, dispatch, requeue_stuck, sweep
+from mldiag.stages import (
+    Services,
+    dead_lettered,
+    dispatch,
+    probe_targets,
+    requeue_stuck,
+    sweep,
+)
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +83,9 @@ class LocalRuntime:
         # The local stand-in for Cloud Scheduler's sweeper job.
         self.sweeper = Periodic("mldiag-sweeper", lambda: sweep(services),
                                 min(0.25, settings.settle_s / 4 or 0.25))
+        # The background prober of plain profiler servers (off the bus's workers).
+        self.prober = Periodic("mldiag-prober", lambda: probe_targets(services),
+                               max(0.05, min(1.0, settings.probe_interval_s / 4)))
         self._lock_file: IO[str] | None = None
 
     def _acquire(self) -> None:
@@ -107,11 +117,13 @@ class LocalRuntime:
         self.bus.start(dispatch(self.services))
         self.watcher.start()
         self.sweeper.start()
+        self.prober.start()
 
     def stop(self) -> None:
         """Stop watching, finish the messages in progress, release the home."""
         self.watcher.stop()
         self.sweeper.stop()
+        self.prober.stop()
         self.bus.stop()
         if self._lock_file is not None:
             fcntl.flock(self._lock_file, fcntl.LOCK_UN)

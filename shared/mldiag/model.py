@@ -124,6 +124,12 @@ class TargetRecord:
     # and which request that action was (so a CLI waiting on it knows it was handled).
     last_error: str = ""
     last_request: str = ""
+    # A plain profiler server's last known liveness, from the background prober
+    # (`stages.liveness`): "up" or "down" ("" before its first check), why, and when that
+    # check started. Read paths show it with its age; they never connect to the target.
+    probe_state: str = ""
+    probe_reason: str = ""
+    probed_at: float = 0.0
 
     def problem(self) -> str:
         """Why this record cannot be a target ("" when it can): its host names a file in the

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mldiag.capture import pull
+from mldiag.capture.targets import address_holders, check_target_cap
 from mldiag.errors import MldiagError
 from mldiag.model import (
     CAPTURING,
@@ -176,9 +177,29 @@ def _set_auto_capture(body: Mapping[str, Any], caller: str,
 
 
 def _upsert_target(body: Mapping[str, Any], caller: str, services: Registrar) -> dict[str, Any]:
+    """Register one of the caller's targets. A push target's address belongs to one run: an
+    address that another run holds is refused unless the caller owns that run too; a run
+    holds at most `max_targets_per_run` targets; liveness is the prober's to record."""
     target = _record(TargetRecord, body.get("target"), "target")
     _owned(services, _name("run", target.run), caller)
     _name("host", target.host)
+    # What the background prober records is not the workload's to claim.
+    target = dataclasses.replace(target, probe_state="", probe_reason="", probed_at=0.0)
+    targets = services.state.list_targets(target.run)
+    try:
+        check_target_cap(services.settings, target.run,
+                         len({t.host for t in targets} | {target.host}))
+    except MldiagError as e:
+        raise RegistrationError(str(e)) from e
+    if not target.pulls:
+        now = services.clock()
+        for other in address_holders(services.state, services.settings, target.address,
+                                     target.port, exclude=target.run, now=now):
+            if services.owners.owner(other) != caller:
+                raise NotYourRun(
+                    f"{target.address}:{target.port} is the profiler of another run, which "
+                    f"holds it as a push target: registering it on run {target.run!r} needs "
+                    "rights on that run (its owner, or an admin)")
     services.state.upsert_target(target)
     return {"target": target.to_dict()}
 

@@ -28,7 +28,9 @@ class Settings:
     MLDIAG_IAP_CERTS_URL, MLDIAG_ID_TOKEN_AUDIENCE, MLDIAG_CONSOLE_SECRET, MLDIAG_PUBLIC_URL,
     MLDIAG_VIEWER_CACHE_DIR, MLDIAG_VIEWER_KEEP, MLDIAG_PREBUILD_VIEWER,
     MLDIAG_CAPTURE_ALLOWED_NETWORKS, MLDIAG_CAPTURE_ALLOWED_PORTS, MLDIAG_CAPTURE_ALLOW_LOOPBACK,
-    MLDIAG_REGISTRATION_URL, MLDIAG_ID_TOKEN_CERTS_URL, MLDIAG_PULL_ANSWER_S, MLDIAG_PULL_POLL_S.
+    MLDIAG_REGISTRATION_URL, MLDIAG_ID_TOKEN_CERTS_URL, MLDIAG_PULL_ANSWER_S, MLDIAG_PULL_POLL_S,
+    MLDIAG_MAX_TARGETS_PER_RUN, MLDIAG_PROBE_INTERVAL_S, MLDIAG_PROBE_TIMEOUT_S,
+    MLDIAG_PROBE_WORKERS, MLDIAG_PROBE_PER_RUN.
     """
 
     home: Path = Path(".mldiag")
@@ -76,6 +78,15 @@ class Settings:
     gemini_timeout_s: float = 60.0
     # A target whose heartbeat is older than this is reported as down.
     target_stale_s: float = 60.0
+    # Push targets a run may hold (registering one more is refused with this cap named).
+    max_targets_per_run: int = 256
+    # The background prober (`stages.liveness`): how often a plain profiler server is checked,
+    # how long one check may take (every answer but a profiler's takes exactly this long),
+    # and how many checks run at once, in all and per run.
+    probe_interval_s: float = 30.0
+    probe_timeout_s: float = 1.0
+    probe_workers: int = 8
+    probe_per_run: int = 2
     # How long a capture waits for a target's profiler that another session holds.
     capture_wait_s: float = 120.0
     # Pull targets (the mldiag SDK): how long the capture stage waits, past the end of the

@@ -1,5 +1,6 @@
 """A workload without the SDK (only `jax.profiler.start_server(PORT)`) registered from the CLI
-alone, captured on demand and from an alert, and watched by connecting: up, busy, down."""
+alone, captured on demand and from an alert, and watched by the background prober: up (also
+while a capture holds its profiler: the check starts no session), then down."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +18,6 @@ import pytest
 
 from mldiag.bootstrap import LocalRuntime, bootstrap
 from mldiag.capture import remote
-from mldiag.capture import targets as capture_targets
 from mldiag.cli.main import main
 from mldiag.messages import DegradationDetected
 from mldiag.model import REPORTED, SessionRecord
@@ -34,7 +35,7 @@ RUN = "plain-run"
 
 @pytest.fixture
 def runtime(tmp_path: Path) -> Iterator[LocalRuntime]:
-    rt = bootstrap(Settings(home=tmp_path / "home", **FAST))
+    rt = bootstrap(Settings(home=tmp_path / "home", probe_interval_s=0.2, **FAST))
     rt.start()
     yield rt
     rt.stop()
@@ -68,9 +69,7 @@ def finished(runtime: LocalRuntime, session: str) -> SessionRecord:
 
 def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched(
         runtime: LocalRuntime, plain: tuple[subprocess.Popen[str], int],
-        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    # Every `mldiag` here runs in this process: no reuse of an earlier probe's answer.
-    monkeypatch.setattr(capture_targets, "PROBE_TTL_S", 0.0)
+        capsys: pytest.CaptureFixture[str]) -> None:
     proc, port = plain
     address = f"127.0.0.1:{port}"
     assert cli(runtime, capsys, "machine-learning-run", "create", RUN,
@@ -112,22 +111,29 @@ def test_a_plain_profiler_server_registered_from_the_cli_is_captured_and_watched
                        f"--machine-learning-run={RUN}", "--format=value(name,profilerSession)")
     assert code == 0 and out.split() == ["slow-1", auto.session]  # type: ignore[attr-defined]
 
-    # Busy while another session holds its profiler; down once it is gone.
-    holder = threading.Thread(target=lambda: remote.remote_trace(address, 4.0))
+    def listed() -> str:
+        code, out, _ = cli(runtime, capsys, "profiler-target", "list",
+                           f"--machine-learning-run={RUN}",
+                           "--format=csv[no-heading](name,status)")
+        return out.strip()
+
+    # Up while another session holds its profiler: the prober's check starts no session, so
+    # it neither collides with the capture nor mistakes it for a dead server.
+    holder = threading.Thread(target=lambda: remote.remote_trace(address, 3.0))
     holder.start()
     try:
-        def busy() -> bool:
-            code, out, _ = cli(runtime, capsys, "profiler-target", "list",
-                               f"--machine-learning-run={RUN}",
-                               "--format=csv[no-heading](name,status)")
-            return out.strip().endswith(",busy")
-        wait_until(busy, what="busy", timeout=3.0, interval=0.1)
+        held_at = time.time()
+        wait_until(lambda: runtime.state.list_targets(RUN)[0].probed_at > held_at + 0.5,
+                   what="a check while the trace runs", timeout=10.0, interval=0.05)
+        assert listed().endswith(",up")
     finally:
         holder.join()
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+    wait_until(lambda: listed().endswith(",down"), what="down", timeout=10.0, interval=0.1)
     code, out, _ = cli(runtime, capsys, "targets", "list", "--run", RUN)
-    assert code == 0 and " down " in out and "refuses connections" in out
+    assert code == 0 and " down " in out and remote.UNREACHABLE in out
+    assert "(checked " in out
     # Forgotten from the CLI too.
     code, out, _ = cli(runtime, capsys, "profiler-target", "delete", RUN, address)
     assert code == 0 and runtime.state.list_targets(RUN) == []

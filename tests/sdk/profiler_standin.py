@@ -59,6 +59,9 @@ class StandInProfiler:
             "StartContinuousProfiling": unary("Start", self._start),
             "StopContinuousProfiling": unary("Stop", self._stop),
             "GetSnapshot": unary("GetSnapshot", self._snapshot),
+            # A real server marks the session id stopped and answers OK (mldiag's liveness
+            # check asks it for an id no capture uses).
+            "Terminate": unary("Terminate", lambda context: b""),
         })
         self._server = grpc.server(futures.ThreadPoolExecutor(4))
         self._server.add_generic_rpc_handlers((handler,))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import socket
 import tempfile
-import uuid
+import time
 from pathlib import Path
 from typing import Any
 
@@ -78,68 +78,44 @@ def accepts_connections(service_addr: str) -> bool:
         return False
 
 
-# Liveness of a profiler server, by connecting (`probe`).
-UP, BUSY, DOWN = "up", "busy", "down"
-_PROFILE = "/tensorflow.ProfilerService/Profile"
+# Liveness of a profiler server (`probe`).
+UP, DOWN = "up", "down"
+# The profiler service's Terminate RPC: it only marks a session id as stopped, so asked for a
+# session id that no capture uses, it answers OK and changes nothing (a profiler server has no
+# health or status call, and its Monitor answers UNIMPLEMENTED like any other server would).
+_TERMINATE = "/tensorflow.ProfilerService/Terminate"
+PROBE_SESSION = "mldiag-liveness-probe"
+UNREACHABLE = "unreachable: no profiler server answers at this address"
 
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
+def probe(service_addr: str, *, timeout_s: float = 1.0) -> tuple[str, str]:
+    """(UP | DOWN, why) of the profiler server at `host:port`, without ever starting a
+    profiling session: a gRPC `Terminate` for a session id that no capture uses, which a
+    profiler server answers OK at once, and which changes nothing there (it cannot collide
+    with the workload's own `jax.profiler.start_trace`, nor with a capture).
 
-
-def _probe_request(session_id: str, duration_ms: int) -> bytes:
-    """A ProfileRequest (tsl profiler_service.proto) with every tracer off: field 1
-    duration_ms, 4 opts (ProfileOptions: 5 version=1, 9 duration_ms; levels left 0), 6
-    session_id."""
-    opts = b"\x28\x01" + b"\x48" + _varint(duration_ms)
-    sid = session_id.encode()
-    return (b"\x08" + _varint(duration_ms) + b"\x22" + _varint(len(opts)) + opts
-            + b"\x32" + _varint(len(sid)) + sid)
-
-
-def probe(service_addr: str, *, connect_s: float = 2.0, hold_s: float = 0.25) -> tuple[str, str]:
-    """(UP | BUSY | DOWN, why) of the profiler server at `host:port`, by asking it for a
-    profiling session with every tracer off and cancelling it after `hold_s`.
-
-    An idle server starts that session, which the cancellation ends before anything is
-    collected or written (UP); a server whose profiler another session holds refuses it at
-    once (BUSY); no answer, or a server that is not a profiler, is DOWN. The probe holds an
-    idle profiler for `hold_s` at most."""
+    Whatever else is at the address (nothing, a port that does not speak HTTP/2, another
+    gRPC or HTTP/2 service, a server that never answers) gets the same DOWN answer, with the
+    same reason, after the same `timeout_s`: the probe tells a profiler from everything
+    else, and nothing about the rest (it is no port scanner)."""
     import grpc  # the control plane's; a workload never imports this module
 
-    if not accepts_connections(service_addr):
-        return DOWN, f"profiler server {service_addr} refuses connections (nothing listens)"
-    channel = grpc.insecure_channel(service_addr, options=[("grpc.enable_retries", 0)])
+    started = time.monotonic()
+    # Its own connection (no subchannel shared with other channels), closed after.
+    channel = grpc.insecure_channel(service_addr, options=[
+        ("grpc.enable_retries", 0), ("grpc.use_local_subchannel_pool", 1)])
     try:
-        try:
-            grpc.channel_ready_future(channel).result(timeout=connect_s)
-        except grpc.FutureTimeoutError:
-            return DOWN, f"profiler server {service_addr} does not answer (no connection " \
-                f"within {connect_s:g} s)"
-        call = channel.unary_unary(_PROFILE)
-        request = _probe_request(f"mldiag-probe-{uuid.uuid4().hex[:12]}",
-                                 max(1000, int(hold_s * 8000)))
-        try:
-            call(request, timeout=hold_s)
-        except grpc.RpcError as e:
-            code, detail = e.code(), (e.details() or "").strip()
-            if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-                return UP, ""
-            if code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.ALREADY_EXISTS) and (
-                    "nother profiling session" in detail or "already" in detail.lower()):
-                return BUSY, f"another profiling session is active on {service_addr}"
-            if code == grpc.StatusCode.UNIMPLEMENTED:
-                return DOWN, f"{service_addr} answers, but is not a profiler server"
-            return DOWN, f"profiler server {service_addr}: {code.name} {detail}".strip()
-        # It answered before the deadline: a server that ignored the duration; it is up.
+        call = channel.unary_unary(_TERMINATE)
+        sid = PROBE_SESSION.encode()
+        call(b"\x0a" + bytes([len(sid)]) + sid, timeout=timeout_s, wait_for_ready=True)
         return UP, ""
+    except (grpc.RpcError, ValueError):
+        pass
     finally:
         channel.close()
+    # Every other answer at the same time: the deadline's.
+    time.sleep(max(0.0, timeout_s - (time.monotonic() - started)))
+    return DOWN, UNREACHABLE
 
 
 def _plugin() -> Any:

@@ -1,5 +1,6 @@
 """Capture and continuous-profiling requests, validated the same way for the CLI and the
-console: unknown run, no targets, a target down, continuous profiling off for a snapshot.
+console: unknown run, no targets, a target down. Whether continuous profiling is on for a
+snapshot is the target's to say (the workload may run xprof's own): the snapshot asks it.
 
 Each returns the message to publish and the warnings about targets that will fail, or raises
 MldiagError with one line when nothing can be captured.
@@ -16,9 +17,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from mldiag import limits
+from mldiag.access import BROWSE, CAPTURE, Principal
 from mldiag.bootstrap import ControlPlane
 from mldiag.capture.egress import EgressPolicy
-from mldiag.capture.targets import liveness, status, watched_by_probe
+from mldiag.capture.targets import (
+    address_holders,
+    check_target_cap,
+    liveness,
+    probe_now,
+    watched_by_probe,
+)
 from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import PUSH, RunRecord, TargetRecord, check_name
@@ -73,12 +81,18 @@ def parse_address(text: str) -> tuple[str, int]:
 
 
 def register_push_target(plane: ControlPlane, run: str, address: str, *, host_name: str = "",
-                         platform: str = "", now: float | None = None
+                         platform: str = "", now: float | None = None,
+                         principal: Principal | None = None
                          ) -> tuple[TargetRecord, tuple[str, str]]:
     """Register a plain profiler server (`jax.profiler.start_server(PORT)` in a workload
-    without the SDK) as a push target of `run`; the record and its status (up, busy or
-    down, with why). The address must pass the egress policy: a refused one is named in
-    the error, and nothing is stored."""
+    without the SDK) as a push target of `run`; the record and its status (up or down, with
+    why: one check that starts no profiling session, `targets.probe_now`). The address
+    must pass the egress policy: a refused one is named in the error, and nothing is stored.
+
+    A profiler address belongs to one run: an address that another run holds
+    (`address_holders`) is registered only by a `principal` with capture rights on that run,
+    or an admin (None: the local operator, who is one). A run holds at most
+    `max_targets_per_run` targets."""
     run_record = get_run(plane, run)
     host, port = parse_address(address)
     if platform and platform not in PLATFORMS:
@@ -88,19 +102,38 @@ def register_push_target(plane: ControlPlane, run: str, address: str, *, host_na
         check_name("host", name)
     except ValueError as e:
         raise MldiagError(f"{e}: pass --host-name") from e
-    EgressPolicy.from_settings(plane.settings).check(host, port)
+    ip = EgressPolicy.from_settings(plane.settings).check(host, port)
     now = time.time() if now is None else now
-    existing = [t for t in plane.state.list_targets(run_record.name) if t.host == name]
+    targets = plane.state.list_targets(run_record.name)
+    existing = [t for t in targets if t.host == name]
     if any(t.pulls for t in existing):
         raise MldiagError(f"run {run_record.name!r} already has an SDK target named {name!r} "
                           "(it registers itself): choose another --host-name")
+    check_target_cap(plane.settings, run_record.name,
+                     len({t.host for t in targets} | {name}))
+    for other in address_holders(plane.state, plane.settings, ip, port,
+                                 exclude=run_record.name, now=now):
+        if principal is not None and not principal.can(CAPTURE, other):
+            # The other run is named only to those who may see it.
+            which = f"run {other!r}" if principal.can(BROWSE, other) else "another run"
+            raise TargetHeld(
+                f"{host}:{port} is the profiler of {which}, which holds it as a push "
+                f"target: registering it on run {run_record.name!r} needs editor rights on "
+                f"{which} (or admin)")
     for t in existing:
         if t.port != port:
             plane.state.delete_target(run_record.name, name, t.port)
     record = TargetRecord(run=run_record.name, host=name, port=port, address=host,
                           delivery=PUSH, platform=platform, registered_at=now)
     plane.state.upsert_target(record)
-    return record, status(record, plane.settings, now)
+    return record, probe_now(record, plane.settings, plane.state, now)
+
+
+class TargetHeld(MldiagError):
+    """The profiler address is another run's, and the caller has no rights on that run.
+
+    Permanent for this caller: an editor of that run, or an admin, may register it.
+    """
 
 
 def _default_name(targets: Sequence[TargetRecord], host: str, port: int) -> str:
@@ -130,13 +163,17 @@ def remove_target(plane: ControlPlane, run: str, name: str) -> int:
 
 
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
-    """'' when the target looks alive, else a one-line reason."""
+    """'' when the target looks alive, else a one-line reason. A plain profiler server is
+    checked now (a request, not a read: `targets.probe_now` starts no profiling session)."""
+    if watched_by_probe(t) and port is None:
+        state, why = probe_now(t, plane.settings, plane.state)
+        return f"target down: {t.host} ({t.address}:{t.port}) {why}" if state == "down" \
+            else ""
     why = liveness(t, plane.settings)
     if why:
         return f"target down: {t.host} ({t.address}:{t.port}) {why}"
-    if t.pulls or (watched_by_probe(t) and port is None):
-        # Pull: it takes its requests itself, nothing to connect to. A plain profiler
-        # server: liveness just connected to it.
+    if t.pulls:
+        # It takes its requests itself: nothing to connect to.
         return ""
     why = reachable(t.address, port or t.port)
     if why:
@@ -168,10 +205,9 @@ def capture_request(plane: ControlPlane, run: str, session: str, *, kind: str = 
     limits.check_hosts(len({t.host for t in targets}))
     down = []
     for t in targets:
-        if kind == "snapshot" and t.continuous == "OFF":
-            down.append(f"continuous profiling is off on {t.host}: nothing to snapshot (run "
-                        f"`mldiag continuous start --run {t.run}`)")
-            continue
+        # A snapshot is not refused by mldiag's own record of continuous profiling: the
+        # workload may have started xprof's native continuous profiling itself. The target
+        # is asked by the snapshot, and its own answer is the host's reason when it fails.
         reason = target_down(plane, t)
         if reason:
             down.append(reason)

@@ -14,33 +14,33 @@ policy:
 | any | RING | fails: an SDK from before pull delivery; mldiag does not call its endpoint |
 
 Liveness (`status`): an SDK target by its heartbeat; a plain profiler server, which has none,
-by connecting to it (`remote.probe`, through the egress policy): down when it does not answer,
-busy while another profiling session holds its profiler.
+by its last check (`probe_now`, which the background prober `stages.liveness` runs; never on
+a read path). A check asks the profiler service for nothing that starts a profiling session
+(`remote.probe`), so it cannot collide with the workload's own tracing; everything that is
+not a profiler server is the same "down", with the same reason, after the same time.
 """
 
 from __future__ import annotations
 
 import os
-import threading
+import socket
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from mldiag.capture import remote
 from mldiag.capture.egress import EgressPolicy, EgressRefused
+from mldiag.errors import MldiagError
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import TargetRecord
 
 if TYPE_CHECKING:
+    from mldiag.ports import StateStore
     from mldiag.settings import Settings
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
-# A probe holds an idle profiler for a moment: pages that poll (the console's runs list every
-# 2 s) reuse an answer this young for the same server rather than hold it again.
-PROBE_TTL_S = 5.0
-_probes: dict[str, tuple[float, tuple[str, str]]] = {}
-_probes_lock = threading.Lock()
+# A plain profiler server that was never checked yet (registered while the prober was off).
+UNKNOWN = "unknown"
 
 
 def heartbeat_deadline(target: TargetRecord, stale_s: float) -> float:
@@ -60,47 +60,103 @@ def watched_by_probe(target: TargetRecord) -> bool:
 
 def status(target: TargetRecord, settings: Settings, now: float | None = None
            ) -> tuple[str, str]:
-    """(up | busy | down, why) of a target. A plain profiler server is asked, through the
-    egress policy (`remote.probe`): busy while another session holds its profiler. An SDK
-    target is judged by its heartbeat, and (a local process) by its process."""
+    """(up | down | unknown, why) of a target, from what is stored: never connects to it.
+
+    A plain profiler server: its last check (`probe_now`), "unknown" before the first. An
+    SDK target: its heartbeat, and (a local process) its process."""
     if watched_by_probe(target):
-        try:
-            addr = _profiler(target, EgressPolicy.from_settings(settings))
-        except EgressRefused as e:
-            return remote.DOWN, str(e)
-        return _probe(addr)
+        if not target.probed_at or target.probe_state not in (remote.UP, remote.DOWN):
+            return UNKNOWN, "not checked yet"
+        return target.probe_state, target.probe_reason
     why = _heartbeat_liveness(target, settings, now)
     return (remote.DOWN, why) if why else (remote.UP, "")
 
 
-def _probe(addr: str) -> tuple[str, str]:
-    now = time.monotonic()
-    with _probes_lock:
-        cached = _probes.get(addr)
-        if cached and now - cached[0] < PROBE_TTL_S:
-            return cached[1]
-    answer = remote.probe(addr)
-    with _probes_lock:
-        _probes[addr] = (time.monotonic(), answer)
-        for key in [k for k, (at, _) in _probes.items() if now - at >= PROBE_TTL_S]:
-            del _probes[key]
+def checked_age(target: TargetRecord, now: float) -> float | None:
+    """Seconds since a plain profiler server's last check began (None: never checked, or
+    not a target that is checked)."""
+    if not watched_by_probe(target) or not target.probed_at:
+        return None
+    return max(0.0, now - target.probed_at)
+
+
+def describe(target: TargetRecord, settings: Settings, now: float) -> str:
+    """The status as people read it, with its age: "up, checked 40 s ago"."""
+    state, _ = status(target, settings, now)
+    age = checked_age(target, now)
+    return state if age is None else f"{state}, checked {age:.0f} s ago"
+
+
+def probe_now(target: TargetRecord, settings: Settings, state: StateStore | None = None,
+              now: float | None = None) -> tuple[str, str]:
+    """Check a plain profiler server now, through the egress policy (`remote.probe`: no
+    profiling session is started), and record the answer on its record in `state`.
+    `probed_at` is when the check began, so the record does not tell how long it took."""
+    began = time.time() if now is None else now
+    try:
+        addr = _profiler(target, EgressPolicy.from_settings(settings))
+    except EgressRefused as e:
+        answer = (remote.DOWN, str(e))
+    else:
+        answer = remote.probe(addr, timeout_s=settings.probe_timeout_s)
+    target.probe_state, target.probe_reason, target.probed_at = (*answer, began)
+    if state is not None:
+        state.update_target(target.run, target.host, target.port, probe_state=answer[0],
+                            probe_reason=answer[1], probed_at=began)
     return answer
 
 
 def statuses(targets: Sequence[TargetRecord], settings: Settings,
              now: float | None = None) -> list[tuple[str, str]]:
-    """`status` of each target, probing plain profiler servers in parallel."""
-    if not any(watched_by_probe(t) for t in targets):
-        return [status(t, settings, now) for t in targets]
-    with ThreadPoolExecutor(min(32, len(targets)), thread_name_prefix="probe") as pool:
-        return list(pool.map(lambda t: status(t, settings, now), targets))
+    """`status` of each target (stored answers: nothing is connected to)."""
+    return [status(t, settings, now) for t in targets]
 
 
 def liveness(target: TargetRecord, settings: Settings, now: float | None = None) -> str:
-    """'' while the target looks alive (busy counts as alive: a capture waits for it), else
-    why not: see `status`."""
+    """'' while the target may be alive (a plain profiler server not checked yet counts: a
+    capture tries it and records why it failed), else why not: see `status`."""
     state, why = status(target, settings, now)
     return why if state == remote.DOWN else ""
+
+
+def check_target_cap(settings: Settings, run: str, count: int) -> None:
+    """MldiagError when `run` would hold more than `max_targets_per_run` targets."""
+    if count > settings.max_targets_per_run:
+        raise MldiagError(
+            f"run {run!r} would hold {count} targets, over the cap of "
+            f"{settings.max_targets_per_run} per run (MLDIAG_MAX_TARGETS_PER_RUN): delete "
+            "targets it no longer needs")
+
+
+def _resolved(address: str) -> set[str]:
+    try:
+        return {str(info[4][0]) for info in socket.getaddrinfo(address, None,
+                                                               proto=socket.IPPROTO_TCP)}
+    except (OSError, UnicodeError):
+        return {address}
+
+
+def address_holders(state: StateStore, settings: Settings, address: str, port: int, *,
+                    exclude: str = "", now: float | None = None) -> list[str]:
+    """The runs (other than `exclude`) that hold the profiler at `address:port`: a push
+    target of theirs at that address (compared after name resolution, so `localhost` and
+    `127.0.0.1` are one address). A plain profiler server's record holds it until deleted;
+    an SDK push target's only while its heartbeat is fresh (its process is gone after)."""
+    now = time.time() if now is None else now
+    mine = _resolved(address) | {address}
+    holders = []
+    for r in state.list_runs():
+        if r.name == exclude:
+            continue
+        for t in state.list_targets(r.name):
+            if t.pulls or t.port != port:
+                continue
+            if not watched_by_probe(t) and liveness(t, settings, now):
+                continue
+            if mine & (_resolved(t.address) | {t.address}):
+                holders.append(r.name)
+                break
+    return holders
 
 
 def _heartbeat_liveness(target: TargetRecord, settings: Settings,

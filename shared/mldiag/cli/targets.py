@@ -12,7 +12,7 @@ from typing import Any
 
 from mldiag.bootstrap import control_plane, open_state
 from mldiag.capture.requests import PLATFORMS, register_push_target, remove_target
-from mldiag.capture.targets import statuses
+from mldiag.capture.targets import checked_age, statuses
 from mldiag.cli import _control, _gcloud
 from mldiag.cli._home import add_home
 from mldiag.errors import MldiagError
@@ -124,10 +124,14 @@ def run(args: argparse.Namespace) -> int:
     now = time.time()
     status = dict(zip([(t.host, t.port) for t in targets], statuses(targets, settings, now),
                       strict=True))
+    # The last known status, never a fresh connection: a plain profiler server's comes from
+    # the background prober, with the age of its check.
+    age = {(t.host, t.port): checked_age(t, now) for t in targets}
     if args.format:
         _gcloud.emit([{"name": t.host, **_public(t.to_dict()),
                        "status": status[t.host, t.port][0],
-                       "down_reason": status[t.host, t.port][1]} for t in targets],
+                       "down_reason": status[t.host, t.port][1],
+                       "checked_age_s": age[t.host, t.port]} for t in targets],
                      args.format)
         return 0
     if not targets:
@@ -144,9 +148,11 @@ def run(args: argparse.Namespace) -> int:
             if t.last_heartbeat else "-"
         fw = f"{t.framework} {t.framework_version}".strip() or "-"
         state_, why = status[t.host, t.port]
+        checked = age[t.host, t.port]
         print(f"{t.host:<28} {t.address + ':' + str(t.port):<22} {t.delivery:<8} "
               f"{t.process_index:>4} {t.platform or '-':<8} {fw:<14} {t.continuous:<10} "
-              f"{state_:<6} {beat}")
+              f"{state_:<6} {beat}"
+              + (f"  (checked {checked:.0f} s ago)" if checked is not None else ""))
         if why:
             print(f"  {state_}: {why}")
         if t.last_error:

@@ -26,6 +26,7 @@ from mldiag.access import (
     share_path,
 )
 from mldiag.capture.requests import (
+    TargetHeld,
     capture_request,
     continuous_request,
     register_push_target,
@@ -142,13 +143,17 @@ def post_target(run: str, body: TargetBody, request: Request,
                 principal: Principal = Depends(require(CAPTURE))) -> dict[str, Any]:
     """Register a plain profiler server (a workload without the SDK that called
     jax.profiler.start_server) as a push target (editors). The address must pass the
-    capture egress policy; its status comes from connecting to it."""
+    capture egress policy, and an address that another run holds needs rights on that run
+    (403 otherwise); its status comes from one check that starts no profiling session."""
     console = console_of(request)
     _run_or_404(request, run)
     try:
         record, state = register_push_target(console.plane, run, body.address,
                                              host_name=body.host_name,
-                                             platform=body.platform, now=console.clock())
+                                             platform=body.platform, now=console.clock(),
+                                             principal=principal)
+    except TargetHeld as e:
+        raise HTTPException(403, str(e)) from e
     except MldiagError as e:
         raise HTTPException(400, str(e)) from e
     view = views.target_view(console, record, state)

@@ -36,7 +36,7 @@ from mldiag.console import views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
 from mldiag.console.redaction import redacted, session_reasons
-from mldiag.model import SessionRecord
+from mldiag.model import SessionRecord, parse_object_name
 from mldiag.viewer_cache import session_dir
 
 router = APIRouter(include_in_schema=False)
@@ -178,10 +178,26 @@ def _stored_page(request: Request, s: SessionRecord, principal: Principal, name:
     return Response(body, media_type="text/html; charset=utf-8")
 
 
+def _own_object(console: Console, s: SessionRecord, host: str) -> bool:
+    """Whether the host's object is this session's own profile: named
+    `[<prefix>/]<run>/plugins/profile/<session>/<host>.xplane.pb` for this run, session and
+    host, in the run's storage prefix (any, for a run discovered in the bucket)."""
+    name = s.hosts[host].object_name
+    try:
+        parsed = parse_object_name(name)
+    except ValueError:
+        return False
+    if parsed is None or (parsed.run, parsed.session, parsed.host) != (s.run, s.session, host):
+        return False
+    run = console.plane.state.get_run(s.run)
+    return not (run is not None and run.storage_prefix
+                and parsed.prefix != run.storage_prefix.strip("/"))
+
+
 def download(request: Request, s: SessionRecord, host: str) -> Response:
     console = console_of(request)
     record = s.hosts.get(host)
-    if record is None or record.status != "ARRIVED":
+    if record is None or record.status != "ARRIVED" or not _own_object(console, s, host):
         raise HTTPException(404, f"no profile of host {host!r} in this session")
     ws_dir = private_dir(owner_only_dir(console.viewers.root) / "downloads")
     digest = hashlib.sha256(f"{record.object_name}#{record.generation}".encode()).hexdigest()

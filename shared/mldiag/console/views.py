@@ -11,8 +11,8 @@ from typing import Any
 
 from mldiag.access import PROFILE, Principal
 from mldiag.analysis import hosts_section, judged_over, none_found
+from mldiag.capture.targets import checked_age, describe
 from mldiag.capture.targets import status as status_of
-from mldiag.capture.targets import statuses
 from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
 from mldiag.console.redaction import redacted, session_reasons, without_locations
@@ -41,22 +41,26 @@ def _iso(t: float) -> str | None:
 
 
 def target_views(console: Console, targets: list[TargetRecord]) -> list[dict[str, Any]]:
-    """The targets as the pages show them, with their status (a plain profiler server's
-    from connecting to it: `capture.targets.status`)."""
-    return [target_view(console, t, st) for t, st in
-            zip(targets, statuses(targets, console.settings, console.clock()), strict=True)]
+    """The targets as the pages show them, with their last known status and its age (a
+    plain profiler server's from the background prober: nothing is connected to here)."""
+    return [target_view(console, t) for t in targets]
 
 
 def target_view(console: Console, t: TargetRecord,
                 state: tuple[str, str] | None = None) -> dict[str, Any]:
-    age = console.clock() - t.last_heartbeat if t.last_heartbeat else None
-    status, why = state or status_of(t, console.settings, console.clock())
-    up = status != "down"
+    now = console.clock()
+    age = now - t.last_heartbeat if t.last_heartbeat else None
+    status, why = state or status_of(t, console.settings, now)
+    checked = checked_age(t, now)
     return {"status": status, "down_reason": why, "host": t.host, "address": t.address,
             "port": t.port,
+            # "up, checked 40 s ago": the last check of a plain profiler server, and its age.
+            "status_text": describe(t, console.settings, now),
+            "checked_at": _iso(t.probed_at) if checked is not None else None,
+            "checked_age_s": None if checked is None else round(checked, 1),
             "process_index": t.process_index, "platform": t.platform,
             "framework": " ".join(x for x in (t.framework, t.framework_version) if x),
-            "up": up, "last_heartbeat": _iso(t.last_heartbeat),
+            "up": status == "up", "last_heartbeat": _iso(t.last_heartbeat),
             "heartbeat_age_s": None if age is None else round(age, 1),
             "continuous": t.continuous, "continuous_since": _iso(t.continuous_since),
             "delivery": t.delivery, "last_error": t.last_error}

@@ -25,6 +25,8 @@ One module per concern; the imports point one way, from the registry down to the
   claims in the state store, windows in the bucket; window_exchange, window_count_of).
 - registry: HANDLERS, the message type → stage registry; handle and dispatch route by it.
 - maintenance: the sweeper (sweep, rescan, requeue_stuck) and dead_lettered.
+- liveness: probe_targets, the background prober of plain profiler servers (read paths
+  show its stored answers and never connect to a target).
 
 Every stage is idempotent. Claims keyed by the event (or by session and version) make
 duplicates no-ops; a transient error propagates so the bus redelivers; a permanent one
@@ -45,6 +47,7 @@ from mldiag.stages.analysis import (
 from mldiag.stages.capture import continuous, on_capture_request, on_degradation_alert
 from mldiag.stages.fanout import collect_host
 from mldiag.stages.intake import on_profile_object
+from mldiag.stages.liveness import probe_targets
 from mldiag.stages.maintenance import dead_lettered, requeue_stuck, rescan, sweep
 from mldiag.stages.registry import HANDLERS, dispatch, handle
 from mldiag.stages.services import Services
@@ -65,6 +68,7 @@ __all__ = [
     "on_profile_object",
     "prebuild_viewer",
     "prebuild_viewer_share",
+    "probe_targets",
     "render_report",
     "requeue_stuck",
     "rescan",

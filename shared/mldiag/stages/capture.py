@@ -298,7 +298,9 @@ def _profiler_turn(services: Services, target: TargetRecord, msg: CaptureProfile
     if not _uses_profiler(msg, target):
         yield
         return
-    key = f"profiler:{target.address}:{target.port}"
+    # The target's identity, not its address text: a run holds only its own targets'
+    # profilers (another run registering the same address cannot hold this one).
+    key = f"profiler:{target.run}/{target.host}"
     owner = f"{services.owner}:{msg.run}/{msg.session}"
     waited = time.monotonic()
     while not services.state.claim(key, owner, msg.duration_s + 60.0, services.clock()):

@@ -34,6 +34,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,42 @@ def _torch_profiler_dir(args: list[str], staging: str) -> tuple[list[str], str |
     return out, found
 
 
+def _regular_xplanes(root: Path) -> list[Path]:
+    """The `*.xplane.pb` regular files under `root`, walked without following symlinks: a
+    symlinked file or directory is never taken (it could lead to any file of the host)."""
+    found = []
+    for top, dirs, files in os.walk(root, followlinks=False):
+        dirs[:] = sorted(d for d in dirs if not os.path.islink(os.path.join(top, d)))
+        for f in sorted(files):
+            path = Path(top) / f
+            if f.endswith(".xplane.pb") and stat.S_ISREG(path.lstat().st_mode):
+                found.append(path)
+    return found
+
+
+def read_inside(root: Path, path: Path) -> bytes:
+    """The bytes of the regular file `path` under `root`, opened one path segment at a time
+    with O_NOFOLLOW from `root`: OSError when a segment is a symlink (also one swapped in
+    after the walk), or the file is not a regular file. Nothing outside `root` is read."""
+    parts = path.relative_to(root).parts
+    if not parts or any(p in ("", ".", "..") for p in parts):
+        raise OSError(f"{path} is not inside {root}")
+    flags = os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(root, flags | os.O_DIRECTORY)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        leaf = os.open(parts[-1], flags, dir_fd=fd)
+    finally:
+        os.close(fd)
+    with os.fdopen(leaf, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        return f.read()
+
+
 @dataclass
 class TraceCollector:
     """Copies the xplanes vLLM writes under local staging roots into the run's logdir.
@@ -139,6 +176,10 @@ class TraceCollector:
     exited). Under a root, `[<label>/]plugins/profile/<ts>/<host>.xplane.pb` becomes session
     `[<label>-]<ts>`; deeper files (a phase's per-rank `dp_rank_N/` sandbox, which the worker
     moves up when the phase ends) are not finished yet and are left alone.
+
+    Only regular files inside a root are copied: the walk follows no symlink, and each file
+    is opened segment by segment with O_NOFOLLOW (`read_inside`), so a link to a private file
+    (or a directory swapped for a link) is skipped with the reason, never uploaded.
     """
 
     run: MLRun
@@ -147,10 +188,16 @@ class TraceCollector:
     _seen: dict[Path, tuple[int, float]] = field(default_factory=dict)
     _done: set[Path] = field(default_factory=set)
 
+    def __post_init__(self) -> None:
+        # Each root once, resolved: below it, nothing is followed.
+        self.roots = [r.resolve() for r in self.roots]
+
     def candidates(self) -> list[tuple[Path, str, str]]:
+        """The xplanes under the roots, as (path, session, host): regular files only, found
+        without following a symlink (of a file or of a directory on the way)."""
         out = []
         for root in self.roots:
-            for path in sorted(root.rglob("*.xplane.pb")):
+            for path in _regular_xplanes(root):
                 parts = path.relative_to(root).parts
                 if len(parts) < 4 or parts[-4:-2] != ("plugins", "profile") or len(parts) > 5:
                     continue
@@ -164,7 +211,10 @@ class TraceCollector:
         for path, session, host in self.candidates():
             if path in self._done:
                 continue
-            st = path.stat()
+            try:
+                st = path.lstat()
+            except OSError:
+                continue  # gone meanwhile
             mark = (st.st_size, st.st_mtime)
             if final or self._seen.get(path) == mark:
                 ready.setdefault(session, []).append((path, host))
@@ -172,14 +222,28 @@ class TraceCollector:
         for session, files in ready.items():
             self._upload(session, files)
 
+    def _root_of(self, path: Path) -> Path:
+        return next(r for r in self.roots if path.is_relative_to(r))
+
     def _upload(self, session: str, files: list[tuple[Path, str]]) -> None:
         run = self.run
+        self._done.update(p for p, _ in files)
+        readable: list[tuple[Path, str, bytes]] = []
+        for path, host in files:
+            root = self._root_of(path)
+            try:
+                readable.append((path, host, read_inside(root, path)))
+            except OSError as e:
+                # A symlink (or a directory swapped for one since the walk), or gone.
+                log.error("mldiag: vLLM trace %s skipped: not a regular file inside %s (%s)",
+                          path, root, e)
+        if not readable:
+            return
         try:
             name = workload.session_name(session)
-            hosts = sorted({workload.safe_segment("host name", h) for _, h in files})
+            hosts = sorted({workload.safe_segment("host name", h) for _, h, _ in readable})
         except ValueError as e:
-            log.error("mldiag: vLLM trace %s skipped: %s", files[0][0], e)
-            self._done.update(p for p, _ in files)
+            log.error("mldiag: vLLM trace %s skipped: %s", readable[0][0], e)
             return
         now = time.time()
         if name not in self.sessions:
@@ -187,10 +251,9 @@ class TraceCollector:
             run.plane.state.create_session(SessionRecord(
                 run=run.name, session=name, state=CAPTURING, kind="programmatic",
                 trigger="manual", expected_hosts=hosts, created_at=now, updated_at=now))
-        for path, host in files:
+        for path, host, data in readable:
             object_name = f"{run.session_dir(name)}/{workload.safe_segment('host name', host)}"
-            run.plane.storage.write_bytes(f"{object_name}.xplane.pb", path.read_bytes())
-            self._done.add(path)
+            run.plane.storage.write_bytes(f"{object_name}.xplane.pb", data)
             self.sessions.setdefault(name, []).append(host)
             log.info("mldiag: vLLM trace %s → session %s", path, name)
 
