@@ -21,6 +21,7 @@ from mldiag.cli import (
     demo,
     diff,
     gc,
+    kube_discover,
     machine_learning_run,
     metrics,
     monitored_events,
@@ -47,6 +48,7 @@ COMMANDS = {
     "demo": demo,
     "diff": diff,
     "gc": gc,
+    "kube-discover": kube_discover,
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,
