@@ -22,6 +22,7 @@ from mldiag.cli import (
     diff,
     gc,
     kube_discover,
+    kube_webhook,
     machine_learning_run,
     metrics,
     monitored_events,
@@ -49,6 +50,7 @@ COMMANDS = {
     "diff": diff,
     "gc": gc,
     "kube-discover": kube_discover,
+    "kube-webhook": kube_webhook,
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,
