@@ -20,6 +20,7 @@ KINDS = {
     ("v1", "ServiceAccount"): "V1ServiceAccount",
     ("v1", "Service"): "V1Service",
     ("apps/v1", "Deployment"): "V1Deployment",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "V1NetworkPolicy",
     ("rbac.authorization.k8s.io/v1", "Role"): "V1Role",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "V1RoleBinding",
     ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration"):
