@@ -240,6 +240,8 @@ class FakeKube:
                 return
             while True:
                 with self.cond:
+                    if epoch != self.epoch:
+                        break  # compacted: this watch ends, the client's next one is too old
                     pending = [e for e in self.events if e[0] > since]
                     while not pending and not self.closed and epoch == self.epoch:
                         left = deadline - time.monotonic()
@@ -247,7 +249,7 @@ class FakeKube:
                             break
                         self.cond.wait(left)
                         pending = [e for e in self.events if e[0] > since]
-                    if not pending:
+                    if not pending or epoch != self.epoch:
                         break
                 for rv, ns, kind, obj in pending:
                     since = rv

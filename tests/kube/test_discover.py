@@ -201,7 +201,8 @@ def test_a_broken_or_expired_watch_lists_again_and_registers_nothing_twice(
     else:
         kube.break_watches(how)
     kube.put(slice_pod("llama-train-slice-0-1-bbbbb", 1, "127.0.0.3"))
-    wait_until(lambda: at(plane, "llama-train-slice-0-1", "127.0.0.3"),
+    wait_until(lambda: at(plane, "llama-train-slice-0-1", "127.0.0.3")
+               and registrations(caplog, "llama-train-slice-0-1"),
                what=lambda: f"the pod after the break: {targets(plane)}")
     said = {"garble": "broke mid-event", "drop": "broke:", "gone": "expired (410 Gone)"}[how]
     assert any(said in r.getMessage() and "listing again" in r.getMessage()
@@ -235,3 +236,28 @@ def test_a_plain_indexed_job_pod_is_named_after_its_job(
     assert [(t.host, t.address, t.process_index) for t in plane.state.list_targets(
         "resnet-run")] == [("resnet-bench-0", "127.0.0.2", 0)]
     assert any("cannot read its parallelism (404" in p for p in d.status()["problems"])
+
+
+def test_a_failing_state_store_is_logged_and_the_namespace_listed_again(
+        plane: ControlPlane, kube: FakeKube, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    real = plane.state.upsert_target
+    failures = iter([RuntimeError("firestore: 503 unavailable")])
+
+    def flaky(target: TargetRecord) -> None:
+        for e in failures:
+            raise e
+        real(target)
+
+    monkeypatch.setattr(plane.state, "upsert_target", flaky)
+    kube.put(slice_pod("llama-train-slice-0-0-aaaaa", 0, "127.0.0.2"))
+    d = Discoverer(plane, RUN, [NS], connect(server=kube.url), watch_timeout_s=2, retry_s=0.1)
+    threads = d.run_forever()
+    try:
+        wait_until(lambda: at(plane, "llama-train-slice-0-0", "127.0.0.2"),
+                   what="registered after the failure")
+    finally:
+        d.stopping.set()
+        for t in threads:
+            t.join(10)
+    assert any("discovery in ml-team failed" in r.getMessage() for r in caplog.records)

@@ -187,12 +187,21 @@ class Discoverer:
         `stopping` is set."""
         listed = False
         while not self.stopping.is_set():
-            if not listed:
-                listed = self.list_pods(namespace)
+            try:
                 if not listed:
-                    self.stopping.wait(self.retry_s)
-                    continue
-            why = self.watch_pods(namespace)
+                    listed = self.list_pods(namespace)
+                    if not listed:
+                        self.stopping.wait(self.retry_s)
+                        continue
+                why = self.watch_pods(namespace)
+            except Exception:
+                # A transient failure (the state store, the API server's answer): this
+                # namespace's loop must outlive it, or discovery would stop unseen.
+                log.exception("discovery in %s failed; listing again in %g s", namespace,
+                              self.retry_s)
+                listed = False
+                self.stopping.wait(self.retry_s)
+                continue
             if why and not self.stopping.is_set():
                 log.warning("%s: listing again", why)
                 listed = False
@@ -224,7 +233,7 @@ class Discoverer:
 
     def _note_gone(self, pod: Pod, how: str) -> None:
         host = pod.host_name()
-        if host:
+        if host and pod.run == self.run:
             self._ended[host] = f"gone: pod {pod.ref} {how}"
 
     def _per_job(self, pod: Pod) -> int:
