@@ -5,6 +5,10 @@ log line and a state `targets list` shows, never a second registration."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -261,3 +265,26 @@ def test_a_failing_state_store_is_logged_and_the_namespace_listed_again(
         for t in threads:
             t.join(10)
     assert any("discovery in ml-team failed" in r.getMessage() for r in caplog.records)
+
+
+def test_the_command_registers_the_pods_and_refuses_an_unknown_run(
+        plane: ControlPlane, kube: FakeKube, capsys: pytest.CaptureFixture[str]) -> None:
+    home = str(plane.settings.home)
+    assert main(["kube-discover", "--run", "no-such-run", "-n", NS, "--server", kube.url,
+                 "--home", home]) == 1
+    assert "unknown run 'no-such-run'" in capsys.readouterr().err
+    kube.put(slice_pod("llama-train-slice-0-0-aaaaa", 0, "127.0.0.2"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mldiag.cli.main", "kube-discover", "--run", RUN, "-n", NS,
+         "--server", kube.url, "--home", home, "--watch-timeout", "2"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        stderr=subprocess.PIPE, text=True)
+    try:
+        # The status on the run is written after the registration and its log line.
+        wait_until(lambda: at(plane, "llama-train-slice-0-0", "127.0.0.2")
+                   and "kubernetes" in plane.state.get_run(RUN).configs,  # type: ignore[union-attr]
+                   what="the command's registration", timeout=60)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert "host llama-train-slice-0-0 of run llama-7b-run: registered at 127.0.0.2:9999" in err
