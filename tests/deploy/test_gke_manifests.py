@@ -120,9 +120,16 @@ def test_rbac_is_read_only_on_pods_jobs_and_jobsets_in_the_workload_namespace() 
 
 def test_the_webhook_never_blocks_a_pod_and_speaks_v1() -> None:
     (config,) = [d for _, d in documents() if d["kind"] == "MutatingWebhookConfiguration"]
-    (hook,) = config["webhooks"]
-    assert hook["failurePolicy"] == "Ignore" and hook["admissionReviewVersions"] == ["v1"]
-    assert hook["sideEffects"] == "None" and hook["clientConfig"]["service"]["path"] == "/mutate"
-    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
-                              "operations": ["CREATE"], "resources": ["pods"],
-                              "scope": "Namespaced"}]
+    hooks = config["webhooks"]
+    for hook in hooks:
+        assert hook["failurePolicy"] == "Ignore" and hook["admissionReviewVersions"] == ["v1"]
+        assert hook["sideEffects"] == "None"
+        assert hook["clientConfig"]["service"]["path"] == "/mutate"
+        assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                  "operations": ["CREATE"], "resources": ["pods"],
+                                  "scope": "Namespaced"}]
+    # Selected by the run's label, or the product's on the pod or its namespace.
+    assert [h.get("objectSelector") or h.get("namespaceSelector") for h in hooks] == [
+        {"matchExpressions": [{"key": "mldiag.dev/run", "operator": "Exists"}]},
+        {"matchLabels": {"managed-mldiagnostics-gke": "true"}},
+        {"matchLabels": {"managed-mldiagnostics-gke": "true"}}]
