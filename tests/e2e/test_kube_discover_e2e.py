@@ -151,8 +151,19 @@ def test_pods_of_a_job_are_discovered_captured_followed_and_let_go(
             wait_until(lambda: any(t.host == f"{JOB}-0" and t.address == NOWHERE
                                    for t in runtime.state.list_targets(RUN)),
                        what="pod 0 marked gone")
+            gone = f"gone: pod {NS}/{JOB}-0-aaaaa ended (Succeeded)"
             out = cli(runtime, capsys, "targets", "list", "--run", RUN)
-            assert f"gone: pod {NS}/{JOB}-0-aaaaa ended (Succeeded)" in out
+            assert gone in out
+            # A capture still expects the whole job: the host without a pod fails with why.
+            capsys.readouterr()
+            assert main(["profiler-session", "capture", "od2", f"--machine-learning-run={RUN}",
+                         "--duration", "1000ms",
+                         "--home", str(runtime.services.settings.home)]) == 0
+            assert f"target down: {JOB}-0: {gone}" in capsys.readouterr().err
+            s = finished(runtime, RUN, "od2")
+            assert s.state == REPORTED, s.reason
+            assert s.hosts[f"{JOB}-1"].status == "ARRIVED"
+            assert s.hosts[f"{JOB}-0"].status == "FAILED" and gone in s.hosts[f"{JOB}-0"].reason
         finally:
             d.stopping.set()
             for t in threads:

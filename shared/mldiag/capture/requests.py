@@ -19,6 +19,7 @@ from mldiag.bootstrap import ControlPlane
 from mldiag.capture.egress import EgressPolicy
 from mldiag.capture.targets import liveness, status, watched_by_probe
 from mldiag.errors import MldiagError
+from mldiag.kube.pods import NOWHERE
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import PUSH, RunRecord, TargetRecord, check_name
 
@@ -119,6 +120,9 @@ def remove_target(plane: ControlPlane, run: str, name: str) -> int:
 
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
     """'' when the target looks alive, else a one-line reason."""
+    if t.address == NOWHERE and t.last_error and not t.pulls:
+        # A GKE job's host without a pod (kube-discover): why, not its placeholder address.
+        return f"target down: {t.host}: {t.last_error}"
     why = liveness(t, plane.settings)
     if why:
         return f"target down: {t.host} ({t.address}:{t.port}) {why}"

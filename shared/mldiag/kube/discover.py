@@ -14,8 +14,10 @@ workload should be, and writes only what changed:
   holds is not taken); its process index from its completion index;
 - every other host the workload has (its Jobs' parallelism times its replicated job's
   replicas): a record at `0.0.0.0` (which the egress policy never connects to), down, whose
-  `last_error` says why: no pod yet, no IP yet, or its pod ended. A restarted pod of the same
-  index takes the host over at its new address.
+  `last_error` says why: no pod yet, no IP yet, or its pod ended. These are the session's
+  expected hosts too: an on-demand capture names every target, and the capture stage fails
+  such a host with that reason (`stages.capture`). A restarted pod of the same index takes
+  the host over at its new address.
 
 What belongs to no host (a namespace the API server refuses, a pod without a completion
 index or with a bad port annotation, another run's pod, a second pod claiming an index) is
@@ -36,12 +38,13 @@ from typing import Any
 from mldiag.bootstrap import ControlPlane
 from mldiag.capture.requests import register_push_target
 from mldiag.errors import MldiagError
-from mldiag.kube.pods import RUN_LABEL, Pod, host_names, process_index
+from mldiag.kube.pods import NOWHERE, RUN_LABEL, Pod, host_names, process_index
 from mldiag.model import TargetRecord
 
 log = logging.getLogger("mldiag.kube")
 
-NOWHERE = "0.0.0.0"  # a host with nothing to connect to: the egress policy refuses it
+__all__ = ["NOWHERE", "Discoverer", "Want", "connect", "selector"]
+
 STATUS_KEY = "kubernetes"
 GONE = 410
 

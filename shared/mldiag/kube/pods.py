@@ -36,6 +36,9 @@ REPLICATED_JOB = "jobset.sigs.k8s.io/replicatedjob-name"
 REPLICATED_JOB_REPLICAS = "jobset.sigs.k8s.io/replicatedjob-replicas"
 JOB_INDEX = "jobset.sigs.k8s.io/job-index"
 ENDED_PHASES = ("Succeeded", "Failed")
+# The address of a job's host that has no pod to capture (kube-discover records it with the
+# reason in `last_error`): the egress policy never connects to it.
+NOWHERE = "0.0.0.0"
 
 
 def _str_map(value: Any) -> dict[str, str]:
