@@ -288,3 +288,20 @@ def test_the_command_registers_the_pods_and_refuses_an_unknown_run(
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert "host llama-train-slice-0-0 of run llama-7b-run: registered at 127.0.0.2:9999" in err
+
+
+def test_the_heartbeat_file_is_touched_by_each_answered_list(
+        plane: ControlPlane, kube: FakeKube, tmp_path: Path) -> None:
+    beat = tmp_path / "alive"
+    kube.forbid("secret-team")
+    d = Discoverer(plane, RUN, [NS, "secret-team"], connect(server=kube.url),
+                   watch_timeout_s=1, retry_s=0.1, heartbeat=str(beat))
+    threads = d.run_forever()
+    try:
+        wait_until(beat.exists, what="the heartbeat file")
+        first = beat.stat().st_mtime_ns
+        wait_until(lambda: beat.stat().st_mtime_ns > first, what="a later heartbeat")
+    finally:
+        d.stopping.set()
+        for t in threads:
+            t.join(10)

@@ -37,6 +37,9 @@ def register(sub: Any) -> None:
                    help="a plain-HTTP API server instead (kubectl proxy, a test's fake)")
     p.add_argument("--watch-timeout", type=int, default=300, metavar="SECONDS",
                    help="how long one watch request lasts before it is renewed")
+    p.add_argument("--heartbeat-file", default="", metavar="PATH",
+                   help="touch PATH after every list and every watch that ends in time (a "
+                   "liveness probe checks its age)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
     _control.get_run(plane, args.run)
     api = discover.connect(args.kubeconfig, args.context, args.server)
     d = discover.Discoverer(plane, args.run, args.namespaces, api,
-                            label_selector=args.selector, watch_timeout_s=args.watch_timeout)
+                            label_selector=args.selector, watch_timeout_s=args.watch_timeout,
+                            heartbeat=args.heartbeat_file)
     threads = d.run_forever()
     try:
         for t in threads:

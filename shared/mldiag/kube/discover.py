@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from mldiag.bootstrap import ControlPlane
@@ -80,7 +81,7 @@ class Discoverer:
 
     def __init__(self, plane: ControlPlane, run: str, namespaces: Sequence[str], api: Any, *,
                  label_selector: str = "", watch_timeout_s: int = 60, retry_s: float = 30.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 heartbeat: str = "", clock: Callable[[], float] = time.time) -> None:
         from kubernetes import client
 
         if not namespaces:
@@ -88,6 +89,9 @@ class Discoverer:
         self.plane, self.run, self.clock = plane, run, clock
         self.label_selector = label_selector or selector(run)
         self.watch_timeout_s, self.retry_s = watch_timeout_s, retry_s
+        # A file touched after every answered list and every watch that ended in time: its
+        # age is the liveness probe's (deploy/gke/discover.yaml).
+        self.heartbeat = Path(heartbeat) if heartbeat else None
         self.core, self.batch = client.CoreV1Api(api), client.BatchV1Api(api)
         self.namespaces = {ns: _Namespace() for ns in dict.fromkeys(namespaces)}
         self._jobs: dict[tuple[str, str], int] = {}
@@ -193,10 +197,12 @@ class Discoverer:
             try:
                 if not listed:
                     listed = self.list_pods(namespace)
+                    self._beat()  # answered, if only with a refusal
                     if not listed:
                         self.stopping.wait(self.retry_s)
                         continue
                 why = self.watch_pods(namespace)
+                self._beat()
             except Exception:
                 # A transient failure (the state store, the API server's answer): this
                 # namespace's loop must outlive it, or discovery would stop unseen.
@@ -208,6 +214,10 @@ class Discoverer:
             if why and not self.stopping.is_set():
                 log.warning("%s: listing again", why)
                 listed = False
+
+    def _beat(self) -> None:
+        if self.heartbeat is not None:
+            self.heartbeat.touch()
 
     def run_forever(self) -> list[threading.Thread]:
         """Follow every namespace in a thread of its own; set `stopping` to end them."""
