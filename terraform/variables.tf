@@ -289,3 +289,39 @@ variable "deployer" {
     error_message = "deployer: user:EMAIL, serviceAccount:EMAIL or group:EMAIL."
   }
 }
+
+variable "gke_install" {
+  description = "Install kube-discover and kube-webhook (deploy/gke/) into a GKE cluster: its pods labelled mldiag.dev/run=<gke_run> become push targets by themselves (docs/deploy-gke.md). Off by default."
+  type        = bool
+  default     = false
+}
+
+variable "gke_cluster" {
+  description = "The GKE cluster to install into (with gke_install): its name and location."
+  type = object({
+    name     = string
+    location = string
+  })
+  default = {
+    name     = ""
+    location = ""
+  }
+}
+
+variable "gke_run" {
+  description = "The run whose pods kube-discover registers (label mldiag.dev/run=<run>)."
+  type        = string
+  default     = ""
+}
+
+variable "gke_workload_namespace" {
+  description = "The namespace of the workloads' pods: the only one kube-discover may read."
+  type        = string
+  default     = "default"
+}
+
+variable "gke_image" {
+  description = "The mldiag image (with the kube extra) that runs kube-discover and kube-webhook, by digest."
+  type        = string
+  default     = ""
+}

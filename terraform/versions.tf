@@ -20,6 +20,11 @@ terraform {
       source  = "hashicorp/random"
       version = "~> 3.7"
     }
+    # gke.tf, only with gke_install: deploy/gke/'s manifests.
+    kubernetes = {
+      source  = "hashicorp/kubernetes"
+      version = "~> 2.36"
+    }
   }
 }
 

@@ -302,7 +302,8 @@ def test_scripts_named_exist(doc: Path) -> None:
     assert [p for p in sorted(named) if not (REPO / p).exists()] == []
 
 
-MODULE = re.compile(r"`[^`\n]*?\b(mldiag(?:\.[A-Za-z_]\w*)+)")
+# Not a Kubernetes label or annotation key (`mldiag.dev/run`), which a "/" follows.
+MODULE = re.compile(r"`[^`\n]*?\b(mldiag(?:\.[A-Za-z_]\w*)+)(?![\w/])")
 
 
 def unresolved(dotted: str) -> str | None:

@@ -6,7 +6,9 @@ Three shapes arrive:
   PERFORMANCE_DEGRADATION`, `analyzerReports[].detectionState: DETECTED`, the run in `name`
   (`projects/P/locations/L/machineLearningRuns/RUN/monitoredEvents/ID`) or in `labels`;
 - a Cloud Monitoring incident notification (`{"incident": {...}, "version": "1.2"}`), the run
-  in a metric, resource or policy user label named `run` / `machine_learning_run`;
+  in a metric, resource or policy user label named `run` / `machine_learning_run`, or (a GKE
+  container metric such as the TPU duty cycle) in its pod's `mldiag.dev/run` label, which
+  the incident carries as a metadata user label (docs/deploy-gke.md);
 - mldiag's own `DegradationDetected` (the SDK's step-time monitor), with `kind`, or without it
   when another tool publishes one (`alert_id` and `run`).
 
@@ -26,6 +28,7 @@ from datetime import datetime
 from typing import Any
 
 from mldiag.errors import PoisonMessage
+from mldiag.kube.pods import Pod
 from mldiag.messages import DegradationDetected, parse
 
 RUN_LABELS = ("run", "machine_learning_run", "machinelearningrun", "mldiag_run", "ml_run")
@@ -122,11 +125,16 @@ def _incident(data: dict[str, Any], attributes: Mapping[str, str]) -> Degradatio
     groups = [_dict(metric.get("labels")), _dict(resource.get("labels")),
               _dict(metadata.get("user_labels")), _dict(metadata.get("system_labels")),
               _dict(incident.get("policy_user_labels")), attributes]
-    run = _label(groups, RUN_LABELS)
+    # A GKE container's metric carries its pod's Kubernetes labels as metadata user labels:
+    # the run's label (mldiag.dev/run, or the product's, naming the JobSet) and the stable
+    # host name of its completion index, as kube-discover registered it.
+    pod = Pod.from_object({"metadata": {"labels": _dict(metadata.get("user_labels"))}})
+    run = _label(groups, RUN_LABELS) or pod.run
     if not run:
         raise PoisonMessage("Cloud Monitoring incident names no run: add a `run` user label "
-                            "to the alert policy or a `run` metric label")
-    target = _label(groups, TARGET_LABELS)
+                            "to the alert policy or a `run` metric label, or alert on a GKE "
+                            "container metric of pods labelled mldiag.dev/run")
+    target = _label(groups, TARGET_LABELS) or pod.host_name()
     summary = str(incident.get("summary") or incident.get("condition_name") or "")
     return DegradationDetected(alert_id=f"incident:{incident_id}", run=run,
                                source="cloud-monitoring", summary=summary[:2000],

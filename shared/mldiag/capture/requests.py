@@ -28,6 +28,7 @@ from mldiag.capture.targets import (
     watched_by_probe,
 )
 from mldiag.errors import MldiagError
+from mldiag.kube.pods import NOWHERE
 from mldiag.messages import CaptureProfile, ContinuousProfiling
 from mldiag.model import PUSH, RunRecord, TargetRecord, check_name
 
@@ -165,6 +166,9 @@ def remove_target(plane: ControlPlane, run: str, name: str) -> int:
 def target_down(plane: ControlPlane, t: TargetRecord, *, port: int | None = None) -> str:
     """'' when the target looks alive, else a one-line reason. A plain profiler server is
     checked now (a request, not a read: `targets.probe_now` starts no profiling session)."""
+    if t.address == NOWHERE and t.last_error and not t.pulls:
+        # A GKE job's host without a pod (kube-discover): why, not its placeholder address.
+        return f"target down: {t.host}: {t.last_error}"
     if watched_by_probe(t) and port is None:
         state, why = probe_now(t, plane.settings, plane.state)
         return f"target down: {t.host} ({t.address}:{t.port}) {why}" if state == "down" \

@@ -23,6 +23,8 @@ from mldiag.cli import (
     demo,
     diff,
     gc,
+    kube_discover,
+    kube_webhook,
     machine_learning_run,
     metrics,
     monitored_events,
@@ -51,6 +53,8 @@ COMMANDS = {
     "demo": demo,
     "diff": diff,
     "gc": gc,
+    "kube-discover": kube_discover,
+    "kube-webhook": kube_webhook,
     "metrics": metrics,
     # gcloud alpha mldiagnostics' command groups; the short names above are aliases.
     "machine-learning-run": machine_learning_run,

@@ -111,6 +111,17 @@ def _public(record: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k != "control_token"}
 
 
+def _print_discovery(run: Any) -> None:
+    """What `mldiag kube-discover` recorded on the run: its namespaces and problems."""
+    status = (run.configs if run is not None else {}).get("kubernetes")
+    if not isinstance(status, dict):
+        return
+    for ns, state in sorted((status.get("namespaces") or {}).items()):
+        print(f"kubernetes namespace {ns}: {state}")
+    for problem in status.get("problems") or []:
+        print(f"kubernetes: {problem}")
+
+
 def run(args: argparse.Namespace) -> int:
     if args.verb == "create":
         return _create(args)
@@ -134,6 +145,7 @@ def run(args: argparse.Namespace) -> int:
                        "checked_age_s": age[t.host, t.port]} for t in targets],
                      args.format)
         return 0
+    _print_discovery(state.get_run(args.run))
     if not targets:
         print(f"run {args.run} has no registered targets (sessions settle on a time window). "
               "A target comes from:\n"

@@ -24,6 +24,7 @@ from mldiag.capture.remote import CaptureFailed, ProfilerBusy
 from mldiag.capture.targets import capture as capture_target
 from mldiag.capture.targets import liveness, set_continuous
 from mldiag.errors import MldiagError, PermanentFailure, PoisonMessage, ProfileUnreadable
+from mldiag.kube.pods import NOWHERE
 from mldiag.messages import CaptureProfile, ContinuousProfiling, DegradationDetected
 from mldiag.model import (
     CAPTURING,
@@ -183,6 +184,12 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
     Push targets are called (their profiler server); pull targets get a request in their
     mailbox and answer with their upload, or their host FAILED, which this waits for."""
     directory = session_dir(prefix, msg.run, msg.session)
+    # A host of a GKE job that has no pod to capture (kube-discover's record at NOWHERE): the
+    # session expects it, as every host of the job, and fails it with why (no pod yet, no IP
+    # yet, its pod ended) rather than with the egress refusal of its placeholder address.
+    absent = {t.host: f"{t.host}: {t.last_error}" for t in targets
+              if t.address == NOWHERE and t.last_error and not t.pulls}
+    targets = [t for t in targets if t.host not in absent]
     # One start time for all, far enough ahead that every request reaches its target first
     # (a pull target looks for requests every pull_poll_s).
     pulled = [t for t in targets if t.pulls]
@@ -201,7 +208,7 @@ def _capture_all(services: Services, prefix: str, msg: CaptureProfile,
         services.storage.write_bytes(f"{directory}/{target.host}.xplane.pb", data)
         return ""
 
-    failures: dict[str, str] = {}
+    failures: dict[str, str] = dict(absent)
     waiting = _ask_pull_targets(services, msg, pulled, start_at, failures)
     pushed = [t for t in targets if not t.pulls]
     with ThreadPoolExecutor(max(1, len(pushed)), thread_name_prefix="capture") as pool:
