@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 from mldiag.bootstrap import LocalRuntime, bootstrap, control_plane
-from mldiag.capture import targets as capture_targets
 from mldiag.cli.main import main
 from mldiag.kube.discover import NOWHERE, Discoverer, connect
 from mldiag.model import REPORTED
@@ -85,9 +84,8 @@ def cli(runtime: LocalRuntime, capsys: pytest.CaptureFixture[str], *argv: str) -
 
 
 def test_pods_of_a_job_are_discovered_captured_followed_and_let_go(
-        runtime: LocalRuntime, workloads: Workloads, capsys: pytest.CaptureFixture[str],
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(capture_targets, "PROBE_TTL_S", 0.0)
+        runtime: LocalRuntime, workloads: Workloads, capsys: pytest.CaptureFixture[str]
+        ) -> None:
     cli(runtime, capsys, "machine-learning-run", "create", RUN, "--location=us-central1")
     (first, p0), (second, p1) = workloads.start(), workloads.start()
     fake = FakeKube()

@@ -90,8 +90,10 @@ def test_a_jobsets_pods_become_targets_with_stable_names_and_the_jobs_hosts(
     kube.put(slice_pod("llama-train-slice-0-1-bbbbb", 1, "127.0.0.3"))
     kube.put(slice_pod("llama-train-slice-1-0-ccccc", 0, "127.0.0.4", job_index=1))
     kube.put(slice_pod("llama-train-slice-1-1-ddddd", 1, "", phase="Pending", job_index=1))
-    wait_until(lambda: at(plane, "llama-train-slice-1-0", "127.0.0.4"),
-               what=lambda: f"the third pod registered: {targets(plane)}")
+    # The four pods' events may come in more than one batch: wait for the last one's.
+    wait_until(lambda: at(plane, "llama-train-slice-1-0", "127.0.0.4") and "has no IP yet" in (
+        getattr(targets(plane).get("llama-train-slice-1-1"), "last_error", "")),
+               what=lambda: f"the third pod registered, the fourth pending: {targets(plane)}")
     found = targets(plane)
     # Two Jobs (replicas) of parallelism 2: four hosts, numbered across the slices.
     assert {h: (t.address, t.process_index) for h, t in found.items()} == {

@@ -83,7 +83,7 @@ def parse_address(text: str) -> tuple[str, int]:
 
 def register_push_target(plane: ControlPlane, run: str, address: str, *, host_name: str = "",
                          platform: str = "", now: float | None = None,
-                         principal: Principal | None = None
+                         principal: Principal | None = None, process_index: int = 0
                          ) -> tuple[TargetRecord, tuple[str, str]]:
     """Register a plain profiler server (`jax.profiler.start_server(PORT)` in a workload
     without the SDK) as a push target of `run`; the record and its status (up or down, with
@@ -93,7 +93,8 @@ def register_push_target(plane: ControlPlane, run: str, address: str, *, host_na
     A profiler address belongs to one run: an address that another run holds
     (`address_holders`) is registered only by a `principal` with capture rights on that run,
     or an admin (None: the local operator, who is one). A run holds at most
-    `max_targets_per_run` targets."""
+    `max_targets_per_run` targets. `process_index` is the job's process it profiles
+    (kube-discover's, from the pod's completion index)."""
     run_record = get_run(plane, run)
     host, port = parse_address(address)
     if platform and platform not in PLATFORMS:
@@ -125,7 +126,8 @@ def register_push_target(plane: ControlPlane, run: str, address: str, *, host_na
         if t.port != port:
             plane.state.delete_target(run_record.name, name, t.port)
     record = TargetRecord(run=run_record.name, host=name, port=port, address=host,
-                          delivery=PUSH, platform=platform, registered_at=now)
+                          delivery=PUSH, platform=platform, registered_at=now,
+                          process_index=process_index)
     plane.state.upsert_target(record)
     return record, probe_now(record, plane.settings, plane.state, now)
 

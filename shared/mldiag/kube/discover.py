@@ -367,15 +367,14 @@ class Discoverer:
             self._applied[host] = want
             return
         try:
-            record, _ = register_push_target(self.plane, self.run,
-                                             f"{want.address}:{want.port}", host_name=host)
+            register_push_target(self.plane, self.run, f"{want.address}:{want.port}",
+                                 host_name=host, process_index=want.process_index)
         except MldiagError as e:
             why = f"pod {want.pod}: {e}"
             log.warning("host %s of run %s not registered: %s", host, self.run, why)
             self._apply(host, replace(want, why=why))
             self._applied[host] = want  # tried: not again until the pod changes
             return
-        state.upsert_target(replace(record, process_index=want.process_index))
         self._problems.pop(f"host:{host}", None)
         self._ended.pop(host, None)
         log.info("host %s of run %s: registered at %s:%d (pod %s)", host, self.run,
