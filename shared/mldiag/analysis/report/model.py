@@ -29,6 +29,15 @@ def prose(value: object) -> Markup:
     return Markup(_BACKTICK.sub(r"<code>\1</code>", str(escape(text))))
 
 
+def after_headline(summary: str, headline: str) -> str:
+    """`summary` without the "what changed" `headline` it starts with (an alert-triggered
+    session's summary leads with it), for a page that shows the headline in its own section:
+    the sentence is said once. `summary` unchanged when it does not start with it."""
+    if headline and summary.startswith(headline):
+        return summary[len(headline):].lstrip()
+    return summary
+
+
 def breakable(value: object, after: str = "_.") -> Markup:
     """Escaped text with a line-break opportunity (<wbr>) after each of `after`'s characters."""
     text = str(escape("" if value is None else str(value)))

@@ -24,6 +24,7 @@ from mldiag.analysis.report.model import (
     Span,
     Strong,
     Wbr,
+    after_headline,
     as_json,
     as_list,
     as_map,
@@ -342,7 +343,10 @@ def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
         Callout("Not judged (missing data is not evidence of health)",
                 [Prose(text(item)) for item in not_judged]) if not_judged
         else why("Every triage criterion had data; nothing was left unjudged."))
-    return Summary(as_str(analysis.get("summary")),
+    # An alert-triggered session's summary leads with the "what changed" sentence, which
+    # the section above this one shows: said once.
+    headline = as_str(as_map(analysis.get("regression")).get("headline"))
+    return Summary(after_headline(as_str(analysis.get("summary")), headline),
                    _card_notes(analysis, reading.cpu), _checks(analysis),
                    as_str(as_map(analysis.get("metrics")).get("judged_over")), judged,
                    _collection_note(analysis, snapshot), figures_line(analysis, reading))

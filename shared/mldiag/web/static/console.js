@@ -4,7 +4,9 @@
 //   with the page's CSRF token, and
 //   follow a capture to its session's page once the session exists, or reload the page
 //   (`data-reload`: pinning a run's baseline);
-// - button.share / button.revoke: create and revoke share links.
+// - button.share / button.revoke: create and revoke share links;
+// - time.when: a UTC time (its text, without scripts) shown in the browser's local time
+//   with its age ("3 min ago"), the UTC time in its tooltip; ages refresh every 30 s.
 "use strict";
 (function () {
   const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
@@ -36,7 +38,34 @@
     badge(row.querySelector('[data-field="state"]'), "st st-", s.state);
     badge(row.querySelector('[data-field="verdict"]'), "badge b-", s.verdict);
     text(row.querySelector('[data-field="top_finding"]'), s.top_finding);
-    text(row.querySelector('[data-field="duration_s"]'), s.duration_s);
+    text(row.querySelector('[data-field="duration_s"]'),
+         s.duration_s == null ? "" : s.duration_s.toFixed(1) + " s");
+  }
+
+  const relative = new Intl.RelativeTimeFormat(undefined, {numeric: "auto"});
+  const localTime = new Intl.DateTimeFormat(undefined, {dateStyle: "medium",
+                                                        timeStyle: "medium"});
+  const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400],
+                 ["hour", 3600], ["minute", 60], ["second", 1]];
+
+  function age(seconds) {
+    for (const [unit, size] of UNITS) {
+      if (Math.abs(seconds) >= size || unit === "second") {
+        return relative.format(-Math.round(seconds / size), unit);
+      }
+    }
+    return "";
+  }
+
+  function localTimes() {
+    const now = Date.now();
+    for (const el of document.querySelectorAll("time.when[datetime]")) {
+      const at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at)) continue;
+      if (!el.dataset.utc) el.dataset.utc = el.textContent;
+      el.textContent = localTime.format(at) + " (" + age((now - at) / 1000) + ")";
+      el.title = el.dataset.utc;
+    }
   }
 
   function poll(el) {
@@ -142,6 +171,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    localTimes();
+    setInterval(localTimes, 30000);
     for (const el of document.querySelectorAll("[data-poll]")) poll(el);
     actions();
     sharing();
