@@ -25,7 +25,6 @@ from mldiag.analysis.report.model import (
     Strong,
     Wbr,
     after_headline,
-    as_json,
     as_list,
     as_map,
     as_str,
@@ -39,6 +38,7 @@ from mldiag.analysis.report.model import (
     ms_text,
     na,
     parts,
+    readable,
     table,
     text,
     tool_reason,
@@ -448,7 +448,7 @@ def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
     for item in as_list(analysis.get("follow_ups")):
         f = as_map(item)
         args = f.get("args")
-        follow_rows.append((mono(f.get("tool")), as_json(args) if args is not None else "",
+        follow_rows.append((mono(f.get("tool")), readable(args) if args else "",
                             text(f.get("purpose")), Chip(as_str(f.get("status")) or "?"),
                             fmt_ms(f.get("elapsed_ms")), text(f.get("result_summary"))))
     session = as_map(analysis.get("session"))
