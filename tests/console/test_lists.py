@@ -166,6 +166,10 @@ def test_pages_show_no_raw_dicts_and_times_read_without_scripts(site: Site) -> N
     for raw in ("{&#34;", "{&#39;", "{'", '{"', "False", "True", "None"):
         assert raw not in page, raw
     assert "Off: an alert on this run" in page
+    # Sessions nothing asked for (their files created them) say so, not "programmatic".
+    bulk = page[page.index('data-session="bulk-061"'):]
+    assert "dropped in the bucket" in bulk[:bulk.index("</tr>")]
+    assert "programmatic" not in page
     when = re.search(r'<time class="when" datetime="([^"]+)">([^<]+)</time>', page)
     assert when is not None
     assert when.group(1) == "1970-01-01T00:00:01+00:00" and when.group(2).endswith(" UTC")

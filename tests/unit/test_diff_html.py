@@ -79,3 +79,11 @@ def test_the_what_changed_sentence_is_said_once_in_the_report():
     assert page.count("step time rose from 10.00 to 50.00 ms") == 1
     summary = page[page.index('id="summary"'):]
     assert "This TPU profile needs attention" in summary
+
+
+def test_a_dropped_file_s_report_says_it_was_dropped_into_the_bucket():
+    snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
+    report = json.loads((DATA / "analysis_tpu.json").read_text())
+    report["session"]["capture"] = {"kind": "dropped", "trigger": "manual"}
+    page = render_summary_html(report, snapshot)
+    assert "Capture: <b>dropped into the bucket (nothing asked for it)</b>" in page

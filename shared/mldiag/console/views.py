@@ -129,11 +129,9 @@ _DROPPED = ("dropped in the bucket", "nothing asked for this capture: its profil
 
 
 def kind_label(s: SessionRecord) -> tuple[str, str]:
-    """(label, explanation) of how the session was captured. A "programmatic" session that
-    no request made and no SDK process joined (its first file created it) is "dropped in the
-    bucket"."""
-    if (s.kind == "programmatic" and not s.processes and not s.process_count
-            and not s.request_id):
+    """(label, explanation) of how the session was captured ("dropped in the bucket" when
+    nothing asked for it: `SessionRecord.dropped`)."""
+    if s.dropped:
         return _DROPPED
     return _KINDS.get(s.kind, (s.kind, ""))
 

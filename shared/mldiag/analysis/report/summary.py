@@ -509,6 +509,8 @@ def _capture_lines(capture: Mapping[str, Any]) -> list[Cell]:
     if not capture:
         return []
     kind = as_str(capture.get("kind")).replace("_", "-") or "unknown"
+    if kind == "dropped":
+        kind = "dropped into the bucket (nothing asked for it)"
     trigger = as_str(capture.get("trigger")) or "unknown"
     lines: list[Cell] = [Span(parts("Capture: ", Strong(kind), ", triggered ", Strong(trigger)))]
     note = as_str(capture.get("note"))
