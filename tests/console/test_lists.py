@@ -177,3 +177,11 @@ def test_pages_show_no_raw_dicts_and_times_read_without_scripts(site: Site) -> N
     for raw in ("{&#34;", "{&#39;", "False", "True"):
         assert raw not in session, raw
     assert "Analysis: <b>v1</b>" in session
+
+
+def test_messages_draw_their_code_spans(site: Site) -> None:
+    page = site.client.get("/login?code=login_used")
+    assert page.status_code == 401
+    message = re.search(r'<p class="err">(.*?)</p>', page.text)
+    assert message is not None and "<code>mldiag up</code>" in message.group(1)
+    assert "`" not in message.group(1)

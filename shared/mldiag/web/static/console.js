@@ -13,6 +13,22 @@
 
   function text(el, value) { if (el) el.textContent = value == null ? "" : String(value); }
 
+  // A message from the API, its `code` spans drawn as <code> (built as DOM nodes, never
+  // parsed as HTML), so no Markdown backtick shows.
+  function message(el, value) {
+    if (!el) return;
+    el.textContent = "";
+    String(value == null ? "" : value).split("`").forEach((part, i) => {
+      if (i % 2) {
+        const code = document.createElement("code");
+        code.textContent = part;
+        el.appendChild(code);
+      } else if (part) {
+        el.appendChild(document.createTextNode(part));
+      }
+    });
+  }
+
   function badge(cell, cls, value) {
     if (!cell) return;
     cell.textContent = "";
@@ -74,11 +90,12 @@
       try {
         const data = await api(url, "GET");
         if (el.matches("table.sessions")) {
+          // Keyed by run and session: the list of every run's sessions has both.
           const rows = new Map([...el.querySelectorAll("tr[data-session]")]
-            .map(r => [r.dataset.session, r]));
+            .map(r => [r.dataset.run + "/" + r.dataset.session, r]));
           let unknown = false;
           for (const s of data) {
-            const row = rows.get(s.session);
+            const row = rows.get(s.run + "/" + s.session);
             if (row) updateRow(row, s); else unknown = true;
           }
           if (unknown) { window.location.reload(); return; }
@@ -136,7 +153,7 @@
         text(status, "sending…"); if (status) status.classList.remove("err");
         try {
           const out = await api(form.dataset.api, form.dataset.method || "POST", body);
-          text(status, out.message || "done");
+          message(status, out.message || "done");
           if (form.dataset.reload) { window.location.reload(); return; }
           if (form.dataset.follow && body.session) {
             const name = encodeURIComponent(body.session);
@@ -144,7 +161,7 @@
             window.location.href = form.dataset.follow + name;
           }
         } catch (e) {
-          text(status, e.message); if (status) status.classList.add("err");
+          message(status, e.message); if (status) status.classList.add("err");
         }
       });
     }
@@ -159,7 +176,7 @@
           const link = await api(b.dataset.api, "POST", {anyone: !!(anyone && anyone.checked)});
           text(out, link.url);
           if (out) out.dataset.url = link.url;
-        } catch (e) { text(out, e.message); }
+        } catch (e) { message(out, e.message); }
       });
     }
     for (const b of document.querySelectorAll("button.revoke")) {
