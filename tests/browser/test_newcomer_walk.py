@@ -182,7 +182,11 @@ def test_a_newcomer_walks_from_sign_in_to_compare(console: Console, browse: Brow
     walk.step("run → compare", lambda: (form.get_by_role("button", name="Compare").click(),
                                         page.wait_for_load_state("load")))
     expect(page).to_have_url(re.compile(rf"/runs/{RUN}/compare\?a=before&b=after"))
-    expect(page.locator("#diff .summary")).not_to_be_empty()
+    headline = page.locator("#diff .summary")
+    expect(headline).not_to_be_empty()
+    # The diff's sentence once on the page; the full diff folded below it.
+    assert page.locator("main").inner_text().count(headline.inner_text()) == 1
+    page.locator("details.report > summary").click()
     expect(page.frame_locator("iframe.report").locator("h2").first).to_have_text(
         "What changed")
     shot(page, "compare", full_page=True)
