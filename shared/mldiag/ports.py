@@ -236,6 +236,12 @@ class StateStore(Protocol):
         self, run: str | None = None, state: str | None = None
     ) -> list[SessionRecord]: ...
 
+    def fill_list_fields(self) -> int:
+        """Give the runs and sessions stored before list queries existed the fields those
+        filter and sort on, once per store (later calls cost one read); how many records it
+        changed. A record rewritten meanwhile is left alone: its writer stored them."""
+        ...
+
     def query_sessions(self, query: SessionQuery) -> Page[SessionRecord]:
         """One page of sessions matching every filter of `query` (run, state, verdict,
         trigger, a word prefix of the name, created_at in [since, until)), in `query.sort`

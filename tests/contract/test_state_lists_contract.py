@@ -171,3 +171,25 @@ def test_every_list_query_has_an_index_for_each_filter(filters: dict[str, Any],
         assert ((name, "ASCENDING"), (field, direction)) in indexes, (name, field, direction)
     if query.term:
         assert (("terms", "CONTAINS"), (field, direction)) in indexes
+
+
+def test_records_stored_before_list_queries_are_listed_once_filled(state: Subject) -> None:
+    s = state.adapter
+    s.create_session(SessionRecord(run="r", session="old-1", state=REPORTED, created_at=5,
+                                   verdict="OPTIMAL", trigger="alert"))
+    s.ensure_run("old-run", discovered=True, now=3.0)
+    if state.name == "FirestoreStateStore":
+        # As an adapter before list queries stored them: without their list fields.
+        from google.cloud import firestore
+
+        s._session_ref("r", "old-1").update({  # noqa: SLF001 - the stored layout itself
+            k: firestore.DELETE_FIELD for k in ("created_at", "verdict", "trigger", "terms")})
+        s._run_ref("old-run").update({"terms": firestore.DELETE_FIELD})  # noqa: SLF001
+        assert s.query_sessions(SessionQuery()).items == []
+        assert s.query_runs(RunQuery(search="old")).items == []  # listed, not found
+        assert s.fill_list_fields() == 2
+    assert s.fill_list_fields() == 0  # done once; SQLite fills its columns when opened
+    (got,) = s.query_sessions(SessionQuery(verdict="OPTIMAL", trigger="alert",
+                                           search="old")).items
+    assert (got.key, got.created_at) == ("r/old-1", 5)
+    assert [r.name for r in s.query_runs(RunQuery(search="old")).items] == ["old-run"]

@@ -62,6 +62,9 @@ CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
 FAILURES = "failures"
 REQUESTS = "requests"
 METRICS = "metrics"
+# `meta/list_fields`: written once the records stored before list queries got their fields.
+META = "meta"
+_SESSION_LIST_FIELDS = ("created_at", "verdict", "trigger", "terms")
 # Points per metrics document: about 150 bytes each as JSON, well under the 1 MiB limit.
 METRIC_CHUNK = 2000
 # How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
@@ -620,6 +623,30 @@ class FirestoreStateStore(LazyFirestore):
         self, run: str | None = None, state: str | None = None
     ) -> list[SessionRecord]:
         return [self._session(s) for s in self.sessions_query(run, state).stream()]
+
+    def fill_list_fields(self) -> int:
+        # Documents without the list fields are left out of every ordered query, so they
+        # cannot be asked for: one pass over both collections, then a marker says it is done.
+        marker = self.client.collection(META).document("list_fields")
+        if read(marker).exists:
+            return 0
+        changed = 0
+        for collection, derive in (
+                (SESSIONS, lambda snap: {k: v for k, v in self._session_doc(
+                    self._session(snap)).items() if k in _SESSION_LIST_FIELDS}),
+                (RUNS, lambda snap: {"terms": search_terms(snap.get("name")),
+                                     "created_at": self._run(snap).created_at})):
+            for snap in self.client.collection(collection).stream():
+                if "terms" in (snap.to_dict() or {}):
+                    continue
+                try:
+                    snap.reference.update(derive(snap), option=self.client.write_option(
+                        last_update_time=snap.update_time))
+                    changed += 1
+                except (gexc.FailedPrecondition, gexc.NotFound):
+                    pass  # rewritten (with the fields) or deleted meanwhile
+        marker.set({"done_at": time.time(), "changed": changed})
+        return changed
 
     def session_list_query(self, query: SessionQuery) -> Any:
         """The Firestore query of query_sessions (its indexes are in INDEXES)."""
