@@ -17,12 +17,31 @@ resource "google_firestore_database" "main" {
 # The indexes of the state store's queries: mldiag.adapters.gcp.state.INDEXES, the adapter's
 # own list in firestore.indexes.json form, is the source; tests/deploy/test_terraform.py checks
 # that this file says the same. `list_sessions` filters sessions on run and/or state and orders
-# them by run and session.
+# them by run and session; the console's lists (`query_sessions`, `query_runs`) filter on one
+# field or more (each with its own index per sort order, which Firestore merges) and order by
+# creation time or name. An order of "CONTAINS" is an array-contains index (the name search).
 locals {
   firestore_indexes = {
-    sessions_by_run_session       = { collection = "sessions", fields = ["run", "session"] }
-    sessions_by_state_run_session = { collection = "sessions", fields = ["state", "run", "session"] }
-    sessions_by_run_state_session = { collection = "sessions", fields = ["run", "state", "session"] }
+    sessions_by_run_session                    = { collection = "sessions", fields = [{ path = "run", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_state_run_session              = { collection = "sessions", fields = [{ path = "state", order = "ASCENDING" }, { path = "run", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_run_state_session              = { collection = "sessions", fields = [{ path = "run", order = "ASCENDING" }, { path = "state", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_run_created_at_desc            = { collection = "sessions", fields = [{ path = "run", order = "ASCENDING" }, { path = "created_at", order = "DESCENDING" }] }
+    sessions_by_run_created_at                 = { collection = "sessions", fields = [{ path = "run", order = "ASCENDING" }, { path = "created_at", order = "ASCENDING" }] }
+    sessions_by_state_created_at_desc          = { collection = "sessions", fields = [{ path = "state", order = "ASCENDING" }, { path = "created_at", order = "DESCENDING" }] }
+    sessions_by_state_created_at               = { collection = "sessions", fields = [{ path = "state", order = "ASCENDING" }, { path = "created_at", order = "ASCENDING" }] }
+    sessions_by_state_session                  = { collection = "sessions", fields = [{ path = "state", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_verdict_created_at_desc        = { collection = "sessions", fields = [{ path = "verdict", order = "ASCENDING" }, { path = "created_at", order = "DESCENDING" }] }
+    sessions_by_verdict_created_at             = { collection = "sessions", fields = [{ path = "verdict", order = "ASCENDING" }, { path = "created_at", order = "ASCENDING" }] }
+    sessions_by_verdict_session                = { collection = "sessions", fields = [{ path = "verdict", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_trigger_created_at_desc        = { collection = "sessions", fields = [{ path = "trigger", order = "ASCENDING" }, { path = "created_at", order = "DESCENDING" }] }
+    sessions_by_trigger_created_at             = { collection = "sessions", fields = [{ path = "trigger", order = "ASCENDING" }, { path = "created_at", order = "ASCENDING" }] }
+    sessions_by_trigger_session                = { collection = "sessions", fields = [{ path = "trigger", order = "ASCENDING" }, { path = "session", order = "ASCENDING" }] }
+    sessions_by_terms_contains_created_at_desc = { collection = "sessions", fields = [{ path = "terms", order = "CONTAINS" }, { path = "created_at", order = "DESCENDING" }] }
+    sessions_by_terms_contains_created_at      = { collection = "sessions", fields = [{ path = "terms", order = "CONTAINS" }, { path = "created_at", order = "ASCENDING" }] }
+    sessions_by_terms_contains_session         = { collection = "sessions", fields = [{ path = "terms", order = "CONTAINS" }, { path = "session", order = "ASCENDING" }] }
+    runs_by_terms_contains_created_at_desc     = { collection = "runs", fields = [{ path = "terms", order = "CONTAINS" }, { path = "created_at", order = "DESCENDING" }] }
+    runs_by_terms_contains_created_at          = { collection = "runs", fields = [{ path = "terms", order = "CONTAINS" }, { path = "created_at", order = "ASCENDING" }] }
+    runs_by_terms_contains_name                = { collection = "runs", fields = [{ path = "terms", order = "CONTAINS" }, { path = "name", order = "ASCENDING" }] }
   }
   firestore_index_scope = "COLLECTION"
 
@@ -49,8 +68,9 @@ resource "google_firestore_index" "index" {
   dynamic "fields" {
     for_each = each.value.fields
     content {
-      field_path = fields.value
-      order      = "ASCENDING"
+      field_path   = fields.value.path
+      order        = fields.value.order == "CONTAINS" ? null : fields.value.order
+      array_config = fields.value.order == "CONTAINS" ? "CONTAINS" : null
     }
   }
 }

@@ -292,6 +292,14 @@ class SessionRecord:
     def key(self) -> str:
         return f"{self.run}/{self.session}"
 
+    @property
+    def dropped(self) -> bool:
+        """Nothing asked for this session: no capture request made it and no SDK process
+        joined it, its first profile file in the bucket did (a file copied there, or uploaded
+        by a workload that did not announce it). Its stored kind is "programmatic"."""
+        return (self.kind == "programmatic" and not self.processes and not self.process_count
+                and not self.request_id)
+
     @classmethod
     def arriving(cls, run: str, session: str, now: float,
                  expected_hosts: Sequence[str] = ()) -> SessionRecord:

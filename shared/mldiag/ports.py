@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mldiag.analysis import FollowUps, Triage
+from mldiag.listing import Page, RunQuery, SessionQuery
 from mldiag.messages import Message
 from mldiag.model import (
     ControlRequest,
@@ -102,6 +103,12 @@ class StateStore(Protocol):
     def get_run(self, name: str) -> RunRecord | None: ...
 
     def list_runs(self) -> list[RunRecord]: ...
+
+    def query_runs(self, query: RunQuery) -> Page[RunRecord]:
+        """One page of runs: those whose name `query.search` matches (a word prefix), in
+        `query.sort` order (ties by name), after `query.cursor` (a page's `next_cursor`),
+        at most `query.limit`. BadQuery for a cursor this store did not make."""
+        ...
 
     def register_run(self, run: RunRecord) -> RunRecord:
         """Create a run, or update a run's registration (run_group, configs, storage_prefix,
@@ -228,6 +235,20 @@ class StateStore(Protocol):
     def list_sessions(
         self, run: str | None = None, state: str | None = None
     ) -> list[SessionRecord]: ...
+
+    def fill_list_fields(self) -> int:
+        """Give the runs and sessions stored before list queries existed the fields those
+        filter and sort on, once per store (later calls cost one read); how many records it
+        changed. A record rewritten meanwhile is left alone: its writer stored them."""
+        ...
+
+    def query_sessions(self, query: SessionQuery) -> Page[SessionRecord]:
+        """One page of sessions matching every filter of `query` (run, state, verdict,
+        trigger, a word prefix of the name, created_at in [since, until)), in `query.sort`
+        order (ties in the store's own key order, the same on every page), after
+        `query.cursor`, at most `query.limit`: a page reads `limit + 1` records however many
+        match. BadQuery for a cursor this store did not make."""
+        ...
 
     def claim(self, key: str, owner: str, lease_s: float, now: float) -> bool:
         """Conditionally create (or take over an expired) claim; False if held or done."""

@@ -110,7 +110,7 @@ def stored_side(storage: Storage, state: StateStore, s: SessionRecord) -> Side:
         investigation = None
     return Side(label=s.key, snapshot=snapshot, analysis=analysis,
                 investigation=investigation, context=_context(state, s),
-                source=f"stored snapshot v{s.reported_version}")
+                source=f"stored snapshot of analysis version {s.reported_version}")
 
 
 def session_side(state: StateStore, s: SessionRecord, snapshot: Mapping[str, Any],

@@ -94,7 +94,8 @@ def test_editors_pin_the_baseline_from_the_run_page(site: Site) -> None:
     r = site.post(f"/api/v1/runs/{RUN}/baseline", {"session": "manual-1"}, "editor")
     assert r.status_code == 200 and r.json()["baseline"] == "manual-1"
     page = site.get(f"/runs/{RUN}", "editor").text
-    assert "manual-1</a> <span class=\"chip\">baseline</span>" in page
+    assert ('manual-1</a> <span class="chip" title="alert-triggered sessions of this run are '
+            'compared with it">baseline</span>') in page
     assert site.get(f"/api/v1/runs/{RUN}").json()["baseline"] == "manual-1"
     assert site.post(f"/api/v1/runs/{RUN}/baseline", {"session": "ghost"},
                      "editor").status_code == 404

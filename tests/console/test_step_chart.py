@@ -80,7 +80,8 @@ def test_the_run_page_charts_step_time_with_alerts_and_captures(
     # Under the console's CSP: no script and no style attribute; recorded names escaped.
     assert "<script" not in chart and " style=" not in html.split("<body", 1)[1]
     assert "&lt;img src=x&gt;" in html and "<img src=x>" not in html
-    assert re.search(r">loss</td><td>1</td><td class=\"num\">1</td>", html)
+    assert re.search(r">loss</td><td data-label=\"Unit\">1</td><td class=\"num\" "
+                     r"data-label=\"Points\">1</td>", html)
 
     # The same points through the API, newest first cut, oldest first in the answer.
     api = client.get("/api/v1/runs/train/metrics?name=step_time&last=3", headers=auth)

@@ -12,11 +12,13 @@ import itertools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.emulators import emu, stop_shared_emulators
+from mldiag.adapters.local.state import SqliteStateStore
+from tests.emulators import Emulators, emu, stop_shared_emulators
 
 __all__ = ["emu"]  # the session fixture, shared with tests/gcp
 
@@ -48,6 +50,23 @@ class Subject:
             if gap in self.gaps:
                 pytest.xfail(f"{self.name}: {self.gaps[gap]} ({type(e).__name__}: {e})")
             raise
+
+
+@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)])
+def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
+    """The StateStore under contract: SQLite, and Firestore on the emulator."""
+    if request.param == "sqlite":
+        yield Subject("SqliteStateStore", SqliteStateStore(tmp_path / "state.db"),
+                      twin=SqliteStateStore(tmp_path / "state.db"))
+        return
+    from mldiag.adapters.gcp.state import FirestoreStateStore
+
+    emu: Emulators = request.getfixturevalue("emu")
+    # A database per test: the emulator keeps each apart, so nothing needs clearing.
+    database = unique("contract-")
+    yield Subject("FirestoreStateStore",
+                  FirestoreStateStore(client=emu.firestore_client(database)),
+                  twin=FirestoreStateStore(client=emu.firestore_client(database)))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -4,13 +4,10 @@ registration with versions, capture reservations and dead letters."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from mldiag.adapters.local.state import SqliteStateStore
 from mldiag.model import (
     ANALYZING,
     CAPTURED,
@@ -27,25 +24,8 @@ from mldiag.model import (
     SessionRecord,
     TargetRecord,
 )
-from tests.contract.conftest import Subject, unique
-from tests.emulators import Emulators
+from tests.contract.conftest import Subject
 from tests.helpers.threads import contend
-
-
-@pytest.fixture(params=["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)])
-def state(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Subject]:
-    if request.param == "sqlite":
-        yield Subject("SqliteStateStore", SqliteStateStore(tmp_path / "state.db"),
-                      twin=SqliteStateStore(tmp_path / "state.db"))
-        return
-    from mldiag.adapters.gcp.state import FirestoreStateStore
-
-    emu: Emulators = request.getfixturevalue("emu")
-    # A database per test: the emulator keeps each apart, so nothing needs clearing.
-    database = unique("contract-")
-    yield Subject("FirestoreStateStore",
-                  FirestoreStateStore(client=emu.firestore_client(database)),
-                  twin=FirestoreStateStore(client=emu.firestore_client(database)))
 
 
 def host(name: str, generation: str = "1", size: int = 10) -> HostRecord:
@@ -689,3 +669,4 @@ def test_every_session_query_has_its_composite_index(run: str | None,
     if len(equal) + len(order) > 1:
         assert any(set(ix[:len(equal)]) == equal and ix[len(equal):] == order
                    for ix in indexes), f"no index for where {equal} order by {order}"
+

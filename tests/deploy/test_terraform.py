@@ -575,11 +575,15 @@ def test_firestore_indexes_are_the_state_adapters(tf: Terraform) -> None:
     scope = tf.locals["firestore_index_scope"]
     fields_block = one(index["dynamic"])["fields"]
     assert fields_block["for_each"] == "${each.value.fields}"
-    assert one(fields_block["content"]) == {"field_path": "${fields.value}", "order": "ASCENDING"}
-    ours = sorted((i["collection"], scope, tuple((f, "ASCENDING") for f in i["fields"]))
+    assert one(fields_block["content"]) == {
+        "field_path": "${fields.value.path}",
+        "order": '${fields.value.order == "CONTAINS" ? null : fields.value.order}',
+        "array_config": '${fields.value.order == "CONTAINS" ? "CONTAINS" : null}'}
+    ours = sorted((i["collection"], scope, tuple((f["path"], f["order"]) for f in i["fields"]))
                   for i in tf.locals["firestore_indexes"].values())
     theirs = sorted((i["collectionGroup"], i["queryScope"],
-                     tuple((f["fieldPath"], f["order"]) for f in i["fields"]))
+                     tuple((f["fieldPath"], f.get("order") or f["arrayConfig"])
+                           for f in i["fields"]))
                     for i in state.INDEXES["indexes"])
     assert ours == theirs
 

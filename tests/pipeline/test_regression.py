@@ -42,7 +42,7 @@ def test_an_alert_session_is_compared_with_the_most_recent_optimal_one(rt: Local
         assert (base / name).is_file(), name
     doc = json.loads((base / "diff.json").read_text())
     assert (doc["a"]["label"], doc["b"]["label"]) == (f"{RUN}/last-ok", f"{RUN}/auto-1")
-    assert doc["a"]["source"] == "stored snapshot v1"
+    assert doc["a"]["source"] == "stored snapshot of analysis version 1"
     assert doc["explanation"][0]["delta_ms"] == pytest.approx(39.9)
     page = (base / "summary.html").read_text()
     assert page.index('id="what-changed"') < page.index('id="summary"')

@@ -62,3 +62,28 @@ def test_a_report_without_a_baseline_says_so():
     page = render_summary_html(report, snapshot)
     section = page[page.index('id="what-changed"'):page.index('id="summary"')]
     assert "No baseline to compare with" in section and "diff.html" not in section
+
+
+def test_the_what_changed_sentence_is_said_once_in_the_report():
+    """An alert-triggered session's summary leads with the "what changed" sentence: the
+    report's summary section does not say it again under the section that does."""
+    snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
+    report = json.loads((DATA / "analysis_tpu.json").read_text())
+    headline = "Since r/before, step time rose from 10.00 to 50.00 ms (+400%)."
+    report["summary"] = f"{headline} This TPU profile needs attention: 1 P0 finding(s)."
+    report["regression"] = {
+        "baseline": {"run": "r", "session": "before", "version": 1, "status": "OPTIMAL",
+                     "why": "most recent OPTIMAL session"},
+        "headline": headline, "explanation": [], "comparability": {}, "diff_html": "diff.html"}
+    page = render_summary_html(report, snapshot)
+    assert page.count("step time rose from 10.00 to 50.00 ms") == 1
+    summary = page[page.index('id="summary"'):]
+    assert "This TPU profile needs attention" in summary
+
+
+def test_a_dropped_file_s_report_says_it_was_dropped_into_the_bucket():
+    snapshot = json.loads((DATA / "health_snapshot_tpu.json").read_text())
+    report = json.loads((DATA / "analysis_tpu.json").read_text())
+    report["session"]["capture"] = {"kind": "dropped", "trigger": "manual"}
+    page = render_summary_html(report, snapshot)
+    assert "Capture: <b>dropped into the bucket (nothing asked for it)</b>" in page

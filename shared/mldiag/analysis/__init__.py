@@ -39,6 +39,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TOOLS": ("collection.registry", "TOOLS"),
     "Triage": ("judgement.model", "Triage"),
     "XSpaceScan": ("collection.xspace.scan", "XSpaceScan"),
+    "after_headline": ("report.model", "after_headline"),
     "analyze": ("engine", "analyze"),
     "breakable": ("report.model", "breakable"),
     "build_analysis": ("engine", "build_analysis"),
@@ -132,6 +133,7 @@ if TYPE_CHECKING:
     from mldiag.analysis.judgement.verdict import none_found as none_found
     from mldiag.analysis.report.diff import render_diff_html as render_diff_html
     from mldiag.analysis.report.hosts import hosts_section as hosts_section
+    from mldiag.analysis.report.model import after_headline as after_headline
     from mldiag.analysis.report.model import breakable as breakable
     from mldiag.analysis.report.model import prose as prose
     from mldiag.analysis.report.page import style_hash as style_hash

@@ -23,6 +23,7 @@ from mldiag.analysis.judgement.model import Triage
 from mldiag.analysis.judgement.reading import read_session
 from mldiag.analysis.judgement.triage import OPTIMAL, triage
 from mldiag.analysis.judgement.verdict import conclude
+from mldiag.analysis.report.model import readable
 from mldiag.analysis.report.summary import render_summary_html
 from mldiag.ports import Investigator
 
@@ -165,7 +166,8 @@ def _summarize_result(record: Mapping[str, Any]) -> str:
         rows = data["aggregates"][:5]
         return "; ".join(f"{r.get('event')}: {r.get('count')}x, avg "
                          f"{float(r.get('avg_duration_ps', 0)) / 1e9:.2f} ms" for r in rows)
-    return ", ".join(f"{k}={str(v)[:60]}" for k, v in list(data.items())[:6])
+    return "; ".join(f"{k}: {readable(v)}" for k, v in list(data.items())[:6]) + (
+        "; …" if len(data) > 6 else "")
 
 
 def analyze(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, HTTPException, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from mldiag import limits
@@ -32,7 +32,7 @@ from mldiag.capture.requests import (
     register_push_target,
     remove_target,
 )
-from mldiag.console import views
+from mldiag.console import lists, views
 from mldiag.console.auth import console_of, require
 from mldiag.console.pages import compared, get_session
 from mldiag.errors import MldiagError
@@ -106,11 +106,25 @@ def _run_or_404(request: Request, run: str) -> Any:
     return record
 
 
-@router.get("/runs")
-def list_runs(request: Request,
+@router.get("/runs", description=lists.HELP)
+def list_runs(request: Request, response: Response,
               principal: Principal = Depends(require(BROWSE))) -> list[dict[str, Any]]:
-    """Runs the caller may see: targets up/total, sessions by state, last verdict."""
-    return views.runs_view(console_of(request), principal)
+    """A page of the runs the caller may see (newest first): targets up/total, the newest
+    session, the last verdict."""
+    runs, next_cursor = views.runs_view(console_of(request), principal,
+                                        lists.run_query(request))
+    lists.link_next(request, response, lists.RUN_PARAMS, next_cursor)
+    return runs
+
+
+@router.get("/sessions", description=lists.HELP)
+def list_all_sessions(request: Request, response: Response,
+                      principal: Principal = Depends(require(BROWSE))) -> list[dict[str, Any]]:
+    """A page of every run's sessions the caller may see (`run` narrows it to one run)."""
+    rows, next_cursor = views.sessions_page(console_of(request), principal,
+                                            lists.session_query(request))
+    lists.link_next(request, response, (*lists.SESSION_PARAMS, "run"), next_cursor)
+    return rows
 
 
 @router.get("/runs/{run}")
@@ -175,14 +189,16 @@ def delete_target(run: str, host: str, request: Request,
             "message": f"target {host} of {run} deleted"}
 
 
-@router.get("/runs/{run}/sessions")
-def list_sessions(run: str, request: Request,
+@router.get("/runs/{run}/sessions", description=lists.HELP)
+def list_sessions(run: str, request: Request, response: Response,
                   principal: Principal = Depends(require(BROWSE))) -> list[dict[str, Any]]:
+    """A page of the run's sessions (newest first)."""
     console = console_of(request)
     _run_or_404(request, run)
-    sessions = sorted(console.plane.state.list_sessions(run=run), key=lambda s: s.created_at,
-                      reverse=True)
-    return [views.session_row(s, principal, views.read_analysis(console, s)) for s in sessions]
+    rows, next_cursor = views.sessions_page(console, principal,
+                                            lists.session_query(request, run=run))
+    lists.link_next(request, response, lists.SESSION_PARAMS, next_cursor)
+    return rows
 
 
 @router.get("/runs/{run}/sessions/{session}")

@@ -8,6 +8,7 @@ bodies are capped before anything reads them (`console.guard`).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request, Response
@@ -22,23 +23,40 @@ import mldiag
 from mldiag.analysis import breakable, prose
 from mldiag.console.context import Console
 from mldiag.console.guard import Guard
+from mldiag.listing import BadQuery
 
 CONSOLE_CSP = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                "connect-src 'self'; frame-src 'self'; frame-ancestors 'none'; "
                "base-uri 'self'; form-action 'self'; object-src 'none'")
 
 
+_BOLD = re.compile(r"\*\*([^*<>]+?)\*\*")
+
+
 def _fmt(value: Any) -> str:
-    """Findings' impact and fix may be text or structured: show either as text."""
+    """A value as words, never a Python or JSON dump: findings' impact and fix, configs and
+    recorded values may be text or structured (a dict's `text` or `summary` stands for it,
+    else its items read "key: value; ...")."""
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:g}"
     if isinstance(value, dict):
-        if value.get("text"):
-            return str(value["text"])
-        return "; ".join(f"{k}: {v}" for k, v in value.items())
-    if isinstance(value, list):
+        for key in ("text", "summary"):
+            if value.get(key):
+                return str(value[key])
+        return "; ".join(f"{k}: {_fmt(v)}" for k, v in value.items())
+    if isinstance(value, list | tuple):
         return "; ".join(_fmt(v) for v in value)
     return str(value)
+
+
+def inline(value: Any) -> Markup:
+    """Text with its inline Markdown drawn: escaped first, then `code` spans as <code> and
+    **bold** as <b> (only ever around escaped text), so no backtick or asterisk shows."""
+    return Markup(_BOLD.sub(r"<b>\1</b>", str(prose(_fmt(value)))))
 
 
 def templates() -> Jinja2Templates:
@@ -47,6 +65,7 @@ def templates() -> Jinja2Templates:
     env.filters["fmt"] = _fmt
     # Escaped by prose itself, which only adds <code> around `code` spans.
     env.filters["prose"] = lambda value: Markup(prose(_fmt(value)))
+    env.filters["inline"] = inline
     # The report's blocks (a pod's hosts, drawn by report/macros.html) need its filter too.
     env.filters["breakable"] = breakable
     return Jinja2Templates(env=env)
@@ -68,6 +87,11 @@ def create_app(console: Console) -> FastAPI:
     async def http_error(request: Request, exc: HTTPException) -> Response:
         return pages.error_response(request, exc.status_code, str(exc.detail),
                                     headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(BadQuery)
+    async def bad_query(request: Request, exc: BadQuery) -> Response:
+        # A list's cursor the store refuses (made by another store, or mangled).
+        return pages.error_response(request, 422, str(exc))
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> Response:

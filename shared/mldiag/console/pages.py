@@ -32,10 +32,11 @@ from mldiag.access import (
 )
 from mldiag.adapters.local.private import FILE_MODE, owner_only_dir, private_dir
 from mldiag.analysis import style_hash
-from mldiag.console import views
+from mldiag.console import lists, views
 from mldiag.console.auth import COOKIE, check_csrf, console_of, csrf_token, require, resolve
 from mldiag.console.context import Console
 from mldiag.console.redaction import redacted, session_reasons
+from mldiag.listing import MAX_LIMIT, SessionQuery
 from mldiag.model import SessionRecord, parse_object_name
 from mldiag.viewer_cache import session_dir
 
@@ -103,8 +104,21 @@ def favicon() -> Response:
 
 @router.get("/", response_class=HTMLResponse)
 def runs_page(request: Request, principal: Principal = Depends(require(BROWSE))) -> Response:
-    return render(request, "console/runs.html", runs=views.runs_view(console_of(request),
-                                                                     principal))
+    runs, next_cursor = views.runs_view(console_of(request), principal,
+                                        lists.run_query(request))
+    return render(request, "console/runs.html", runs=runs,
+                  page=lists.list_form(request, lists.RUN_PARAMS, next_cursor, len(runs)))
+
+
+@router.get("/sessions", response_class=HTMLResponse)
+def sessions_list_page(request: Request,
+                       principal: Principal = Depends(require(BROWSE))) -> Response:
+    """Every run's sessions, filtered, sorted and paged like a run's."""
+    names = (*lists.SESSION_PARAMS, "run")
+    rows, next_cursor = views.sessions_page(console_of(request), principal,
+                                            lists.session_query(request))
+    return render(request, "console/sessions.html", sessions=rows,
+                  page=lists.list_form(request, names, next_cursor, len(rows)))
 
 
 @router.get("/runs/{run}", response_class=HTMLResponse)
@@ -114,8 +128,11 @@ def run_page(run: str, request: Request,
     record = console.plane.state.get_run(run)
     if record is None:
         raise HTTPException(404, f"no run {run!r}")
-    return render(request, "console/run.html",
-                  run=views.run_view(console, principal, record, chart=True),
+    view = views.run_view(console, principal, record, chart=True,
+                          query=lists.session_query(request, run=record.name))
+    return render(request, "console/run.html", run=view,
+                  page=lists.list_form(request, lists.SESSION_PARAMS, view["next_cursor"],
+                                       len(view["sessions_list"])),
                   can_capture=principal.can(CAPTURE, run),
                   suggested_name=time.strftime("ondemand-%Y%m%d-%H%M%S"))
 
@@ -272,9 +289,8 @@ def compare_page(run: str, request: Request, a: str = "", b: str = "",
     record = console.plane.state.get_run(run)
     if record is None:
         raise HTTPException(404, f"no run {run!r}")
-    reported = [x for x in sorted(console.plane.state.list_sessions(run=run),
-                                  key=lambda x: x.created_at, reverse=True)
-                if x.state == "REPORTED"]
+    reported = console.plane.state.query_sessions(
+        SessionQuery(run=run, state="REPORTED", limit=MAX_LIMIT)).items
     headline = ""
     if a and b:
         headline = compared(console, run, a, b, principal)["headline"]

@@ -5,19 +5,19 @@ from __future__ import annotations
 
 import json
 import logging
-from collections import Counter
 from dataclasses import replace
 from typing import Any
 
 from mldiag.access import PROFILE, Principal
-from mldiag.analysis import hosts_section, judged_over, none_found
+from mldiag.analysis import after_headline, hosts_section, judged_over, none_found
 from mldiag.capture.targets import checked_age, describe
 from mldiag.capture.targets import status as status_of
-from mldiag.console.charts import ALERT, STEP_TIME, step_time_chart
+from mldiag.console.charts import ALERT, ALERT_TO_CAPTURE_S, STEP_TIME, step_time_chart
 from mldiag.console.context import Console
 from mldiag.console.redaction import redacted, session_reasons, without_locations
+from mldiag.listing import MAX_LIMIT, RunQuery, SessionQuery
 from mldiag.model import (
-    STATES,
+    REPORTED,
     TERMINAL,
     RunRecord,
     SessionRecord,
@@ -95,51 +95,87 @@ def _reason(principal: Principal, s: SessionRecord, text: str) -> str:
     return text if principal.can(PROFILE, s.run, s.session) else without_locations(text)
 
 
+# How each kind of session came to be, in words.
+_KINDS = {
+    "on_demand": ("on demand", "captured on request (console, CLI or an alert) from the "
+                  "workload's profiler"),
+    "snapshot": ("snapshot", "the last seconds of the workload's continuous profiling"),
+    "programmatic": ("by the workload", "the workload's own code captured it (the SDK's "
+                     "profile window or capture call)"),
+}
+_DROPPED = ("dropped in the bucket", "nothing asked for this capture: its profile file "
+            "appeared in the bucket (copied there, or uploaded by a workload that did not "
+            "announce it)")
+
+
+def kind_label(s: SessionRecord) -> tuple[str, str]:
+    """(label, explanation) of how the session was captured ("dropped in the bucket" when
+    nothing asked for it: `SessionRecord.dropped`)."""
+    if s.dropped:
+        return _DROPPED
+    return _KINDS.get(s.kind, (s.kind, ""))
+
+
 def session_row(s: SessionRecord, principal: Principal,
                 analysis: dict[str, Any] | None = None) -> dict[str, Any]:
     end = s.timings.get(s.state, s.updated_at) if s.state in TERMINAL else None
+    label, note = kind_label(s)
     return {"run": s.run, "session": s.session, "state": s.state, "version": s.version,
-            "kind": s.kind, "trigger": s.trigger, "verdict": s.verdict,
+            "kind": s.kind, "kind_label": label, "kind_note": note,
+            "trigger": s.trigger, "verdict": s.verdict,
             "top_finding": _top_finding(analysis), "created": _iso(s.created_at),
             "updated": _iso(s.updated_at),
             "duration_s": round(end - s.created_at, 1) if end and s.created_at else None,
             "hosts": len(s.hosts), "reason": _reason(principal, s, s.reason)}
 
 
-def run_row(console: Console, run: RunRecord, sessions: list[SessionRecord]) -> dict[str, Any]:
-    targets = console.plane.state.list_targets(run.name)
+def run_row(console: Console, run: RunRecord) -> dict[str, Any]:
+    """A run as its list shows it: two one-row queries of its sessions (the newest, and the
+    newest reported), whatever their number."""
+    state = console.plane.state
+    targets = state.list_targets(run.name)
     up = sum(1 for t in target_views(console, targets) if t["up"])
-    by_state = Counter(s.state for s in sessions)
-    reported = sorted((s for s in sessions if s.state == "REPORTED"),
-                      key=lambda s: s.updated_at)
+    newest = state.query_sessions(SessionQuery(run=run.name, limit=1)).items
+    reported = state.query_sessions(SessionQuery(run=run.name, state=REPORTED, limit=1)).items
+    latest = newest[0] if newest else None
     return {"name": run.name, "run_group": run.run_group, "created": _iso(run.created_at),
             "targets_up": up, "targets_total": len(targets),
-            "sessions": {k: by_state[k] for k in STATES if by_state[k]},
-            "last_verdict": reported[-1].verdict if reported else None,
+            "latest": {"session": latest.session, "state": latest.state,
+                       "created": _iso(latest.created_at)} if latest else None,
+            "last_verdict": reported[0].verdict if reported else None,
             "discovered": run.discovered}
 
 
-def runs_view(console: Console, principal: Principal) -> list[dict[str, Any]]:
-    state = console.plane.state
-    runs = [r for r in state.list_runs() if principal.can("browse", r.name)]
-    by_run: dict[str, list[SessionRecord]] = {}
-    for s in state.list_sessions():
-        by_run.setdefault(s.run, []).append(s)
-    rows = [run_row(console, r, by_run.get(r.name, [])) for r in runs]
-    return sorted(rows, key=lambda r: r["created"] or "", reverse=True)
+def runs_view(console: Console, principal: Principal,
+              query: RunQuery | None = None) -> tuple[list[dict[str, Any]], str]:
+    """One page of the runs `principal` may see, and the next page's cursor ("" on the
+    last). A run the principal may not browse is left out of its page."""
+    page = console.plane.state.query_runs(query or RunQuery())
+    return ([run_row(console, r) for r in page.items if principal.can("browse", r.name)],
+            page.next_cursor)
+
+
+def sessions_page(console: Console, principal: Principal,
+                  query: SessionQuery) -> tuple[list[dict[str, Any]], str]:
+    """One page of sessions as rows (with their top finding, read for this page only), and
+    the next page's cursor. Sessions of runs the principal may not browse are left out."""
+    page = console.plane.state.query_sessions(query)
+    return ([session_row(s, principal, read_analysis(console, s)) for s in page.items
+             if principal.can("browse", s.run)], page.next_cursor)
 
 
 def run_view(console: Console, principal: Principal, run: RunRecord, *,
-             chart: bool = False) -> dict[str, Any]:
-    """A run, its sessions, targets, configs and recorded metrics; with `chart`, also the
-    step-time chart's geometry (for the HTML page)."""
-    sessions = sorted(console.plane.state.list_sessions(run=run.name),
-                      key=lambda s: s.created_at, reverse=True)
-    targets = target_views(console, console.plane.state.list_targets(run.name))
+             query: SessionQuery | None = None, chart: bool = False) -> dict[str, Any]:
+    """A run, one page of its sessions (`query`, default the newest), targets, configs and
+    recorded metrics; with `chart`, also the step-time chart's geometry (for the HTML page),
+    and the newest reported sessions (to compare two)."""
+    state = console.plane.state
+    rows, next_cursor = sessions_page(console, principal, query or SessionQuery(run=run.name))
+    targets = target_views(console, state.list_targets(run.name))
     continuous = [t for t in targets if t["continuous"] != "OFF"]
     since = min((t["continuous_since"] for t in continuous if t["continuous_since"]),
                 default=None)
-    view = run_row(console, run, sessions)
+    view = run_row(console, run)
     view.update({
         "configs": run.configs,
         "storage_prefix": run.storage_prefix if principal.can(PROFILE, run.name)
@@ -147,22 +183,31 @@ def run_view(console: Console, principal: Principal, run: RunRecord, *,
         "on_demand": run.on_demand,
         "auto_capture": run.policy.to_dict(),
         "continuous": {"on": len(continuous), "of": len(targets), "since": since},
-        "sessions_list": [session_row(s, principal, read_analysis(console, s))
-                          for s in sessions],
+        "sessions_list": rows,
+        "next_cursor": next_cursor,
         # The session alert-triggered sessions are compared with: pinned, else "" (the most
         # recent OPTIMAL one).
         "baseline": run.baseline,
+        # Whether a capture has anywhere to go (a live target), and why not.
+        "live_targets": sum(1 for t in targets if t["up"]),
     })
     # What the workload recorded with the SDK's metrics.record (its newest points: a long
     # run's history is for `mldiag metrics show`), and step time charted.
-    state = console.plane.state
     recent = state.list_metrics(run.name, limit=TABLE_POINTS)
     view["metrics"] = summarize_metrics(recent)
     view["metrics_of_newest"] = TABLE_POINTS if len(recent) >= TABLE_POINTS else None
     if chart:
-        view["step_chart"] = step_time_chart(
-            state.list_metrics(run.name, STEP_TIME, limit=CHART_POINTS)
-            + state.list_metrics(run.name, ALERT, limit=CHART_ALERTS), sessions)
+        points = (state.list_metrics(run.name, STEP_TIME, limit=CHART_POINTS)
+                  + state.list_metrics(run.name, ALERT, limit=CHART_ALERTS))
+        steps = [p.at for p in points if p.name == STEP_TIME]
+        # The captures the chart marks: those made while steps were recorded (at most a
+        # page's worth, the newest).
+        marked = state.query_sessions(SessionQuery(
+            run=run.name, since=min(steps) - ALERT_TO_CAPTURE_S, until=max(steps) + 1.0,
+            limit=MAX_LIMIT)).items if steps else []
+        view["step_chart"] = step_time_chart(points, marked)
+        view["reported"] = [x.session for x in state.query_sessions(
+            SessionQuery(run=run.name, state=REPORTED, limit=MAX_LIMIT)).items]
     # Addresses and ports of profiler servers are for those who may view profiles.
     view["targets"] = targets if principal.can(PROFILE, run.name) else []
     return view
@@ -179,6 +224,7 @@ def session_view(console: Console, principal: Principal, s: SessionRecord, *,
         analysis = redacted(analysis, session_reasons(s))
     view = session_row(s, principal, analysis)
     view.update({
+        "alert_baseline": s.trigger == "alert" and "baseline" in s.note,
         "history": sorted(({"state": k, "at": _iso(v)} for k, v in s.timings.items()),
                           key=lambda h: h["at"] or ""),
         "expected_hosts": s.expected_hosts,
@@ -187,7 +233,11 @@ def session_view(console: Console, principal: Principal, s: SessionRecord, *,
                        for h, r in sorted(s.hosts.items())],
         "note": s.note,
         "has_report": analysis is not None,
-        "summary": (analysis or {}).get("summary", ""),
+        # The verdict, said once: without the "what changed" sentence it may start with,
+        # which the page shows in its own section above.
+        "summary": after_headline(str((analysis or {}).get("summary") or ""),
+                                  str(((analysis or {}).get("regression") or {})
+                                      .get("headline") or "")),
         # The same words as the report's: what it was judged over, and what to say of no
         # findings (mldiag.analysis.judgement.verdict).
         "judged_over": judged_over((analysis or {})["reading"])

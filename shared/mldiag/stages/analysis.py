@@ -184,7 +184,9 @@ def _collect_claimed(services: Services, msg: AnalyzeSession,
     failed = {h: r.reason for h, r in sorted(s.hosts.items()) if r.status == "FAILED"}
     failed |= {h: str(p["failed"]) for h, p in (host_parts or {}).items() if "failed" in p}
     snapshot["session"]["capture"] = {
-        "kind": s.kind, "trigger": s.trigger, "note": s.note, "failed_hosts": failed}
+        # A session nothing asked for says so ("programmatic" would claim the workload's code).
+        "kind": "dropped" if s.dropped else s.kind, "trigger": s.trigger, "note": s.note,
+        "failed_hosts": failed}
     if services.settings.in_job:
         # The big-session path: the report says where the collection ran and why.
         snapshot["collection"]["collect_job"] = _job_note(services, s) or {

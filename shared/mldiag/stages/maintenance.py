@@ -69,6 +69,8 @@ def sweep(services: Services) -> dict[str, int]:
         if current is not None and complete_session(services, current):
             done["settled"] += 1
     done["requeued"] = requeue_stuck(services, settings.stuck_after_s)
+    # Records stored before the console's list queries get their fields (once per store).
+    done["list_fields"] = services.state.fill_list_fields()
     interval = settings.rescan_interval_s
     # One rescan per interval across every sweeper instance: the claim of its time slot.
     if interval > 0 and services.state.claim(f"rescan:{int(now // interval)}",

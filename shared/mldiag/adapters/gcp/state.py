@@ -42,6 +42,7 @@ from google.cloud import firestore
 
 from mldiag.adapters.gcp.firestore_client import LazyFirestore, read
 from mldiag.adapters.gcp.transactions import DocumentTransactions
+from mldiag.listing import Page, RunQuery, SessionQuery, decode_cursor, encode_cursor, search_terms
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
     ControlRequest,
@@ -61,6 +62,9 @@ CLAIMS, CAPTURES, DEAD_LETTERS = "claims", "captures", "dead_letters"
 FAILURES = "failures"
 REQUESTS = "requests"
 METRICS = "metrics"
+# `meta/list_fields`: written once the records stored before list queries got their fields.
+META = "meta"
+_SESSION_LIST_FIELDS = ("created_at", "verdict", "trigger", "terms")
 # Points per metrics document: about 150 bytes each as JSON, well under the 1 MiB limit.
 METRIC_CHUNK = 2000
 # How long Firestore keeps claims and dead letters (the `purge_at` TTL field, see terraform).
@@ -88,8 +92,26 @@ SESSION_QUERIES: dict[tuple[bool, bool], tuple[str, ...]] = {
 }
 
 
-def _field(path: str) -> dict[str, str]:
-    return {"fieldPath": path, "order": "ASCENDING"}
+def _field(path: str, order: str = "ASCENDING") -> dict[str, str]:
+    if order == "CONTAINS":
+        return {"fieldPath": path, "arrayConfig": "CONTAINS"}
+    return {"fieldPath": path, "order": order}
+
+
+# The console's list queries (`query_sessions`, `query_runs`): each equality filter (and the
+# search, an array-contains on `terms`) has an index with each sort order, and Firestore
+# merges them when several filters are given (its zig-zag merge join of equality indexes).
+_SESSION_ORDERS = (("created_at", "DESCENDING"), ("created_at", "ASCENDING"),
+                   ("session", "ASCENDING"))
+_RUN_ORDERS = (("created_at", "DESCENDING"), ("created_at", "ASCENDING"), ("name", "ASCENDING"))
+_LIST_INDEXES = [
+    *({"collectionGroup": SESSIONS, "queryScope": "COLLECTION",
+       "fields": [_field(f, "CONTAINS" if f == "terms" else "ASCENDING"), _field(o, d)]}
+      for f in ("run", "state", "verdict", "trigger", "terms") for o, d in _SESSION_ORDERS
+      if (f, o) != ("run", "session")),
+    *({"collectionGroup": RUNS, "queryScope": "COLLECTION",
+       "fields": [_field("terms", "CONTAINS"), _field(o, d)]} for o, d in _RUN_ORDERS),
+]
 
 
 # The database's indexes, in `firestore.indexes.json` form (terraform creates them). The
@@ -103,6 +125,7 @@ INDEXES: dict[str, list[dict[str, Any]]] = {
          "fields": [_field("state"), _field("run"), _field("session")]},
         {"collectionGroup": SESSIONS, "queryScope": "COLLECTION",
          "fields": [_field("run"), _field("state"), _field("session")]},
+        *_LIST_INDEXES,
     ],
     "fieldOverrides": [
         {"collectionGroup": group, "fieldPath": path, "indexes": []}
@@ -198,7 +221,7 @@ class FirestoreStateStore(LazyFirestore):
     @staticmethod
     def _run_doc(run: RunRecord) -> dict[str, Any]:
         return {"name": run.name, "discovered": run.discovered, "created_at": run.created_at,
-                "data": _dumps(run.to_dict())}
+                "terms": search_terms(run.name), "data": _dumps(run.to_dict())}
 
     @staticmethod
     def _run(snap: Any) -> RunRecord:
@@ -222,6 +245,35 @@ class FirestoreStateStore(LazyFirestore):
     def list_runs(self) -> list[RunRecord]:
         runs = [self._run(s) for s in self.client.collection(RUNS).stream()]
         return sorted(runs, key=lambda r: r.name)
+
+    def runs_query(self, query: RunQuery) -> Any:
+        """The Firestore query of query_runs (its index is in INDEXES)."""
+        ref: Any = self.client.collection(RUNS)
+        if query.term:
+            ref = ref.where(filter=firestore.FieldFilter("terms", "array_contains", query.term))
+        return self._ordered(ref, query.order, query.cursor, 1,
+                             lambda key: doc_id(key[0]), query.limit)
+
+    def query_runs(self, query: RunQuery) -> Page[RunRecord]:
+        snaps = list(self.runs_query(query).stream())
+        items = [self._run(s) for s in snaps[:query.limit]]
+        column = query.order[0]
+        last = items[-1] if len(snaps) > query.limit else None
+        return Page(items, encode_cursor(getattr(last, column), [last.name]) if last else "")
+
+    @staticmethod
+    def _ordered(ref: Any, order: tuple[str, bool], cursor: str, key_len: int,
+                 name_of: Callable[[list[str]], str], limit: int) -> Any:
+        """`ref` ordered on the sort's field, then the document id (the cursor's tie-break),
+        after the cursor's row, one row more than a page (to tell whether there is a next)."""
+        column, desc = order
+        direction = firestore.Query.DESCENDING if desc else firestore.Query.ASCENDING
+        ref = ref.order_by(column, direction=direction).order_by("__name__",
+                                                                 direction=direction)
+        if cursor:
+            value, key = decode_cursor(cursor, column, key_len)
+            ref = ref.start_after({column: value, "__name__": name_of(key)})
+        return ref.limit(limit + 1)
 
     def register_run(self, run: RunRecord) -> RunRecord:
         ref = self._run_ref(run.name)
@@ -439,7 +491,9 @@ class FirestoreStateStore(LazyFirestore):
     @staticmethod
     def _session_doc(s: SessionRecord) -> dict[str, Any]:
         return {"run": s.run, "session": s.session, "state": s.state, "version": s.version,
-                "updated_at": s.updated_at, "data": _dumps(s.to_dict())}
+                "updated_at": s.updated_at, "created_at": s.created_at,
+                "verdict": s.verdict or "", "trigger": s.trigger,
+                "terms": search_terms(s.session), "data": _dumps(s.to_dict())}
 
     @staticmethod
     def _session(snap: Any) -> SessionRecord:
@@ -571,6 +625,53 @@ class FirestoreStateStore(LazyFirestore):
         self, run: str | None = None, state: str | None = None
     ) -> list[SessionRecord]:
         return [self._session(s) for s in self.sessions_query(run, state).stream()]
+
+    def fill_list_fields(self) -> int:
+        # Documents without the list fields are left out of every ordered query, so they
+        # cannot be asked for: one pass over both collections, then a marker says it is done.
+        marker = self.client.collection(META).document("list_fields")
+        if read(marker).exists:
+            return 0
+        changed = 0
+        for collection, derive in (
+                (SESSIONS, lambda snap: {k: v for k, v in self._session_doc(
+                    self._session(snap)).items() if k in _SESSION_LIST_FIELDS}),
+                (RUNS, lambda snap: {"terms": search_terms(snap.get("name")),
+                                     "created_at": self._run(snap).created_at})):
+            for snap in self.client.collection(collection).stream():
+                if "terms" in (snap.to_dict() or {}):
+                    continue
+                try:
+                    snap.reference.update(derive(snap), option=self.client.write_option(
+                        last_update_time=snap.update_time))
+                    changed += 1
+                except (gexc.FailedPrecondition, gexc.NotFound):
+                    pass  # rewritten (with the fields) or deleted meanwhile
+        marker.set({"done_at": time.time(), "changed": changed})
+        return changed
+
+    def session_list_query(self, query: SessionQuery) -> Any:
+        """The Firestore query of query_sessions (its indexes are in INDEXES)."""
+        FieldFilter = firestore.FieldFilter  # noqa: N806
+        ref: Any = self.client.collection(SESSIONS)
+        for name, value in query.filters.items():
+            ref = ref.where(filter=FieldFilter(name, "==", value))
+        if query.term:
+            ref = ref.where(filter=FieldFilter("terms", "array_contains", query.term))
+        if query.since is not None:
+            ref = ref.where(filter=FieldFilter("created_at", ">=", query.since))
+        if query.until is not None:
+            ref = ref.where(filter=FieldFilter("created_at", "<", query.until))
+        return self._ordered(ref, query.order, query.cursor, 2,
+                             lambda key: f"{doc_id(key[0])}~{doc_id(key[1])}", query.limit)
+
+    def query_sessions(self, query: SessionQuery) -> Page[SessionRecord]:
+        snaps = list(self.session_list_query(query).stream())
+        items = [self._session(s) for s in snaps[:query.limit]]
+        column = query.order[0]
+        last = items[-1] if len(snaps) > query.limit else None
+        return Page(items, encode_cursor(getattr(last, column), [last.run, last.session])
+                    if last else "")
 
     # Claims
 

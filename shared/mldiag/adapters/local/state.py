@@ -18,6 +18,7 @@ from typing import Any
 
 from mldiag.adapters.local.private import private_dir
 from mldiag.adapters.local.sqlite import immediate, thread_connection
+from mldiag.listing import Page, RunQuery, SessionQuery, decode_cursor, encode_cursor, search_terms
 from mldiag.model import (
     MAX_PENDING_REQUESTS,
     ControlRequest,
@@ -60,6 +61,26 @@ CREATE TABLE IF NOT EXISTS dead_letters (
 """
 
 
+# The columns list queries filter and sort on (`mldiag.listing`), added to a database made
+# before them and filled from each row's record.
+_LIST_COLUMNS = {
+    "runs": (("created_at", "REAL NOT NULL DEFAULT 0"), ("terms", "TEXT NOT NULL DEFAULT ''")),
+    "sessions": (("created_at", "REAL NOT NULL DEFAULT 0"),
+                 ("verdict", "TEXT NOT NULL DEFAULT ''"),
+                 ("trigger", "TEXT NOT NULL DEFAULT ''"), ("terms", "TEXT NOT NULL DEFAULT ''")),
+}
+_LIST_INDEXES = """
+CREATE INDEX IF NOT EXISTS sessions_by_created ON sessions (created_at, run, session);
+CREATE INDEX IF NOT EXISTS sessions_by_run_created ON sessions (run, created_at, session);
+CREATE INDEX IF NOT EXISTS runs_by_created ON runs (created_at, name);
+"""
+
+
+def _terms(name: str) -> str:
+    """search_terms as one string that `instr` searches: " t1 t2 ... "."""
+    return " " + " ".join(search_terms(name)) + " "
+
+
 # How long a failure counter is kept: longer than Pub/Sub retains a message (7 days).
 FAILURE_RETENTION_S = 8 * 86400.0
 
@@ -74,6 +95,27 @@ class SqliteStateStore:
         private_dir(path.parent)
         # executescript commits on its own, so the schema is not wrapped in _tx.
         self.connection().executescript(_SCHEMA)
+        self._add_list_columns()
+
+    def _add_list_columns(self) -> None:
+        """Give a database made before list queries their columns, filled from the records."""
+        with self._tx() as db:
+            for table, columns in _LIST_COLUMNS.items():
+                have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+                missing = [(c, kind) for c, kind in columns if c not in have]
+                for column, kind in missing:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                if not missing:
+                    continue
+                if table == "runs":
+                    for name, data in db.execute("SELECT name, data FROM runs").fetchall():
+                        db.execute("UPDATE runs SET created_at = ?, terms = ? WHERE name = ?",
+                                   (json.loads(data).get("created_at") or 0.0, _terms(name),
+                                    name))
+                else:
+                    for (data,) in db.execute("SELECT data FROM sessions").fetchall():
+                        self._save(db, SessionRecord.from_dict(json.loads(data)))
+        self.connection().executescript(_LIST_INDEXES)
 
     def connection(self) -> sqlite3.Connection:
         return thread_connection(self._local, self.path)
@@ -106,8 +148,7 @@ class SqliteStateStore:
             if row is not None:
                 return RunRecord(**json.loads(row[0]))
             run = RunRecord(name=name, discovered=discovered, created_at=now)
-            db.execute("INSERT INTO runs (name, data) VALUES (?, ?)",
-                       (name, json.dumps(run.to_dict())))
+            self._save_run(db, run)
             return run
 
     def get_run(self, name: str) -> RunRecord | None:
@@ -133,9 +174,7 @@ class SqliteStateStore:
                 # A registration that names none (`runs create`) keeps what an SDK set.
                 stored.rl_orchestrator = run.rl_orchestrator or stored.rl_orchestrator
                 stored.discovered = False
-            db.execute("INSERT INTO runs (name, data) VALUES (?, ?) ON CONFLICT (name) "
-                       "DO UPDATE SET data = excluded.data",
-                       (stored.name, json.dumps(stored.to_dict())))
+            self._save_run(db, stored)
             return stored
 
     def set_auto_capture(self, run: str, policy: Mapping[str, Any]) -> RunRecord | None:
@@ -152,9 +191,43 @@ class SqliteStateStore:
                 return None
             stored = RunRecord(**json.loads(row[0]))
             change(stored)
-            db.execute("UPDATE runs SET data = ? WHERE name = ?",
-                       (json.dumps(stored.to_dict()), run))
+            self._save_run(db, stored)
             return stored
+
+    @staticmethod
+    def _save_run(db: sqlite3.Connection, run: RunRecord) -> None:
+        db.execute("INSERT INTO runs (name, data, created_at, terms) VALUES (?, ?, ?, ?) "
+                   "ON CONFLICT (name) DO UPDATE SET data = excluded.data, "
+                   "created_at = excluded.created_at, terms = excluded.terms",
+                   (run.name, json.dumps(run.to_dict()), run.created_at, _terms(run.name)))
+
+    def query_runs(self, query: RunQuery) -> Page[RunRecord]:
+        column, desc = query.order
+        where, args = ["1=1"], list[Any]()
+        if query.term:
+            where.append("instr(terms, ?) > 0")
+            args.append(f" {query.term} ")
+        rows = self._page("runs", ("name",), column, desc, where, args, query.cursor,
+                          query.limit)
+        items = [RunRecord(**json.loads(r[0])) for r in rows[:query.limit]]
+        more = len(rows) > query.limit
+        last = rows[query.limit - 1] if more else None
+        return Page(items, encode_cursor(last[1], [last[2]]) if last else "")
+
+    def _page(self, table: str, keys: tuple[str, ...], column: str, desc: bool,
+              where: list[str], args: list[Any], cursor: str, limit: int) -> list[Any]:
+        """Rows (data, sort value, *keys) of one page, and one more when there is a next."""
+        order = [column, *keys]
+        if cursor:
+            value, key = decode_cursor(cursor, column, len(keys))
+            marks = ", ".join("?" * len(order))
+            where.append(f"({', '.join(order)}) {'<' if desc else '>'} ({marks})")
+            args.extend([value, *key])
+        direction = " DESC" if desc else ""
+        sql = (f"SELECT data, {', '.join(order)} FROM {table} "  # noqa: S608
+               f"WHERE {' AND '.join(where)} ORDER BY "
+               + ", ".join(c + direction for c in order) + " LIMIT ?")
+        return self.connection().execute(sql, [*args, limit + 1]).fetchall()
 
     def reserve_capture(self, run: str, now: float, *, cooldown_s: float,
                         max_per_hour: int, key: str = "") -> bool:
@@ -269,12 +342,17 @@ class SqliteStateStore:
                          (run, session)).fetchone()
         return SessionRecord.from_dict(json.loads(row[0])) if row else None
 
-    def _save(self, db: sqlite3.Connection, s: SessionRecord) -> None:
+    @staticmethod
+    def _save(db: sqlite3.Connection, s: SessionRecord) -> None:
         db.execute(
-            "INSERT INTO sessions (run, session, state, updated_at, data) VALUES (?, ?, ?, ?, ?) "
+            "INSERT INTO sessions (run, session, state, updated_at, data, created_at, verdict, "
+            "trigger, terms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
             "ON CONFLICT (run, session) DO UPDATE SET state = excluded.state, "
-            "updated_at = excluded.updated_at, data = excluded.data",
-            (s.run, s.session, s.state, s.updated_at, json.dumps(s.to_dict())),
+            "updated_at = excluded.updated_at, data = excluded.data, "
+            "created_at = excluded.created_at, verdict = excluded.verdict, "
+            "trigger = excluded.trigger, terms = excluded.terms",
+            (s.run, s.session, s.state, s.updated_at, json.dumps(s.to_dict()), s.created_at,
+             s.verdict or "", s.trigger, _terms(s.session)),
         )
 
     def register_host(
@@ -357,6 +435,32 @@ class SqliteStateStore:
             sql, args = sql + " AND state = ?", [*args, state]
         rows = self.connection().execute(sql + " ORDER BY run, session", args).fetchall()
         return [SessionRecord.from_dict(json.loads(r[0])) for r in rows]
+
+    def fill_list_fields(self) -> int:
+        """Nothing to do: opening the database added and filled the list columns."""
+        return 0
+
+    def query_sessions(self, query: SessionQuery) -> Page[SessionRecord]:
+        column, desc = query.order
+        where, args = ["1=1"], list[Any]()
+        for name, value in query.filters.items():
+            where.append(f"{name} = ?")
+            args.append(value)
+        if query.term:
+            where.append("instr(terms, ?) > 0")
+            args.append(f" {query.term} ")
+        if query.since is not None:
+            where.append("created_at >= ?")
+            args.append(query.since)
+        if query.until is not None:
+            where.append("created_at < ?")
+            args.append(query.until)
+        rows = self._page("sessions", ("run", "session"), column, desc, where, args,
+                          query.cursor, query.limit)
+        items = [SessionRecord.from_dict(json.loads(r[0])) for r in rows[:query.limit]]
+        more = len(rows) > query.limit
+        last = rows[query.limit - 1] if more else None
+        return Page(items, encode_cursor(last[1], [last[2], last[3]]) if last else "")
 
     # Claims
 

@@ -29,6 +29,45 @@ def prose(value: object) -> Markup:
     return Markup(_BACKTICK.sub(r"<code>\1</code>", str(escape(text))))
 
 
+def after_headline(summary: str, headline: str) -> str:
+    """`summary` without the "what changed" `headline` it starts with (an alert-triggered
+    session's summary leads with it), for a page that shows the headline in its own section:
+    the sentence is said once. `summary` unchanged when it does not start with it."""
+    if headline and summary.startswith(headline):
+        return summary[len(headline):].lstrip()
+    return summary
+
+
+def readable(value: Any, depth: int = 1) -> str:
+    """A tool's answer or arguments as words for the report's one line (never a Python or
+    JSON dump): scalars as they read, a dict as its first items (nested ones in parentheses),
+    a list as its length and, near the top, its first item."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, int | str):
+        text = str(value)
+        return text if len(text) <= 60 else text[:59] + "…"
+    if isinstance(value, Mapping):
+        if not value:
+            return "none"
+        if depth >= 3:
+            return f"{len(value)} field(s)"
+        items = list(value.items())
+        shown = ", ".join(f"{k} {readable(v, depth + 1)}" for k, v in items[:4])
+        shown += ", …" if len(items) > 4 else ""
+        return shown if depth <= 1 else f"({shown})"
+    if isinstance(value, list | tuple):
+        if not value:
+            return "none"
+        first = f", the first {readable(value[0], depth + 1)}" if depth <= 1 else ""
+        return f"{len(value)} item(s){first}"
+    return type(value).__name__
+
+
 def breakable(value: object, after: str = "_.") -> Markup:
     """Escaped text with a line-break opportunity (<wbr>) after each of `after`'s characters."""
     text = str(escape("" if value is None else str(value)))

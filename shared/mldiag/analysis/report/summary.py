@@ -25,7 +25,7 @@ from mldiag.analysis.report.model import (
     Span,
     Strong,
     Wbr,
-    as_json,
+    after_headline,
     as_list,
     as_map,
     as_str,
@@ -39,6 +39,7 @@ from mldiag.analysis.report.model import (
     ms_text,
     na,
     parts,
+    readable,
     table,
     text,
     tool_reason,
@@ -347,7 +348,10 @@ def summary_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any],
         Callout("Not judged (missing data is not evidence of health)",
                 [Prose(text(item)) for item in not_judged]) if not_judged
         else why("Every triage criterion had data; nothing was left unjudged."))
-    return Summary(as_str(analysis.get("summary")),
+    # An alert-triggered session's summary leads with the "what changed" sentence, which
+    # the section above this one shows: said once.
+    headline = as_str(as_map(analysis.get("regression")).get("headline"))
+    return Summary(after_headline(as_str(analysis.get("summary")), headline),
                    _card_notes(analysis, reading.cpu), _checks(analysis),
                    as_str(as_map(analysis.get("metrics")).get("judged_over")), judged,
                    _collection_note(analysis, snapshot), figures_line(analysis, reading))
@@ -449,7 +453,7 @@ def provenance_view(analysis: Mapping[str, Any], snapshot: Mapping[str, Any]
     for item in as_list(analysis.get("follow_ups")):
         f = as_map(item)
         args = f.get("args")
-        follow_rows.append((mono(f.get("tool")), as_json(args) if args is not None else "",
+        follow_rows.append((mono(f.get("tool")), readable(args) if args else "",
                             text(f.get("purpose")), Chip(as_str(f.get("status")) or "?"),
                             fmt_ms(f.get("elapsed_ms")), text(f.get("result_summary"))))
     session = as_map(analysis.get("session"))
@@ -510,6 +514,8 @@ def _capture_lines(capture: Mapping[str, Any]) -> list[Cell]:
     if not capture:
         return []
     kind = as_str(capture.get("kind")).replace("_", "-") or "unknown"
+    if kind == "dropped":
+        kind = "dropped into the bucket (nothing asked for it)"
     trigger = as_str(capture.get("trigger")) or "unknown"
     lines: list[Cell] = [Span(parts("Capture: ", Strong(kind), ", triggered ", Strong(trigger)))]
     note = as_str(capture.get("note"))

@@ -4,12 +4,30 @@
 //   with the page's CSRF token, and
 //   follow a capture to its session's page once the session exists, or reload the page
 //   (`data-reload`: pinning a run's baseline);
-// - button.share / button.revoke: create and revoke share links.
+// - button.share / button.revoke: create and revoke share links;
+// - time.when: a UTC time (its text, without scripts) shown in the browser's local time
+//   with its age ("3 min ago"), the UTC time in its tooltip; ages refresh every 30 s.
 "use strict";
 (function () {
   const csrf = () => (document.querySelector('meta[name="csrf-token"]') || {}).content || "";
 
   function text(el, value) { if (el) el.textContent = value == null ? "" : String(value); }
+
+  // A message from the API, its `code` spans drawn as <code> (built as DOM nodes, never
+  // parsed as HTML), so no Markdown backtick shows.
+  function message(el, value) {
+    if (!el) return;
+    el.textContent = "";
+    String(value == null ? "" : value).split("`").forEach((part, i) => {
+      if (i % 2) {
+        const code = document.createElement("code");
+        code.textContent = part;
+        el.appendChild(code);
+      } else if (part) {
+        el.appendChild(document.createTextNode(part));
+      }
+    });
+  }
 
   function badge(cell, cls, value) {
     if (!cell) return;
@@ -36,7 +54,34 @@
     badge(row.querySelector('[data-field="state"]'), "st st-", s.state);
     badge(row.querySelector('[data-field="verdict"]'), "badge b-", s.verdict);
     text(row.querySelector('[data-field="top_finding"]'), s.top_finding);
-    text(row.querySelector('[data-field="duration_s"]'), s.duration_s);
+    text(row.querySelector('[data-field="duration_s"]'),
+         s.duration_s == null ? "" : s.duration_s.toFixed(1) + " s");
+  }
+
+  const relative = new Intl.RelativeTimeFormat(undefined, {numeric: "auto"});
+  const localTime = new Intl.DateTimeFormat(undefined, {dateStyle: "medium",
+                                                        timeStyle: "medium"});
+  const UNITS = [["year", 31536000], ["month", 2592000], ["week", 604800], ["day", 86400],
+                 ["hour", 3600], ["minute", 60], ["second", 1]];
+
+  function age(seconds) {
+    for (const [unit, size] of UNITS) {
+      if (Math.abs(seconds) >= size || unit === "second") {
+        return relative.format(-Math.round(seconds / size), unit);
+      }
+    }
+    return "";
+  }
+
+  function localTimes() {
+    const now = Date.now();
+    for (const el of document.querySelectorAll("time.when[datetime]")) {
+      const at = new Date(el.getAttribute("datetime"));
+      if (isNaN(at)) continue;
+      if (!el.dataset.utc) el.dataset.utc = el.textContent;
+      el.textContent = localTime.format(at) + " (" + age((now - at) / 1000) + ")";
+      el.title = el.dataset.utc;
+    }
   }
 
   function poll(el) {
@@ -45,11 +90,12 @@
       try {
         const data = await api(url, "GET");
         if (el.matches("table.sessions")) {
+          // Keyed by run and session: the list of every run's sessions has both.
           const rows = new Map([...el.querySelectorAll("tr[data-session]")]
-            .map(r => [r.dataset.session, r]));
+            .map(r => [r.dataset.run + "/" + r.dataset.session, r]));
           let unknown = false;
           for (const s of data) {
-            const row = rows.get(s.session);
+            const row = rows.get(s.run + "/" + s.session);
             if (row) updateRow(row, s); else unknown = true;
           }
           if (unknown) { window.location.reload(); return; }
@@ -107,7 +153,7 @@
         text(status, "sending…"); if (status) status.classList.remove("err");
         try {
           const out = await api(form.dataset.api, form.dataset.method || "POST", body);
-          text(status, out.message || "done");
+          message(status, out.message || "done");
           if (form.dataset.reload) { window.location.reload(); return; }
           if (form.dataset.follow && body.session) {
             const name = encodeURIComponent(body.session);
@@ -115,7 +161,7 @@
             window.location.href = form.dataset.follow + name;
           }
         } catch (e) {
-          text(status, e.message); if (status) status.classList.add("err");
+          message(status, e.message); if (status) status.classList.add("err");
         }
       });
     }
@@ -130,7 +176,7 @@
           const link = await api(b.dataset.api, "POST", {anyone: !!(anyone && anyone.checked)});
           text(out, link.url);
           if (out) out.dataset.url = link.url;
-        } catch (e) { text(out, e.message); }
+        } catch (e) { message(out, e.message); }
       });
     }
     for (const b of document.querySelectorAll("button.revoke")) {
@@ -142,6 +188,8 @@
   }
 
   document.addEventListener("DOMContentLoaded", () => {
+    localTimes();
+    setInterval(localTimes, 30000);
     for (const el of document.querySelectorAll("[data-poll]")) poll(el);
     actions();
     sharing();
