@@ -55,7 +55,8 @@ def add_create_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("--address", required=True, metavar="HOST:PORT",
                    help="where its profiler server listens")
     c.add_argument("--host-name", default="", metavar="NAME",
-                   help="its name in profile file names (default: HOST_PORT)")
+                   help="its name in profile file names (default: target- and 8 random hex "
+                        "digits, never the address)")
     c.add_argument("--platform", choices=PLATFORMS, default="",
                    help="the JAX backend of its devices (native continuous profiling is TPU "
                    "only)")

@@ -70,7 +70,8 @@ class TargetBody(BaseModel):
     address: str = Field(max_length=300, pattern=r"^\S+:\d{1,5}$",
                          description="HOST:PORT of the workload's jax.profiler.start_server")
     host_name: str = Field("", pattern=r"^(|[A-Za-z0-9][A-Za-z0-9._:@+=,-]{0,254})$",
-                           description="its name in profile file names (default HOST_PORT)")
+                           description="its name in profile file names (default: target- and "
+                                       "8 random hex digits, never the address)")
     platform: Literal["", "tpu", "gpu", "cpu"] = ""
 
 
