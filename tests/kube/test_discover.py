@@ -276,20 +276,35 @@ def test_the_command_registers_the_pods_and_refuses_an_unknown_run(
                  "--home", home]) == 1
     assert "unknown run 'no-such-run'" in capsys.readouterr().err
     kube.put(slice_pod("llama-train-slice-0-0-aaaaa", 0, "127.0.0.2"))
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mldiag.cli.main", "kube-discover", "--run", RUN, "-n", NS,
-         "--server", kube.url, "--home", home, "--watch-timeout", "2"],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-        stderr=subprocess.PIPE, text=True)
-    try:
-        # The status on the run is written after the registration and its log line.
-        wait_until(lambda: at(plane, "llama-train-slice-0-0", "127.0.0.2")
-                   and "kubernetes" in plane.state.get_run(RUN).configs,  # type: ignore[union-attr]
-                   what="the command's registration", timeout=60)
-    finally:
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    assert "host llama-train-slice-0-0 of run llama-7b-run: registered at 127.0.0.2:9999" in err
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        # Started with SIGINT ignored, as a shell's background job is: the command still
+        # stops on it, and on SIGTERM (a pod's end), cleanly (exit status 0).
+        beat = Path(home).parent / f"alive-{stop.name}"
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "mldiag.cli.main", "kube-discover", "--run", RUN, "-n", NS,
+             "--server", kube.url, "--home", home, "--watch-timeout", "2",
+             "--heartbeat-file", str(beat)],
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+            stderr=subprocess.PIPE, text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        try:
+            # The status on the run is written after the registration and its log line; the
+            # heartbeat, after this process's first answered list (its signal handlers are
+            # set before its threads start).
+            wait_until(lambda beat=beat: beat.exists() and at(plane, "llama-train-slice-0-0",
+                                                              "127.0.0.2")
+                       and "kubernetes" in plane.state.get_run(RUN).configs,  # type: ignore[union-attr]
+                       what="the command's registration", timeout=60)
+        finally:
+            proc.send_signal(stop)
+            try:
+                _, err = proc.communicate(timeout=30)
+            finally:
+                proc.kill()
+        assert proc.returncode == 0, (stop, err)
+        if stop == signal.SIGINT:
+            assert ("host llama-train-slice-0-0 of run llama-7b-run: registered at "
+                    "127.0.0.2:9999") in err
 
 
 def test_the_heartbeat_file_is_touched_by_each_answered_list(

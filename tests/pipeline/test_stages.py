@@ -355,7 +355,8 @@ def test_a_stage_that_keeps_failing_is_dead_lettered_and_fails_its_session(
     assert s.reason == dead["reason"]
     # No crash loop: past the sweeper's deadline nothing is re-queued.
     clock.advance(120)
-    assert sweep(rt.services) == {"settled": 0, "requeued": 0, "failed": 0, "rescanned": 0}
+    assert sweep(rt.services) == {"settled": 0, "requeued": 0, "failed": 0, "rescanned": 0,
+                                  "list_fields": 0}
     assert rt.wait_idle(30)
     assert investigator.calls == 3 and len(rt.state.list_dead_letters()) == 1
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 from typing import Any
 
 from mldiag.cli import _control
@@ -61,11 +62,16 @@ def run(args: argparse.Namespace) -> int:
     d = discover.Discoverer(plane, args.run, args.namespaces, api,
                             label_selector=args.selector, watch_timeout_s=args.watch_timeout,
                             heartbeat=args.heartbeat_file)
-    threads = d.run_forever()
-    try:
-        for t in threads:
-            while t.is_alive():
-                t.join(1.0)
-    except KeyboardInterrupt:
+    # SIGTERM (a pod's end on Kubernetes) and SIGINT stop it, even where the signal came
+    # ignored from a parent (a background job of a shell ignores SIGINT).
+    def stop(_signum: int, _frame: Any) -> None:
         d.stopping.set()
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, stop)
+    threads = d.run_forever()
+    # The namespaces' threads are daemons: the process ends when this returns.
+    while not d.stopping.wait(1.0) and any(t.is_alive() for t in threads):
+        pass
+    d.stopping.set()
     return 0
