@@ -280,13 +280,18 @@ def test_the_command_registers_the_pods_and_refuses_an_unknown_run(
         # Started with SIGINT ignored, as a shell's background job is: the command still
         # stops on it, and on SIGTERM (a pod's end), cleanly (exit status 0).
         beat = Path(home).parent / f"alive-{stop.name}"
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "mldiag.cli.main", "kube-discover", "--run", RUN, "-n", NS,
-             "--server", kube.url, "--home", home, "--watch-timeout", "2",
-             "--heartbeat-file", str(beat)],
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-            stderr=subprocess.PIPE, text=True,
-            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+        # An ignored SIGINT is inherited through exec (set here, not in a forked child:
+        # JAX's threads make fork unsafe).
+        parent = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "mldiag.cli.main", "kube-discover", "--run", RUN,
+                 "-n", NS, "--server", kube.url, "--home", home, "--watch-timeout", "2",
+                 "--heartbeat-file", str(beat)],
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+                stderr=subprocess.PIPE, text=True)
+        finally:
+            signal.signal(signal.SIGINT, parent)
         try:
             # The status on the run is written after the registration and its log line; the
             # heartbeat, after this process's first answered list (its signal handlers are

@@ -357,6 +357,9 @@ def test_the_monitor_alerts_once_per_sustained_degradation_and_rearms() -> None:
     assert len(alerts) == 1
     assert alerts[0].baseline_s == pytest.approx(0.0105, abs=0.001)
     assert alerts[0].at - alerts[0].since >= 3.0
+    # Its baseline says what it is: the demo's alert and its diff quote two baselines.
+    assert "above the baseline 10.0 ms (the running median of recorded step times)" in (
+        alerts[0].summary()), alerts[0].summary()
     for _ in range(50):  # recovery, then a second episode alerts again
         t += 0.01
         m.observe(0.010, t)

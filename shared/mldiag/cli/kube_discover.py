@@ -73,5 +73,7 @@ def run(args: argparse.Namespace) -> int:
     # The namespaces' threads are daemons: the process ends when this returns.
     while not d.stopping.wait(1.0) and any(t.is_alive() for t in threads):
         pass
-    d.stopping.set()
+    if not d.stop(grace_s=20.0):
+        logging.getLogger("mldiag.kube").warning(
+            "stopping with a registration still in flight after 20 s")
     return 0

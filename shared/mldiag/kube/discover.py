@@ -219,6 +219,16 @@ class Discoverer:
         if self.heartbeat is not None:
             self.heartbeat.touch()
 
+    def stop(self, grace_s: float = 30.0) -> bool:
+        """Stop following, and wait (at most `grace_s`) for a registration in flight: its
+        one check is a gRPC call, which the interpreter's exit must not cut. Whether it
+        is done. The namespaces' threads may still wait on the API server's watch."""
+        self.stopping.set()
+        if not self._lock.acquire(timeout=grace_s):
+            return False
+        self._lock.release()
+        return True
+
     def run_forever(self) -> list[threading.Thread]:
         """Follow every namespace in a thread of its own; set `stopping` to end them."""
         threads = [threading.Thread(target=self.follow, args=(ns,), daemon=True,
@@ -341,6 +351,8 @@ class Discoverer:
     # Writing
 
     def _reconcile(self) -> None:
+        if self.stopping.is_set():
+            return  # stopping: write nothing more (`stop` waits for a write in flight)
         wants = self.desired()
         for host, want in sorted(wants.items()):
             if self._applied.get(host) != want:

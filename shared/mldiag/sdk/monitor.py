@@ -41,9 +41,11 @@ class Degradation:
         return self.current_s / self.baseline_s
 
     def summary(self) -> str:
+        # The monitor's own baseline: the running median of the workload's recorded step
+        # times, not a profiled session's step time (a diff's baseline reads otherwise).
         return (f"step time {self.current_s * 1e3:.1f} ms is {100 * (self.ratio - 1):.0f}% "
-                f"above the baseline {self.baseline_s * 1e3:.1f} ms for "
-                f"{self.at - self.since:.1f} s")
+                f"above the baseline {self.baseline_s * 1e3:.1f} ms (the running median of "
+                f"recorded step times) for {self.at - self.since:.1f} s")
 
 
 class StepTimeMonitor:
