@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import json
-import re
 import secrets
 import threading
 from dataclasses import asdict, dataclass, field, replace
@@ -60,18 +59,6 @@ def new_secret(prefix: str, nbytes: int = 24) -> str:
 def new_id() -> str:
     """A short public id for listing and revoking (not a secret)."""
     return secrets.token_hex(6)
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
-_UNIT_S = {"": 1.0, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
-
-
-def parse_duration(text: str) -> float:
-    """Seconds in "90", "30m", "12h", "7d" or "2w"; ValueError otherwise."""
-    m = _DURATION.match(text or "")
-    if not m:
-        raise ValueError(f"not a duration: {text!r} (use e.g. 30m, 12h, 7d)")
-    return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
 def check_role(role: str) -> str:

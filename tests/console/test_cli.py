@@ -113,3 +113,24 @@ def test_remote_text_is_printed_without_terminal_escapes(
         assert "]0;pwned" not in out and "evil.example" not in out and "[2J" not in out
     assert "UNAVAILABLE linkBEL" in printed[0][1]
     assert "step time alert linkBEL" in printed[1][1]
+
+
+@pytest.mark.parametrize(("text", "days"), [("P7D", 7.0), ("1w", 7.0), ("36h", 1.5),
+                                            ("P1DT12H", 1.5), ("2d12h", 2.5)])
+def test_expiries_take_what_gcloud_takes(site: Site, capsys: pytest.CaptureFixture[str],
+                                         text: str, days: float) -> None:
+    """`--expires` of links and tokens reads durations as every other flag does."""
+    home = str(site.home)
+    before = time.time()
+    assert cli(capsys, "share", "create", "tpu/s1", "--expires", text, "--home", home)[0] == 0
+    assert cli(capsys, "tokens", "create", "--role", "viewer", "--run", "tpu", "--expires",
+               text, "--label", f"exp-{text}", "--home", home)[0] == 0
+    after = time.time()
+    access = site.console.access
+    link = max(access.list_links(run="tpu"), key=lambda x: x.created_at)
+    token = next(x for x in access.list_tokens() if x.label == f"exp-{text}")
+    for record in (link, token):
+        assert before + days * 86400 <= record.expires_at <= after + days * 86400, record
+    code, _, err = cli(capsys, "share", "create", "tpu/s1", "--expires", "7 days",
+                       "--home", home)
+    assert code == 1 and "bad duration" in err, err

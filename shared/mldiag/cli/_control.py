@@ -7,36 +7,16 @@ import fcntl
 import re
 
 from mldiag.bootstrap import ControlPlane, control_plane
+from mldiag.durations import parse_duration
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
 
-_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
-# gcloud's duration forms (`gcloud topic datetimes`): a plain number of seconds, a run of
-# number-unit pairs (`1h5m30s`, `500ms`), or ISO 8601 (`PT1M30S`, `P1DT2H`).
-_COMPOUND = re.compile(rf"{_NUMBER}(us|ms|d|h|m|s)", re.IGNORECASE)
-_ISO8601 = re.compile(rf"^P(?:{_NUMBER}W)?(?:{_NUMBER}D)?"
-                      rf"(?:T(?:{_NUMBER}H)?(?:{_NUMBER}M)?(?:{_NUMBER}S)?)?$", re.IGNORECASE)
-_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(b|kb|mb|gb|kib|mib|gib)?\s*$", re.IGNORECASE)
 
 
 def duration(text: str) -> float:
-    """A duration as gcloud takes it, in seconds: `5` (seconds), `90s`, `500ms`, `1m30s`,
-    `1.5h`, `2d`, or ISO 8601 such as `PT5S`, `PT1M30S`, `P1DT2H`."""
-    word = text.strip()
-    bad = ValueError(f"bad duration {text!r} (examples: 5, 2s, 500ms, 1m30s, PT5S)")
-    if not word:
-        raise bad
-    if re.fullmatch(_NUMBER, word):
-        return float(word)
-    iso = _ISO8601.match(word)
-    if iso and word.upper() not in ("P", "PT") and not word.upper().endswith("T"):
-        weeks, days, hours, minutes, seconds = (float(g or 0) for g in iso.groups())
-        return (((weeks * 7 + days) * 24 + hours) * 60 + minutes) * 60 + seconds
-    pairs = list(_COMPOUND.finditer(word))
-    if not pairs or "".join(m.group(0) for m in pairs) != word:
-        raise bad
-    return sum(float(m.group(1)) * _UNIT_S[m.group(2).lower()] for m in pairs)
+    """A duration as gcloud takes it, in seconds (`mldiag.durations`)."""
+    return parse_duration(text)
 
 
 def size(text: str) -> int:

@@ -6,9 +6,10 @@ import argparse
 import time
 from typing import Any
 
-from mldiag.access import create_link, parse_duration, share_path
+from mldiag.access import create_link, share_path
 from mldiag.cli._access import open_store, when
 from mldiag.cli._home import add_home, running_console_url
+from mldiag.durations import parse_duration
 from mldiag.errors import MldiagError
 from mldiag.settings import Settings
 
@@ -22,7 +23,8 @@ def register(sub: Any) -> None:
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     c = verbs.add_parser("create", help="print a new link's URL alone on stdout")
     c.add_argument("session", metavar="RUN/SESSION")
-    c.add_argument("--expires", default="7d", help="lifetime, at most 30d (default 7d)")
+    c.add_argument("--expires", default="7d",
+                   help="lifetime, at most 30d, as gcloud writes it (7d, P7D, 1w, 36h; default 7d)")
     c.add_argument("--anyone", action="store_true", help="no sign-in needed to open it")
     c.add_argument("--url", default=None, help="the console's address as openers reach it "
                    "(default: MLDIAG_PUBLIC_URL, else the console `mldiag up` serves on the "

@@ -7,9 +7,10 @@ import json
 import time
 from typing import Any
 
-from mldiag.access import ALL_RUNS, ROLES, create_token, parse_duration
+from mldiag.access import ALL_RUNS, ROLES, create_token
 from mldiag.cli._access import open_store, when
 from mldiag.cli._home import add_home
+from mldiag.durations import parse_duration
 from mldiag.errors import MldiagError
 
 
@@ -22,7 +23,8 @@ def register(sub: Any) -> None:
     c = verbs.add_parser("create", help="print a new token alone on stdout")
     c.add_argument("--role", required=True, choices=list(ROLES))
     c.add_argument("--run", default=ALL_RUNS, help="the one run it may see (default: all)")
-    c.add_argument("--expires", default="", help="lifetime, e.g. 30d or 12h (default: never)")
+    c.add_argument("--expires", default="",
+                   help="lifetime as gcloud writes it, e.g. 30d, 12h, P30D (default: never)")
     c.add_argument("--label", default="", help="what it is for, shown by `tokens list`")
     lst = verbs.add_parser("list", help="tokens with their role, run, expiry and state")
     lst.add_argument("--json", action="store_true")
