@@ -141,7 +141,7 @@ class TargetHeld(MldiagError):
 
 def _default_name(targets: Sequence[TargetRecord], host: str, port: int) -> str:
     """The name of a push target registered without --host-name: the one it already has, else
-    a new random `target-XXXXXXXX`. Not its address: host names are shown to every role
+    a new `target-` and 8 random hex digits. Not its address: host names are shown to every role
     (sessions' hosts, reports), addresses only to those who may view profiles."""
     for t in targets:
         if t.delivery == PUSH and (t.address, t.port) == (host, port):
