@@ -177,6 +177,10 @@ def test_a_newcomer_walks_from_sign_in_to_compare(console: Console, browse: Brow
 
     walk.step("session → run", loaded(page, f"{console.url}/runs/{RUN}"))
     form = page.locator("form.compare")
+    # The user picks the two (the defaults follow creation order, and the two fixtures are
+    # created within the same second).
+    form.locator('select[name="a"]').select_option(BEFORE.session)
+    form.locator('select[name="b"]').select_option(AFTER.session)
     expect(form.locator('select[name="a"]')).to_have_value(BEFORE.session)
     expect(form.locator('select[name="b"]')).to_have_value(AFTER.session)
     walk.step("run → compare", lambda: (form.get_by_role("button", name="Compare").click(),
